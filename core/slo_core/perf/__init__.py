@@ -1,0 +1,1 @@
+"""Performance model: per-iteration batch latency fitted from GPU profiles, with online correction."""

@@ -1,0 +1,1 @@
+"""Request analyzer: output-length upper bounds and compound-request pattern graphs."""

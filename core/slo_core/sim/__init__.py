@@ -1,0 +1,1 @@
+"""Discrete-event engine and fleet simulator, workloads and metrics."""

@@ -1,0 +1,1 @@
+"""The in-pod scheduler sidecar and the simulated engine server."""

@@ -1,0 +1,1 @@
+"""The kopf operator: renders ModelDeployments and SLOPolicies into Kubernetes objects."""

@@ -1,0 +1,1 @@
+"""The fleet router: OpenAI-compatible front door with gain-oriented dispatch."""
