@@ -36,7 +36,9 @@ class PriorityClass:
         if not self.name:
             raise ValueError("a priority class needs a non-empty name")
         if not (self.weight > 0 and math.isfinite(self.weight)):
-            raise ValueError(f"priority class {self.name!r}: weight must be a positive number, got {self.weight}")
+            raise ValueError(
+                f"priority class {self.name!r}: weight must be a positive number, got {self.weight}"
+            )
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,4 +119,3 @@ class SLOTier:
             priority_class=self.priority_class.name,
             priority_weight=self.priority_class.weight,
         )
-

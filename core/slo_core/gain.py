@@ -1,0 +1,186 @@
+"""Goodput functions, pure and selectable by name, computed from per-token delivery timestamps.
+
+Every function takes a :class:`Delivery` — a request's arrival, its SLO, its input size and the
+absolute time at which each output token was delivered — and returns a non-negative gain. The
+priority weight of the request's class multiplies every function (PROSERVE §2).
+
+``token`` (JITServe §3)
+    latency: Σ_i 𝟙[t_i − arrival ≤ TTFT + i·TBT] over delivered output tokens (i 0-based);
+    deadline / compound / best-effort: (L_in + L_out) if the request completed by its deadline, else 0.
+``request`` (DistServe-style request goodput)
+    1 if the request completed and met its SLO — for latency requests every token met its deadline
+    TTFT + i·TBT (the token form keeps it monotone, unlike mean TPOT) — else 0.
+``tempo`` (Tempo eq. 1–3, divisive decay f(SLO, x) = min(1, (SLO/x)^α))
+    deadline / compound / best-effort: (w_i·L_in + w_o·L_out)·f(D, TTLT) if completed, else 0;
+    latency: w_i·L_in·f(TTFT_SLO, TTFT) + Σ_i w_o·f(TTFT_SLO + i·TBT_SLO, t_i − arrival), i.e. each
+    output token decays by how far it lags the expected progression (Tempo §3.1, eq. 3).
+``tdg`` (PROSERVE eq. 3)
+    Σ_i w(i)·𝟙[t_i − arrival < deadline_i], deadline_i = TTFT + i·TPOT (i 0-based), w(0) = w_p,
+    w(i>0) = w_d; deadline-kind requests use their end-to-end deadline for every token.
+
+Properties (PROSERVE §2, tested with hypothesis): delivering a token earlier never lowers gain,
+delaying one never raises it, and a request that is discarded (tokens never delivered) forfeits
+all of their gain.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field
+
+from slo_core.slo import RequestKind, SLOTargets
+
+
+@dataclass(frozen=True, slots=True)
+class Delivery:
+    """What happened to one request (or one whole compound program).
+
+    ``token_times_s`` are absolute delivery times of the output tokens in order. For a compound
+    program, pass the union of its calls' tokens, their summed input tokens, the program's arrival
+    and ``completed`` only when its final call finished.
+    """
+
+    slo: SLOTargets
+    arrival_s: float
+    input_tokens: int
+    token_times_s: Sequence[float] = field(default_factory=tuple)
+    completed: bool = True
+
+    @property
+    def output_tokens(self) -> int:
+        return len(self.token_times_s)
+
+    @property
+    def finish_s(self) -> float | None:
+        """Time the last token arrived, or None when nothing was delivered."""
+        return float(self.token_times_s[-1]) if len(self.token_times_s) else None
+
+    def relative_times_s(self) -> np.ndarray:
+        return np.asarray(self.token_times_s, dtype=float) - self.arrival_s
+
+
+class GainParams(BaseModel):
+    """Weights of the goodput functions (all dimensionless)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    input_weight: float = Field(1.0, ge=0, description="Tempo w_i: gain per input token")
+    output_weight: float = Field(2.0, ge=0, description="Tempo w_o: gain per output token (1:2, Tempo §3.1)")
+    alpha: float = Field(1.0, gt=0, description="Tempo decay exponent α in min(1, (SLO/x)^α)")
+    first_token_weight: float = Field(1.0, ge=0, description="TDG w_p: gain of the first token")
+    decode_token_weight: float = Field(1.0, ge=0, description="TDG w_d: gain of each later token")
+
+
+GoodputFunction = Callable[[Delivery, GainParams], float]
+
+_DEFAULT_PARAMS = GainParams()
+
+
+def _met_deadline(d: Delivery) -> bool:
+    finish = d.finish_s
+    return d.completed and finish is not None and finish - d.arrival_s <= d.slo.effective_deadline_s
+
+
+def _latency_deadlines(d: Delivery, n: int) -> np.ndarray:
+    assert d.slo.ttft_s is not None and d.slo.tbt_s is not None
+    return d.slo.ttft_s + np.arange(n) * d.slo.tbt_s
+
+
+def token_goodput(d: Delivery, params: GainParams = _DEFAULT_PARAMS) -> float:
+    """JITServe §3 token-level goodput."""
+    if d.slo.kind is RequestKind.LATENCY:
+        rel = d.relative_times_s()
+        on_time = int(np.count_nonzero(rel <= _latency_deadlines(d, len(rel))))
+        return d.slo.priority_weight * on_time
+    if _met_deadline(d):
+        return d.slo.priority_weight * (d.input_tokens + d.output_tokens)
+    return 0.0
+
+
+def request_goodput(d: Delivery, params: GainParams = _DEFAULT_PARAMS) -> float:
+    """1·w if the request completed within its SLO, else 0."""
+    if not d.completed or d.output_tokens == 0:
+        return 0.0
+    if d.slo.kind is RequestKind.LATENCY:
+        rel = d.relative_times_s()
+        met = bool(np.all(rel <= _latency_deadlines(d, len(rel))))
+    else:
+        met = _met_deadline(d)
+    return d.slo.priority_weight if met else 0.0
+
+
+def _decay(slo_s: float | np.ndarray, actual_s: float | np.ndarray, alpha: float) -> Any:
+    actual = np.maximum(actual_s, 1e-9)
+    return np.minimum(1.0, (np.asarray(slo_s) / actual) ** alpha)
+
+
+def tempo_gain(d: Delivery, params: GainParams = _DEFAULT_PARAMS) -> float:
+    """Tempo's expected service gain with divisive decay (eq. 1–3)."""
+    w = d.slo.priority_weight
+    if d.slo.kind is RequestKind.LATENCY:
+        rel = d.relative_times_s()
+        if len(rel) == 0:
+            return 0.0
+        assert d.slo.ttft_s is not None
+        first = params.input_weight * d.input_tokens * float(_decay(d.slo.ttft_s, rel[0], params.alpha))
+        per_token = params.output_weight * _decay(_latency_deadlines(d, len(rel)), rel, params.alpha)
+        return w * (first + float(np.sum(per_token)))
+    finish = d.finish_s
+    if not d.completed or finish is None:
+        return 0.0
+    base = params.input_weight * d.input_tokens + params.output_weight * d.output_tokens
+    return w * base * float(_decay(d.slo.effective_deadline_s, finish - d.arrival_s, params.alpha))
+
+
+def tdg_gain(d: Delivery, params: GainParams = _DEFAULT_PARAMS) -> float:
+    """PROSERVE's token-level deadline-aware gain (eq. 3)."""
+    rel = d.relative_times_s()
+    if len(rel) == 0:
+        return 0.0
+    if d.slo.kind is RequestKind.LATENCY:
+        deadlines = _latency_deadlines(d, len(rel))
+    else:
+        deadlines = np.full(len(rel), d.slo.effective_deadline_s)
+    weights = np.full(len(rel), params.decode_token_weight)
+    weights[0] = params.first_token_weight
+    return d.slo.priority_weight * float(np.sum(weights[rel < deadlines]))
+
+
+GOODPUT_FUNCTIONS: dict[str, GoodputFunction] = {
+    "token": token_goodput,
+    "request": request_goodput,
+    "tempo": tempo_gain,
+    "tdg": tdg_gain,
+}
+
+
+def goodput_function(name: str) -> GoodputFunction:
+    """Look a goodput function up by name, with an error that lists the valid names."""
+    try:
+        return GOODPUT_FUNCTIONS[name]
+    except KeyError:
+        raise ValueError(
+            f"unknown goodput function {name!r}; choose one of: {', '.join(sorted(GOODPUT_FUNCTIONS))}"
+        ) from None
+
+
+def ideal_gain(
+    d: Delivery, name: str, params: GainParams = _DEFAULT_PARAMS, output_tokens: int | None = None
+) -> float:
+    """The gain the request would earn if every token arrived instantly (the denominator of ratios).
+
+    ``output_tokens`` is the request's full output length (defaults to what was delivered).
+    """
+    n = d.output_tokens if output_tokens is None else output_tokens
+    instant = Delivery(
+        slo=d.slo,
+        arrival_s=d.arrival_s,
+        input_tokens=d.input_tokens,
+        token_times_s=tuple([d.arrival_s] * n),
+        completed=True,
+    )
+    return goodput_function(name)(instant, params)

@@ -1,0 +1,216 @@
+"""The Protocols every scheduling and routing policy implements, and the snapshots they see.
+
+One policy object runs unchanged in the simulator, in the sidecar (proxy mode), in engine-sim and in
+the vLLM scheduler plugin: it sees only immutable snapshots, a clock value and an injected random
+generator, and returns a decision. It may keep internal state (e.g. an online-tuned threshold) that
+evolves only through these calls, so a run is reproducible from its inputs.
+
+Engine side: at a frame boundary (every ``frame_steps`` engine steps, and on arrivals/finishes when
+``reschedule_on_events``) the engine calls :meth:`EnginePolicy.decide` with the waiting and running
+requests. The :class:`Decision` says which running requests to preempt (recompute later), the order
+in which to admit waiting requests, the order of running requests for the token budget, and which
+waiting requests to reject (admission control). Between frames the engine keeps the last orders:
+new arrivals go after the ordered ones in arrival order unless ``hold_unlisted`` is set.
+
+Router side: :meth:`RouterPolicy.route` picks a replica for one request from replica snapshots
+(possibly stale: ``snapshot_s`` says when each was taken) or rejects it.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Protocol, runtime_checkable
+
+from slo_core.perf.model import PerfProfile
+from slo_core.slo import RequestKind, SLOTargets
+
+
+@dataclass(frozen=True, slots=True)
+class RequestView:
+    """An immutable snapshot of one request (one call of a compound program) inside an engine.
+
+    Times are absolute seconds on the engine's clock. ``deadline_at_s`` is the time by which this
+    request should complete: its end-to-end deadline, a compound call's stage sub-deadline, or the
+    best-effort default; None for latency requests (their tokens are due at first_due + i·TBT).
+    """
+
+    request_id: str
+    slo: SLOTargets
+    arrival_s: float
+    prompt_tokens: int
+    max_tokens: int
+    generated_tokens: int = 0
+    computed_tokens: int = 0
+    deadline_at_s: float | None = None
+    first_token_s: float | None = None
+    output_bound: int | None = None
+    true_output_tokens: int | None = None
+    tenant: str = "default"
+    program_id: str | None = None
+    stage: int | None = None
+    program_arrival_s: float | None = None
+    program_deadline_at_s: float | None = None
+    program_attained_tokens: int = 0
+    preemptions: int = 0
+    waiting_since_s: float | None = None
+
+    @property
+    def kind(self) -> RequestKind:
+        return self.slo.kind
+
+    @property
+    def priority_weight(self) -> float:
+        return self.slo.priority_weight
+
+    @property
+    def in_prefill(self) -> bool:
+        return self.computed_tokens < self.prompt_tokens + self.generated_tokens
+
+    @property
+    def kv_tokens(self) -> int:
+        return self.computed_tokens
+
+    def token_due_at_s(self, index: int) -> float:
+        """Absolute due time of output token ``index`` (0-based)."""
+        if self.slo.kind is RequestKind.LATENCY:
+            return self.arrival_s + self.slo.token_deadline_s(index)
+        assert self.deadline_at_s is not None
+        return self.deadline_at_s
+
+
+@dataclass(frozen=True, slots=True)
+class EngineView:
+    """An immutable snapshot of an engine's state and limits."""
+
+    now_s: float
+    step: int
+    max_num_seqs: int
+    max_num_batched_tokens: int
+    kv_blocks_total: int
+    kv_blocks_free: int
+    block_size: int = 16
+    profile: PerfProfile | None = None
+    engine_id: str = "engine-0"
+
+    @property
+    def kv_tokens_free(self) -> int:
+        return self.kv_blocks_free * self.block_size
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """What the engine should do now (request ids refer to the snapshots passed in)."""
+
+    admit: tuple[str, ...] = ()
+    preempt: tuple[str, ...] = ()
+    running_order: tuple[str, ...] | None = None
+    reject: tuple[str, ...] = ()
+    hold_unlisted: bool = False
+    reason: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class FinishedView:
+    """Feedback about a request that left the engine (for online tuning)."""
+
+    request: RequestView
+    finish_s: float
+    gain: float
+    ideal_gain: float
+    met_slo: bool
+
+
+@runtime_checkable
+class EnginePolicy(Protocol):
+    """An engine-level scheduling policy (see module docstring for the contract)."""
+
+    name: str
+    frame_steps: int
+    reschedule_on_events: bool
+
+    def decide(
+        self,
+        waiting: Sequence[RequestView],
+        running: Sequence[RequestView],
+        engine: EngineView,
+        rng: random.Random,
+    ) -> Decision: ...
+
+    def observe(self, finished: Sequence[FinishedView], now_s: float) -> None: ...
+
+
+class BaseEnginePolicy:
+    """Convenience base: a frame of one step, reschedule on events, ignore feedback."""
+
+    name = "base"
+    frame_steps = 1
+    reschedule_on_events = True
+
+    def observe(self, finished: Sequence[FinishedView], now_s: float) -> None:
+        return None
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicaCapabilities:
+    """What a replica can serve (the router's capability filters)."""
+
+    models: tuple[str, ...] = ()
+    max_context_tokens: int = 1 << 30
+    gpu_class: str = ""
+    lora_adapters: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicaView:
+    """A (possibly stale) snapshot of one replica as the router sees it."""
+
+    replica_id: str
+    snapshot_s: float
+    waiting: tuple[RequestView, ...]
+    running: tuple[RequestView, ...]
+    kv_blocks_total: int
+    kv_blocks_free: int
+    max_num_seqs: int
+    max_num_batched_tokens: int
+    block_size: int = 16
+    profile: PerfProfile | None = None
+    engine_policy: str = "fcfs"
+    healthy: bool = True
+    capabilities: ReplicaCapabilities = field(default_factory=ReplicaCapabilities)
+
+    @property
+    def outstanding_tokens(self) -> int:
+        """Tokens still to process: unprefilled prompt plus remaining output (bound or cap)."""
+        total = 0
+        for r in (*self.waiting, *self.running):
+            expected = r.output_bound if r.output_bound is not None else r.max_tokens
+            total += max(0, r.prompt_tokens - r.computed_tokens) + max(0, expected - r.generated_tokens)
+        return total
+
+
+@dataclass(frozen=True, slots=True)
+class RouteDecision:
+    """The router's pick: a replica id, or None to reject (with a reason and a retry hint)."""
+
+    replica_id: str | None
+    reason: str = ""
+    retry_after_s: float | None = None
+    to_best_effort: bool = False
+    scores: tuple[tuple[str, float], ...] = ()
+
+
+@runtime_checkable
+class RouterPolicy(Protocol):
+    """A routing policy: pick a replica for a request from replica snapshots."""
+
+    name: str
+
+    def route(
+        self,
+        request: RequestView,
+        replicas: Sequence[ReplicaView],
+        now_s: float,
+        rng: random.Random,
+    ) -> RouteDecision: ...

@@ -1,0 +1,57 @@
+"""Registry of engine and router policies keyed by kebab-case names (what an SLOPolicy names).
+
+Entries point at ``module:factory`` strings and are imported only when used, so listing policies
+stays cheap and one broken optional policy cannot break the others. A factory takes the policy's
+parameters as keyword arguments (validated by the policy's own pydantic params model).
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable, Mapping
+from typing import Any, cast
+
+from slo_core.policies.base import EnginePolicy, RouterPolicy
+
+ENGINE_POLICIES: dict[str, str] = {
+    # baselines (bench issue)
+    "fcfs": "slo_core.policies.baselines:FCFS",
+    "sarathi": "slo_core.policies.baselines:Sarathi",
+    "edf": "slo_core.policies.baselines:EDF",
+    "sjf-oracle": "slo_core.policies.baselines:SJFOracle",
+    "ltr": "slo_core.policies.baselines:LTR",
+    "autellix": "slo_core.policies.baselines:AutellixPLAS",
+    "strict-priority": "slo_core.policies.baselines:StrictPriority",
+}
+
+ROUTER_POLICIES: dict[str, str] = {
+    "round-robin": "slo_core.policies.routers:RoundRobin",
+    "min-load": "slo_core.policies.routers:MinLoad",
+    "p2c": "slo_core.policies.routers:PowerOfTwo",
+}
+
+
+def _load(table: Mapping[str, str], kind: str, name: str) -> Callable[..., Any]:
+    target = table.get(name)
+    if target is None:
+        raise ValueError(f"unknown {kind} policy {name!r}; choose one of: {', '.join(sorted(table))}")
+    module_name, _, attr = target.partition(":")
+    return cast(Callable[..., Any], getattr(importlib.import_module(module_name), attr))
+
+
+def make_engine_policy(name: str, params: Mapping[str, Any] | None = None) -> EnginePolicy:
+    """Build the engine policy ``name`` with ``params`` (unknown params are a clear error)."""
+    return cast(EnginePolicy, _load(ENGINE_POLICIES, "engine", name)(**dict(params or {})))
+
+
+def make_router_policy(name: str, params: Mapping[str, Any] | None = None) -> RouterPolicy:
+    """Build the router policy ``name`` with ``params``."""
+    return cast(RouterPolicy, _load(ROUTER_POLICIES, "router", name)(**dict(params or {})))
+
+
+def engine_policy_names() -> list[str]:
+    return sorted(ENGINE_POLICIES)
+
+
+def router_policy_names() -> list[str]:
+    return sorted(ROUTER_POLICIES)
