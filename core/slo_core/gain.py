@@ -78,11 +78,13 @@ class GainParams(BaseModel):
 GoodputFunction = Callable[[Delivery, GainParams], float]
 
 _DEFAULT_PARAMS = GainParams()
+# Timestamps are floats on a shared clock: a token "at" its deadline must not miss by rounding.
+_EPS_S = 1e-9
 
 
 def _met_deadline(d: Delivery) -> bool:
     finish = d.finish_s
-    return d.completed and finish is not None and finish - d.arrival_s <= d.slo.effective_deadline_s
+    return d.completed and finish is not None and finish - d.arrival_s <= d.slo.effective_deadline_s + _EPS_S
 
 
 def _latency_deadlines(d: Delivery, n: int) -> np.ndarray:
@@ -94,7 +96,7 @@ def token_goodput(d: Delivery, params: GainParams = _DEFAULT_PARAMS) -> float:
     """JITServe §3 token-level goodput."""
     if d.slo.kind is RequestKind.LATENCY:
         rel = d.relative_times_s()
-        on_time = int(np.count_nonzero(rel <= _latency_deadlines(d, len(rel))))
+        on_time = int(np.count_nonzero(rel <= _latency_deadlines(d, len(rel)) + _EPS_S))
         return d.slo.priority_weight * on_time
     if _met_deadline(d):
         return d.slo.priority_weight * (d.input_tokens + d.output_tokens)
@@ -107,7 +109,7 @@ def request_goodput(d: Delivery, params: GainParams = _DEFAULT_PARAMS) -> float:
         return 0.0
     if d.slo.kind is RequestKind.LATENCY:
         rel = d.relative_times_s()
-        met = bool(np.all(rel <= _latency_deadlines(d, len(rel))))
+        met = bool(np.all(rel <= _latency_deadlines(d, len(rel)) + _EPS_S))
     else:
         met = _met_deadline(d)
     return d.slo.priority_weight if met else 0.0
@@ -147,7 +149,7 @@ def tdg_gain(d: Delivery, params: GainParams = _DEFAULT_PARAMS) -> float:
         deadlines = np.full(len(rel), d.slo.effective_deadline_s)
     weights = np.full(len(rel), params.decode_token_weight)
     weights[0] = params.first_token_weight
-    return d.slo.priority_weight * float(np.sum(weights[rel < deadlines]))
+    return d.slo.priority_weight * float(np.sum(weights[rel < deadlines - _EPS_S]))
 
 
 GOODPUT_FUNCTIONS: dict[str, GoodputFunction] = {

@@ -79,62 +79,55 @@ class SLORequest(BaseModel):
         return not self.model_dump(exclude_none=True)
 
 
-def _where(source: str, key: str) -> str:
-    return f"header {HEADER_PREFIX}{key}" if source == "header" else f"body field {key!r}"
+def _validated(field: str, value: Any, where: str) -> Any:
+    """Validate one field on its own so the error names exactly where the client wrote it."""
+    if field not in SLORequest.model_fields:
+        known = ", ".join(SLORequest.model_fields)
+        raise SLOParamError(f"unknown SLO field {where}; known fields: {known}", where)
+    if isinstance(value, float) and not math.isfinite(value):
+        raise SLOParamError(f"{where} must be a finite number of seconds", where)
+    try:
+        return getattr(SLORequest.model_validate({field: value}), field)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        raise SLOParamError(f"{where}: {err['msg']} (got {value!r})", where) from None
 
 
-def _collect(headers: Mapping[str, str], body: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, str]]:
+def parse_slo(headers: Mapping[str, str], body: Mapping[str, Any]) -> SLORequest:
+    """Read the SLO a client stated in headers and body; raises :class:`SLOParamError` saying what to fix."""
     values: dict[str, Any] = {}
     origin: dict[str, str] = {}
 
     def put(field: str, value: Any, where: str) -> None:
-        if field in values and values[field] != value:
+        parsed = _validated(field, value, where)
+        if field in values and values[field] != parsed:
             raise SLOParamError(
                 f"{field} is given twice with different values ({origin[field]}: {values[field]!r}, "
-                f"{where}: {value!r}); state it once",
+                f"{where}: {parsed!r}); state it once",
                 where,
             )
-        values[field] = value
+        values[field] = parsed
         origin[field] = where
 
     for raw_key, value in headers.items():
         key = raw_key.lower()
         if not key.startswith(HEADER_PREFIX):
             continue
-        suffix = key[len(HEADER_PREFIX) :]
-        field = _HEADER_FIELDS.get(suffix)
+        field = _HEADER_FIELDS.get(key[len(HEADER_PREFIX) :])
         if field is None:
             known = ", ".join(HEADER_PREFIX + k for k in _HEADER_FIELDS)
             raise SLOParamError(f"unknown SLO header {key!r}; known headers: {known}", key)
-        put(field, value.strip(), _where("header", suffix))
+        put(field, value.strip(), f"header {key}")
     slo_obj = body.get("slo")
     if slo_obj is not None:
         if not isinstance(slo_obj, Mapping):
             raise SLOParamError('body field \'slo\' must be a JSON object, e.g. {"tier": "gold"}', "slo")
         for key, value in slo_obj.items():
-            put(str(key), value, _where("body", f"slo.{key}"))
+            put(str(key), value, f"body field 'slo.{key}'")
     for alias, field in _JITSERVE_FIELDS.items():
         if body.get(alias) is not None:
-            put(field, body[alias], _where("body", alias))
-    return values, origin
-
-
-def parse_slo(headers: Mapping[str, str], body: Mapping[str, Any]) -> SLORequest:
-    """Read the SLO a client stated in headers and body; raises :class:`SLOParamError` saying what to fix."""
-    values, origin = _collect(headers, body)
-    for field, value in values.items():
-        if isinstance(value, float) and not math.isfinite(value):
-            raise SLOParamError(f"{origin[field]} must be a finite number of seconds", origin[field])
-    try:
-        return SLORequest.model_validate(values)
-    except ValidationError as exc:
-        err = exc.errors()[0]
-        field = str(err["loc"][0]) if err["loc"] else "slo"
-        where = origin.get(field, _where("body", f"slo.{field}"))
-        if err["type"] == "extra_forbidden":
-            known = ", ".join(SLORequest.model_fields)
-            raise SLOParamError(f"unknown SLO field {where}; known fields: {known}", where) from None
-        raise SLOParamError(f"{where}: {err['msg']} (got {err.get('input')!r})", where) from None
+            put(field, body[alias], f"body field {alias!r}")
+    return SLORequest.model_validate(values)
 
 
 def strip_slo_fields(body: Mapping[str, Any]) -> dict[str, Any]:

@@ -1,0 +1,183 @@
+"""Goodput functions: hand-worked examples from the papers' definitions, and PROSERVE §2 properties."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from slo_core.gain import (
+    GOODPUT_FUNCTIONS,
+    Delivery,
+    GainParams,
+    goodput_function,
+    ideal_gain,
+    request_goodput,
+    tdg_gain,
+    tempo_gain,
+    token_goodput,
+)
+from slo_core.slo import DEFAULT_BEST_EFFORT_DEADLINE_S, RequestKind, SLOTargets
+
+LAT = SLOTargets(RequestKind.LATENCY, ttft_s=2.0, tbt_s=0.1)
+DL = SLOTargets(RequestKind.DEADLINE, deadline_s=20.0)
+
+
+def lat(times: list[float], *, weight: float = 1.0, completed: bool = True, inp: int = 10) -> Delivery:
+    slo = SLOTargets(RequestKind.LATENCY, ttft_s=2.0, tbt_s=0.1, priority_weight=weight)
+    return Delivery(
+        slo=slo,
+        arrival_s=100.0,
+        input_tokens=inp,
+        token_times_s=[100.0 + t for t in times],
+        completed=completed,
+    )
+
+
+def test_token_latency_counts_tokens_by_ttft_plus_i_tbt() -> None:
+    # deadlines (relative): 2.0, 2.1, 2.2, 2.3
+    d = lat([1.0, 2.1, 2.25, 2.5])
+    # token 0 on time, token 1 exactly at its deadline (counts), tokens 2 and 3 late
+    assert token_goodput(d) == 2
+    assert token_goodput(lat([1.0, 2.1, 2.2, 2.3])) == 4
+
+
+def test_token_deadline_all_or_nothing_counts_input_and_output() -> None:
+    on_time = Delivery(DL, arrival_s=0.0, input_tokens=100, token_times_s=[5.0, 10.0, 19.9])
+    late = Delivery(DL, arrival_s=0.0, input_tokens=100, token_times_s=[5.0, 10.0, 20.1])
+    assert token_goodput(on_time) == 103
+    assert token_goodput(late) == 0
+
+
+def test_unfinished_deadline_request_earns_nothing() -> None:
+    d = Delivery(DL, arrival_s=0.0, input_tokens=100, token_times_s=[1.0, 2.0], completed=False)
+    assert token_goodput(d) == 0
+    assert tempo_gain(d) == 0
+    assert request_goodput(d) == 0
+
+
+def test_best_effort_uses_default_deadline() -> None:
+    be = SLOTargets(RequestKind.BEST_EFFORT)
+    ok = Delivery(be, arrival_s=0.0, input_tokens=1, token_times_s=[DEFAULT_BEST_EFFORT_DEADLINE_S - 1])
+    late = Delivery(be, arrival_s=0.0, input_tokens=1, token_times_s=[DEFAULT_BEST_EFFORT_DEADLINE_S + 1])
+    assert token_goodput(ok) == 2
+    assert token_goodput(late) == 0
+
+
+def test_request_goodput_latency_needs_every_token_on_time() -> None:
+    assert request_goodput(lat([1.0, 1.5, 2.2])) == 1
+    assert request_goodput(lat([1.0, 1.5, 2.3])) == 0
+    assert request_goodput(lat([1.0, 1.5, 2.2], weight=2.0)) == 2
+
+
+def test_tempo_deadline_divisive_decay() -> None:
+    # (w_i·L_i + w_o·L_o)·min(1, SLO/TTLT): (1·100 + 2·4)·(20/40) = 54
+    d = Delivery(DL, arrival_s=0.0, input_tokens=100, token_times_s=[10.0, 20.0, 30.0, 40.0])
+    assert tempo_gain(d) == pytest.approx(54.0)
+    # met deadline → no extra gain for finishing early
+    early = Delivery(DL, arrival_s=0.0, input_tokens=100, token_times_s=[1.0, 2.0, 3.0, 4.0])
+    assert tempo_gain(early) == pytest.approx(108.0)
+    # α = 2 squares the decay
+    assert tempo_gain(d, GainParams(alpha=2.0)) == pytest.approx(27.0)
+
+
+def test_tempo_latency_decays_first_token_and_lagging_tokens() -> None:
+    # TTFT 4 s against 2 s: input gain 10·1·0.5 = 5; token 0 due 2.0 at 4.0 → 2·0.5 = 1;
+    # token 1 due 2.1 at 4.2 → 2·0.5 = 1. Total 7.
+    d = lat([4.0, 4.2])
+    assert tempo_gain(d) == pytest.approx(7.0)
+    assert tempo_gain(lat([1.0, 1.1])) == pytest.approx(10 + 2 + 2)
+
+
+def test_tdg_first_and_decode_weights_and_priority() -> None:
+    p = GainParams(first_token_weight=3.0, decode_token_weight=1.0)
+    # due 2.0, 2.1, 2.2: token 0 on time (3), token 1 late, token 2 on time (1) → 4, ×2 priority = 8
+    assert tdg_gain(lat([1.0, 2.15, 2.19], weight=2.0), p) == pytest.approx(8.0)
+    # TDG uses strict "<": a token exactly at its deadline does not count
+    assert tdg_gain(lat([2.0]), p) == 0.0
+
+
+def test_priority_weight_multiplies_every_function() -> None:
+    for name, fn in GOODPUT_FUNCTIONS.items():
+        base = fn(lat([1.0, 1.5, 3.0]), GainParams())
+        doubled = fn(lat([1.0, 1.5, 3.0], weight=2.0), GainParams())
+        assert doubled == pytest.approx(2 * base), name
+
+
+def test_ideal_gain_is_an_upper_bound() -> None:
+    d = Delivery(DL, arrival_s=0.0, input_tokens=100, token_times_s=[30.0] * 5)
+    for name in GOODPUT_FUNCTIONS:
+        assert ideal_gain(d, name) >= goodput_function(name)(d, GainParams())
+    assert ideal_gain(d, "token") == 105
+
+
+def test_unknown_function_names_the_choices() -> None:
+    with pytest.raises(ValueError, match="request, tdg, tempo, token"):
+        goodput_function("tokens")
+
+
+# ---- PROSERVE §2 properties, for every function and every kind -----------------------------------
+
+KINDS = [
+    SLOTargets(RequestKind.LATENCY, ttft_s=1.0, tbt_s=0.05),
+    SLOTargets(RequestKind.DEADLINE, deadline_s=3.0),
+    SLOTargets(RequestKind.COMPOUND, deadline_s=5.0),
+    SLOTargets(RequestKind.BEST_EFFORT),
+]
+
+gaps = st.lists(st.floats(min_value=0.0, max_value=2.0, allow_nan=False), min_size=1, max_size=30)
+
+
+def _times(gap_list: list[float]) -> list[float]:
+    out, t = [], 0.0
+    for g in gap_list:
+        t += g
+        out.append(t)
+    return out
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    gap_list=gaps,
+    slo_idx=st.integers(0, 3),
+    idx=st.integers(0, 29),
+    shift=st.floats(0.0, 5.0),
+    name=st.sampled_from(sorted(GOODPUT_FUNCTIONS)),
+)
+def test_earlier_delivery_never_lowers_gain_and_delay_never_raises(
+    gap_list: list[float], slo_idx: int, idx: int, shift: float, name: str
+) -> None:
+    fn = goodput_function(name)
+    times = _times(gap_list)
+    i = idx % len(times)
+    slo = KINDS[slo_idx]
+    base = fn(Delivery(slo, 0.0, 50, times), GainParams())
+    # delay token i (and keep order: every later token is at least as late)
+    delayed = [t + shift if j >= i else t for j, t in enumerate(times)]
+    assert fn(Delivery(slo, 0.0, 50, delayed), GainParams()) <= base + 1e-9
+    # deliver token i earlier (not before its predecessor)
+    floor = times[i - 1] if i > 0 else 0.0
+    earlier = list(times)
+    earlier[i] = max(floor, times[i] - shift)
+    assert fn(Delivery(slo, 0.0, 50, earlier), GainParams()) >= base - 1e-9
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    gap_list=gaps,
+    slo_idx=st.integers(0, 3),
+    cut=st.integers(0, 29),
+    name=st.sampled_from(sorted(GOODPUT_FUNCTIONS)),
+)
+def test_discarding_forfeits_future_gain(gap_list: list[float], slo_idx: int, cut: int, name: str) -> None:
+    fn = goodput_function(name)
+    times = _times(gap_list)
+    slo = KINDS[slo_idx]
+    full = fn(Delivery(slo, 0.0, 50, times), GainParams())
+    k = cut % (len(times) + 1)
+    dropped = fn(Delivery(slo, 0.0, 50, times[:k], completed=False), GainParams())
+    assert dropped <= full + 1e-9
+    assert fn(Delivery(slo, 0.0, 50, [], completed=False), GainParams()) == 0.0
+    assert math.isfinite(full)
