@@ -1,0 +1,89 @@
+"""SLO tags carried to an engine-side scheduler in a request's ``vllm_xargs``.
+
+vLLM hands ``vllm_xargs`` to the engine as ``sampling_params.extra_args`` (a flat JSON object of
+primitives). The sidecar encodes each request's resolved SLO there; engine-sim's policy hook and the
+vLLM scheduler plugin decode it back into the policy's :class:`~slo_core.policies.base.RequestView`.
+Keys are prefixed ``slo_`` so they never collide with other extra args. Absolute times are Unix
+seconds (vLLM stamps ``arrival_time`` with ``time.time()``).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from slo_core.slo import RequestKind, SLOTargets
+
+PREFIX = "slo_"
+
+
+@dataclass(frozen=True, slots=True)
+class EngineTags:
+    """What the engine-side scheduler needs to know about a request beyond what vLLM tracks."""
+
+    targets: SLOTargets
+    request_key: str = ""
+    tenant: str = "default"
+    deadline_at_s: float | None = None
+    output_bound: int | None = None
+    program_id: str | None = None
+    stage: int | None = None
+
+    def to_xargs(self) -> dict[str, str | int | float]:
+        t = self.targets
+        out: dict[str, str | int | float] = {
+            "slo_kind": t.kind.value,
+            "slo_priority_class": t.priority_class,
+            "slo_priority_weight": t.priority_weight,
+            "slo_tenant": self.tenant,
+        }
+        optional: dict[str, str | int | float | None] = {
+            "slo_ttft_s": t.ttft_s,
+            "slo_tbt_s": t.tbt_s,
+            "slo_deadline_s": t.deadline_s,
+            "slo_deadline_at_s": self.deadline_at_s,
+            "slo_output_bound": self.output_bound,
+            "slo_program_id": self.program_id,
+            "slo_stage": self.stage,
+            "slo_request_key": self.request_key or None,
+        }
+        out.update({k: v for k, v in optional.items() if v is not None})
+        return out
+
+
+def _num(raw: Mapping[str, Any], key: str) -> float | None:
+    value = raw.get(key)
+    if value is None:
+        return None
+    number = float(value)
+    if not math.isfinite(number):
+        raise ValueError(f"vllm_xargs.{key} must be finite, got {value!r}")
+    return number
+
+
+def decode_tags(raw: Mapping[str, Any] | None) -> EngineTags | None:
+    """Decode tags; None when the request carries none (it is then scheduled as best-effort)."""
+    if not raw or "slo_kind" not in raw:
+        return None
+    targets = SLOTargets(
+        kind=RequestKind(str(raw["slo_kind"])),
+        ttft_s=_num(raw, "slo_ttft_s"),
+        tbt_s=_num(raw, "slo_tbt_s"),
+        deadline_s=_num(raw, "slo_deadline_s"),
+        priority_class=str(raw.get("slo_priority_class", "default")),
+        priority_weight=_num(raw, "slo_priority_weight") or 1.0,
+    )
+    bound = raw.get("slo_output_bound")
+    stage = raw.get("slo_stage")
+    program = raw.get("slo_program_id")
+    return EngineTags(
+        targets=targets,
+        request_key=str(raw.get("slo_request_key", "")),
+        tenant=str(raw.get("slo_tenant", "default")),
+        deadline_at_s=_num(raw, "slo_deadline_at_s"),
+        output_bound=int(bound) if bound is not None else None,
+        program_id=str(program) if program is not None else None,
+        stage=int(stage) if stage is not None else None,
+    )

@@ -1,0 +1,68 @@
+"""Background refresh of output-length bounds from the sidecar's gRPC analyzer.
+
+An engine step never waits on the network: a daemon thread polls the analyzer and swaps in a new
+``{request_key: bound}`` map; the scheduler reads whatever is there. When no refresh has succeeded
+for ``stale_after_s`` the data counts as unreachable and the scheduler degrades to stock order.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+
+log = logging.getLogger(__name__)
+
+Fetch = Callable[[], dict[str, int]]
+
+
+def grpc_fetch(target: str, timeout_s: float = 0.5) -> Fetch:
+    """A fetch function over the sidecar's ``Analyzer.GetBounds`` RPC (all live requests)."""
+    import grpc
+
+    from slo_sidecar.proto import slofleet_pb2, slofleet_pb2_grpc
+
+    channel = grpc.insecure_channel(target)
+    stub = slofleet_pb2_grpc.AnalyzerStub(channel)
+
+    def fetch() -> dict[str, int]:
+        reply = stub.GetBounds(slofleet_pb2.BoundsRequest(), timeout=timeout_s)
+        return {b.request_key: int(b.output_bound) for b in reply.bounds}
+
+    return fetch
+
+
+class AnalyzerClient:
+    def __init__(self, target: str, *, interval_s: float = 0.2, fetch: Fetch | None = None) -> None:
+        self.target = target
+        self._interval_s = interval_s
+        self._bounds: dict[str, int] = {}
+        self._last_ok = float("-inf")
+        self._stop = threading.Event()
+        self._fetch = fetch
+        self.failures = 0
+        self._thread = threading.Thread(target=self._run, name="slofleet-analyzer", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                if self._fetch is None:
+                    self._fetch = grpc_fetch(self.target)
+                bounds = self._fetch()
+                self._bounds = bounds
+                self._last_ok = time.monotonic()
+            except Exception as exc:  # any failure is "unreachable"; the scheduler degrades
+                self.failures += 1
+                if self.failures == 1 or self.failures % 100 == 0:
+                    log.warning("analyzer %s unreachable (%d failures): %s", self.target, self.failures, exc)
+            self._stop.wait(self._interval_s)
+
+    def bounds_if_fresh(self, stale_after_s: float) -> dict[str, int] | None:
+        if time.monotonic() - self._last_ok > stale_after_s:
+            return None
+        return self._bounds
+
+    def close(self) -> None:
+        self._stop.set()

@@ -1,0 +1,121 @@
+"""Turns vLLM ``Request`` objects into policy snapshots and tracks frames; no vLLM import here.
+
+The bridge is duck-typed over the few ``Request`` attributes it reads (``request_id``,
+``arrival_time``, ``num_prompt_tokens``, ``num_computed_tokens``, ``num_output_tokens``,
+``max_tokens``, ``num_preemptions``, ``sampling_params.extra_args``), so it is unit-testable without
+an engine and survives vLLM refactors that keep those names.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
+
+from slo_core.engine_tags import EngineTags, decode_tags
+from slo_core.policies.base import Decision, EnginePolicy, EngineView, RequestView
+from slo_core.slo import RequestKind, SLOTargets
+
+log = logging.getLogger(__name__)
+
+BEST_EFFORT = SLOTargets(RequestKind.BEST_EFFORT)
+
+
+class PolicyBridge:
+    """Builds snapshots, decides when a frame is due, and remembers the last admission order."""
+
+    def __init__(
+        self,
+        policy: EnginePolicy,
+        *,
+        bounds: Callable[[], Mapping[str, int] | None] = lambda: {},
+        clock: Callable[[], float] = time.time,
+        seed: int = 0,
+    ) -> None:
+        self.policy = policy
+        self._bounds = bounds
+        self._clock = clock
+        self._rng = random.Random(seed)
+        self._tags: dict[str, EngineTags | None] = {}
+        self._events = True
+        self.step = 0
+        self.last_admit: tuple[str, ...] = ()
+        self.hold_unlisted = False
+        self.decisions = 0
+
+    def note_event(self) -> None:
+        """An arrival or a finish happened: policies that reschedule on events get a call."""
+        self._events = True
+
+    def forget(self, request_ids: Iterable[str]) -> None:
+        for rid in request_ids:
+            self._tags.pop(rid, None)
+
+    def frame_due(self) -> bool:
+        frame = max(1, int(getattr(self.policy, "frame_steps", 1)))
+        on_events = bool(getattr(self.policy, "reschedule_on_events", True))
+        return self.step % frame == 0 or (on_events and self._events)
+
+    def tags(self, request: Any) -> EngineTags | None:
+        rid = request.request_id
+        if rid not in self._tags:
+            extra = getattr(request.sampling_params, "extra_args", None) if request.sampling_params else None
+            try:
+                self._tags[rid] = decode_tags(extra)
+            except (ValueError, KeyError, TypeError) as exc:
+                log.warning(
+                    "request %s: ignoring malformed SLO tags (%s); scheduling it best-effort", rid, exc
+                )
+                self._tags[rid] = None
+        return self._tags[rid]
+
+    def view(self, request: Any, bounds: Mapping[str, int]) -> RequestView:
+        tags = self.tags(request)
+        targets = tags.targets if tags else BEST_EFFORT
+        arrival = float(request.arrival_time)
+        deadline_at = tags.deadline_at_s if tags else None
+        if deadline_at is None and targets.kind is not RequestKind.LATENCY:
+            deadline_at = arrival + targets.effective_deadline_s
+        key = (tags.request_key if tags else "") or request.request_id
+        bound = bounds.get(key, tags.output_bound if tags else None)
+        return RequestView(
+            request_id=request.request_id,
+            slo=targets,
+            arrival_s=arrival,
+            prompt_tokens=int(request.num_prompt_tokens),
+            max_tokens=int(request.max_tokens),
+            generated_tokens=int(request.num_output_tokens),
+            computed_tokens=int(request.num_computed_tokens),
+            deadline_at_s=deadline_at,
+            output_bound=bound,
+            tenant=tags.tenant if tags else "default",
+            program_id=tags.program_id if tags else None,
+            stage=tags.stage if tags else None,
+            preemptions=int(getattr(request, "num_preemptions", 0)),
+        )
+
+    def decide(
+        self, waiting: Sequence[Any], running: Sequence[Any], engine: Callable[[float], EngineView]
+    ) -> Decision:
+        """Call the policy on fresh snapshots (the caller checked :meth:`frame_due`)."""
+        bounds = self._bounds() or {}
+        now = self._clock()
+        w = [self.view(r, bounds) for r in waiting]
+        r = [self.view(x, bounds) for x in running]
+        decision = self.policy.decide(w, r, engine(now), self._rng)
+        self._events = False
+        self.decisions += 1
+        self.last_admit = decision.admit
+        self.hold_unlisted = decision.hold_unlisted
+        return decision
+
+    def order_waiting(self, waiting: Sequence[Any]) -> tuple[list[Any], list[Any]]:
+        """Order waiting requests by the last decision: (to offer the engine, to hold back)."""
+        rank = {rid: i for i, rid in enumerate(self.last_admit)}
+        listed = sorted((q for q in waiting if q.request_id in rank), key=lambda q: rank[q.request_id])
+        unlisted = [q for q in waiting if q.request_id not in rank]
+        if self.hold_unlisted:
+            return listed, unlisted
+        return listed + unlisted, []

@@ -1,0 +1,225 @@
+"""``SLOScheduler``: a vLLM v1 ``Scheduler`` subclass that applies a slofleet policy every frame.
+
+Load it with ``--scheduler-cls slo_sidecar.vllm_plugin.scheduler.SLOScheduler`` (pinned to
+vllm 0.32, whose scheduler interface is not public). Before each stock scheduling pass it:
+
+1. at a frame boundary (the policy's ``frame_steps``, or an arrival/finish when the policy
+   reschedules on events) snapshots waiting and running requests with their SLO tags from
+   ``vllm_xargs`` and asks the policy for a :class:`~slo_core.policies.base.Decision`;
+2. preempts the running requests the policy names through vLLM's own ``_preempt_request`` (KV blocks
+   freed, the request recomputed later), aborts the ones it rejects;
+3. reorders ``self.waiting`` to the policy's admission order, holding back requests the policy does
+   not want admitted yet, then lets vLLM's own pass build the batch.
+
+Any policy error, or an analyzer that stopped answering, degrades to vLLM's stock order for that
+step: requests are never failed by the plugin. Requires ``--scheduling-policy fcfs`` (the default);
+under ``priority`` the waiting heap cannot be reordered, so only preemptions are applied.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+from vllm.v1.core.sched.request_queue import FCFSRequestQueue
+from vllm.v1.core.sched.scheduler import Scheduler
+from vllm.v1.request import RequestStatus
+
+from slo_core.policies.base import Decision, EngineView
+from slo_core.policies.registry import make_engine_policy
+from slo_sidecar.vllm_plugin.bridge import PolicyBridge
+from slo_sidecar.vllm_plugin.engine_trace import EngineTrace
+from slo_sidecar.vllm_plugin.metrics import PluginMetrics
+from slo_sidecar.vllm_plugin.settings import PluginSettings
+
+log = logging.getLogger(__name__)
+
+
+def _load_policy(settings: PluginSettings) -> Any:
+    try:
+        return make_engine_policy(settings.policy, settings.policy_params)
+    except (ValueError, ImportError, TypeError) as exc:
+        log.error("slofleet: cannot build policy %r (%s); using fcfs", settings.policy, exc)
+        return make_engine_policy("fcfs")
+
+
+class SLOScheduler(Scheduler):  # type: ignore[misc]
+    """vLLM scheduler that applies a slofleet engine policy (see the module docstring)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.slo_settings = PluginSettings.from_env()
+        self.slo_trace = EngineTrace(self.slo_settings.trace_path)
+        self.slo_metrics = PluginMetrics(self.slo_settings.metrics_port)
+        self.slo_analyzer = _start_analyzer(self.slo_settings)
+        policy = _load_policy(self.slo_settings)
+        self.slo_bridge = PolicyBridge(policy, bounds=self._fresh_bounds)
+        self._slo_profile = _load_profile(self.slo_settings.profile)
+        self._slo_degraded_reason = ""
+        log.info(
+            "slofleet scheduler: policy=%s analyzer=%s", policy.name, self.slo_settings.analyzer or "none"
+        )
+        self.slo_trace.event("start", policy=policy.name)
+
+    # ---- hooks ---------------------------------------------------------------------------------
+
+    def add_request(self, request: Any) -> None:
+        super().add_request(request)
+        self.slo_bridge.note_event()
+
+    def finish_requests(self, request_ids: Any, finished_status: Any) -> list[Any]:
+        finished = super().finish_requests(request_ids, finished_status)
+        for req in finished:
+            self.slo_trace.event("abort", request_id=req.request_id)
+        self._forget(finished)
+        return list(finished)
+
+    def schedule(self, *args: Any, **kwargs: Any) -> Any:
+        self.slo_bridge.step += 1
+        held: list[Any] = []
+        try:
+            held = self._apply_policy()
+        except Exception as exc:  # a policy bug must never fail the engine step
+            self._degrade(f"policy error: {exc!r}")
+        output = super().schedule(*args, **kwargs)
+        if held:
+            for req in held:
+                self.waiting.add_request(req)
+        for data in output.scheduled_new_reqs:
+            self.slo_trace.event("admit", request_id=data.req_id, step=self.slo_bridge.step)
+        return output
+
+    def update_from_output(self, scheduler_output: Any, model_runner_output: Any) -> Any:
+        outputs = super().update_from_output(scheduler_output, model_runner_output)
+        done = []
+        for engine_outputs in outputs.values():
+            for out in engine_outputs.outputs:
+                if out.finish_reason is not None:
+                    done.append(out.request_id)
+                    self.slo_trace.event("finish", request_id=out.request_id, reason=str(out.finish_reason))
+        if done:
+            self.slo_bridge.note_event()
+            self.slo_bridge.forget(done)
+        return outputs
+
+    def shutdown(self) -> None:
+        self.slo_trace.close()
+        if self.slo_analyzer is not None:
+            self.slo_analyzer.close()
+        super().shutdown()
+
+    # ---- policy application ----------------------------------------------------------------------
+
+    def _fresh_bounds(self) -> dict[str, int] | None:
+        if self.slo_analyzer is None:
+            return {}
+        return self.slo_analyzer.bounds_if_fresh(self.slo_settings.stale_after_s)
+
+    def _engine_view(self, now_s: float) -> EngineView:
+        pool = self.kv_cache_manager.block_pool
+        return EngineView(
+            now_s=now_s,
+            step=self.slo_bridge.step,
+            max_num_seqs=self.max_num_running_reqs,
+            max_num_batched_tokens=self.max_num_scheduled_tokens,
+            kv_blocks_total=pool.num_gpu_blocks,
+            kv_blocks_free=pool.get_num_free_blocks(),
+            block_size=self.block_size,
+            profile=self._slo_profile,
+        )
+
+    def _apply_policy(self) -> list[Any]:
+        """Run a frame if due; returns the waiting requests held back from this step."""
+        bridge = self.slo_bridge
+        if self.slo_analyzer is not None and self._fresh_bounds() is None:
+            self._degrade("analyzer unreachable")
+            return []
+        if not isinstance(self.waiting, FCFSRequestQueue):
+            if bridge.frame_due():
+                self._apply_preemptions(self._decide())
+            return []
+        if bridge.frame_due():
+            decision = self._decide()
+            self._apply_preemptions(decision)
+            self._apply_rejections(decision)
+        offered, held = bridge.order_waiting(list(self.waiting))
+        self.waiting.clear()
+        self.waiting.extend(offered)
+        self._recover()
+        return held
+
+    def _decide(self) -> Decision:
+        started = time.perf_counter()
+        decision = self.slo_bridge.decide(list(self.waiting), list(self.running), self._engine_view)
+        self.slo_metrics.decision(time.perf_counter() - started)
+        self.slo_trace.event(
+            "decide",
+            step=self.slo_bridge.step,
+            admit=list(decision.admit),
+            preempt=list(decision.preempt),
+            reject=list(decision.reject),
+        )
+        return decision
+
+    def _apply_preemptions(self, decision: Decision) -> None:
+        if not decision.preempt:
+            return
+        victims = set(decision.preempt)
+        keep = []
+        now = time.monotonic()
+        for req in self.running:
+            if req.request_id in victims and req.status == RequestStatus.RUNNING:
+                self._preempt_request(req, now)
+                self.slo_metrics.preemption()
+                self.slo_trace.event("preempt", request_id=req.request_id, step=self.slo_bridge.step)
+            else:
+                keep.append(req)
+        self.running = keep
+
+    def _apply_rejections(self, decision: Decision) -> None:
+        if decision.reject:
+            rejected = super().finish_requests(list(decision.reject), RequestStatus.FINISHED_ABORTED)
+            for req in rejected:
+                self.slo_metrics.rejection()
+                self.slo_trace.event("reject", request_id=req.request_id, reason=decision.reason)
+            self._forget(rejected)
+
+    def _forget(self, requests: list[Any]) -> None:
+        if requests:
+            self.slo_bridge.note_event()
+            self.slo_bridge.forget(r.request_id for r in requests)
+
+    def _degrade(self, reason: str) -> None:
+        if reason != self._slo_degraded_reason:
+            log.warning("slofleet scheduler degraded to stock order: %s", reason)
+            self.slo_trace.event("degraded", reason=reason)
+        self._slo_degraded_reason = reason
+        self.slo_metrics.degraded(True)
+
+    def _recover(self) -> None:
+        if self._slo_degraded_reason:
+            log.info("slofleet scheduler recovered from: %s", self._slo_degraded_reason)
+            self.slo_trace.event("recovered")
+            self._slo_degraded_reason = ""
+            self.slo_metrics.degraded(False)
+
+
+def _load_profile(name: str | None) -> Any:
+    if not name:
+        return None
+    try:
+        from slo_core.perf.profiles import load_profile
+
+        return load_profile(name)
+    except (ImportError, ValueError, FileNotFoundError) as exc:
+        log.warning("slofleet: performance profile %r unavailable (%s)", name, exc)
+        return None
+
+
+def _start_analyzer(settings: PluginSettings) -> Any:
+    if not settings.analyzer:
+        return None
+    from slo_sidecar.vllm_plugin.analyzer_client import AnalyzerClient
+
+    return AnalyzerClient(settings.analyzer)

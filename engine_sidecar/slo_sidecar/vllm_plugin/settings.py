@@ -1,0 +1,51 @@
+"""Plugin settings, read once from the environment of the vLLM EngineCore process.
+
+``SLOFLEET_POLICY``          engine policy name from the registry (default ``gmax``; falls back to
+                             ``fcfs`` with a log line when that name is not available)
+``SLOFLEET_POLICY_PARAMS``   JSON object of the policy's parameters
+``SLOFLEET_ANALYZER``        host:port of the sidecar's gRPC analyzer (bounds and priorities)
+``SLOFLEET_ENGINE_TRACE``    path of a JSONL engine-side trace (admissions, preemptions, finishes)
+``SLOFLEET_PROFILE``         performance-model profile for policies that need one (e.g. h100/llama-3-8b)
+``SLOFLEET_STALE_AFTER_S``   analyzer data older than this counts as unreachable (default 5 s)
+``SLOFLEET_METRICS_PORT``    serve the plugin's Prometheus metrics on this port (optional)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True)
+class PluginSettings:
+    policy: str = "gmax"
+    policy_params: dict[str, Any] = field(default_factory=dict)
+    analyzer: str | None = None
+    trace_path: str | None = None
+    profile: str | None = None
+    stale_after_s: float = 5.0
+    metrics_port: int | None = None
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> PluginSettings:
+        env = os.environ if env is None else env
+        raw_params = env.get("SLOFLEET_POLICY_PARAMS", "").strip()
+        try:
+            params = json.loads(raw_params) if raw_params else {}
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"SLOFLEET_POLICY_PARAMS is not valid JSON: {exc}") from None
+        if not isinstance(params, dict):
+            raise ValueError('SLOFLEET_POLICY_PARAMS must be a JSON object, e.g. {"frame_steps": 50}')
+        port = env.get("SLOFLEET_METRICS_PORT")
+        return cls(
+            policy=env.get("SLOFLEET_POLICY", "gmax").strip() or "gmax",
+            policy_params=params,
+            analyzer=env.get("SLOFLEET_ANALYZER") or None,
+            trace_path=env.get("SLOFLEET_ENGINE_TRACE") or None,
+            profile=env.get("SLOFLEET_PROFILE") or None,
+            stale_after_s=float(env.get("SLOFLEET_STALE_AFTER_S", "5")),
+            metrics_port=int(port) if port else None,
+        )
