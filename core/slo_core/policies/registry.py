@@ -22,6 +22,8 @@ ENGINE_POLICIES: dict[str, str] = {
     "ltr": "slo_core.policies.baselines:LTR",
     "autellix": "slo_core.policies.baselines:AutellixPLAS",
     "strict-priority": "slo_core.policies.baselines:StrictPriority",
+    # seed papers (issue 5)
+    "slide-batching": "slo_core.policies.slide_batching:SlideBatching",
 }
 
 ROUTER_POLICIES: dict[str, str] = {

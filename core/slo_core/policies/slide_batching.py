@@ -1,0 +1,219 @@
+"""PROSERVE SlideBatching (§4.2, Algorithm 1): a latency-budgeted batch with a sliding URGENT/NORMAL split.
+
+For every queued request r (running and waiting): ``exec_r = β·T̃_pd(r)`` (§4.1 eq. 5–6, β the online
+correction factor), ``remain_r = deadline_{r, next token} − now`` (TDG deadlines, eq. 3) and
+``density_r = w_r(next token) / exec_r``. The latency budget is ``t_budget = max(min_r remain_r, η)``.
+A request is URGENT when ``remain_r < γ·φ(r, Q)`` with the load-judgment function
+
+    φ_a(Q)    = t_budget / (t_budget − t_c) · Σ_{q∈Q} exec_q                      (aggressive, eq. 8)
+    φ_c(r, Q) = t_budget / (t_budget − t_c) · Σ_{i ≤ index(r)} Q_by_remain[i].exec  (conservative, eq. 9)
+
+URGENT requests go first by density (descending), NORMAL ones after by remain (ascending): deadline-first
+at low load, density-first (a fractional knapsack) at high load. The batch is then filled from that order
+starting at ``t_batch = t_c`` while ``t_batch < t_budget``: a decode adds its T̃_d, a prefill adds the
+largest chunk that still fits (chunked prefill), bounded by free KV, sequence slots and the token budget.
+Waiting requests outside the batch are held (``hold_unlisted``); running ones are ordered batch-first.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field
+
+from slo_core.perf.model import OnlineCorrection, PerfProfile
+from slo_core.policies.base import BaseEnginePolicy, Decision, EngineView, RequestView
+from slo_core.policies.seed_estimates import (
+    decode_core_s,
+    max_prefill_chunk,
+    next_token_due_s,
+    overhead_s,
+    prefill_core_s,
+    profile_or_fallback,
+    remaining_prompt_tokens,
+)
+
+
+class SlideBatchingParams(BaseModel):
+    """Parameters of SlideBatching (PROSERVE §4.2)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    eta_s: float = Field(0.025, gt=0, description="η: lower bound of the latency budget (seconds)")
+    gamma: float = Field(
+        1.0, ge=0, description="γ: aggressiveness; larger marks more requests URGENT (dimensionless)"
+    )
+    load_judgment: Literal["aggressive", "conservative"] = Field(
+        "aggressive", description="φ_a (eq. 8, the paper's choice for PD co-location) or φ_c (eq. 9)"
+    )
+    first_token_weight: float = Field(1.0, gt=0, description="TDG w_p: gain of a first token (unitless)")
+    decode_token_weight: float = Field(1.0, gt=0, description="TDG w_d: gain of a later token (unitless)")
+    correction_momentum: float = Field(
+        0.9, ge=0, lt=1, description="θ of the online latency correction β ← θβ + (1−θ)·real/est (unitless)"
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class SlidePlan:
+    """One SlideBatching pass: the ordered queue, its URGENT subset and the batch that fits the budget."""
+
+    order: tuple[str, ...]
+    urgent: frozenset[str]
+    batch: tuple[str, ...]
+    chunks: dict[str, int]
+    t_budget_s: float
+    t_batch_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class QueueMetrics:
+    """Per-request exec / remain / density arrays of a queue (PROSERVE Algorithm 1 lines 2–7)."""
+
+    exec_s: np.ndarray
+    remain_s: np.ndarray
+    density: np.ndarray
+    t_budget_s: float
+    t_c_s: float
+
+
+def queue_metrics(
+    queue: Sequence[RequestView],
+    now_s: float,
+    profile: PerfProfile,
+    params: SlideBatchingParams,
+    latency_factor: float = 1.0,
+) -> QueueMetrics:
+    """Compute exec (whole remaining prefill, or one decode), remain and density for every request."""
+    t_c = overhead_s(profile) * latency_factor
+    n = len(queue)
+    exec_s = np.empty(n)
+    remain = np.empty(n)
+    gain = np.empty(n)
+    for i, r in enumerate(queue):
+        left = remaining_prompt_tokens(r)
+        if left > 0:
+            exec_s[i] = prefill_core_s(profile, left, r.computed_tokens)
+        else:
+            exec_s[i] = decode_core_s(profile, r.computed_tokens)
+        remain[i] = next_token_due_s(r) - now_s
+        w = params.first_token_weight if r.generated_tokens == 0 else params.decode_token_weight
+        gain[i] = w * r.priority_weight
+    exec_s *= latency_factor
+    exec_s = np.maximum(exec_s, 1e-6)
+    t_min = float(remain.min()) if n else float("inf")
+    t_budget = max(t_min, params.eta_s, t_c + 1e-3)
+    return QueueMetrics(exec_s, remain, gain / exec_s, t_budget, t_c)
+
+
+def urgent_mask(m: QueueMetrics, params: SlideBatchingParams) -> np.ndarray:
+    """Algorithm 1 lines 8–12: URGENT where remain < γ·φ(r, Q)."""
+    scale = m.t_budget_s / (m.t_budget_s - m.t_c_s)
+    if params.load_judgment == "aggressive":
+        phi = np.full(len(m.exec_s), scale * float(m.exec_s.sum()))
+    else:
+        by_remain = np.argsort(m.remain_s, kind="stable")
+        cum = np.cumsum(m.exec_s[by_remain])
+        phi = np.empty(len(m.exec_s))
+        phi[by_remain] = scale * cum
+    return np.asarray(m.remain_s < params.gamma * phi)
+
+
+def slide_order(m: QueueMetrics, urgent: np.ndarray) -> np.ndarray:
+    """Algorithm 1 line 13: URGENT by density descending, then NORMAL by remain ascending."""
+    idx = np.arange(len(m.exec_s))
+    urg = idx[urgent]
+    urg = urg[np.lexsort((m.remain_s[urg], -m.density[urg]))]
+    nor = idx[~urgent]
+    nor = nor[np.argsort(m.remain_s[nor], kind="stable")]
+    return np.concatenate([urg, nor]).astype(int)
+
+
+class SlideBatching(BaseEnginePolicy):
+    """PROSERVE's local scheduler (see the module docstring)."""
+
+    name = "slide-batching"
+    frame_steps = 1
+    reschedule_on_events = True
+
+    def __init__(self, params: SlideBatchingParams | None = None, **kwargs: object) -> None:
+        self.params = params if params is not None else SlideBatchingParams.model_validate(kwargs)
+        self.correction = OnlineCorrection(momentum=self.params.correction_momentum)
+
+    def observe_batch(self, estimated_s: float, measured_s: float) -> float:
+        """Fold one measured batch time into the correction factor β (PROSERVE §4.1)."""
+        return self.correction.observe(estimated_s, measured_s)
+
+    def plan(
+        self, waiting: Sequence[RequestView], running: Sequence[RequestView], engine: EngineView
+    ) -> SlidePlan:
+        """Order the queue and fill one batch up to the latency budget."""
+        profile = profile_or_fallback(engine.profile)
+        queue = [*running, *waiting]
+        if not queue:
+            return SlidePlan((), frozenset(), (), {}, self.params.eta_s, 0.0)
+        beta = self.correction.factor
+        m = queue_metrics(queue, engine.now_s, profile, self.params, beta)
+        urgent = urgent_mask(m, self.params)
+        order = slide_order(m, urgent)
+        n_running = len(running)
+        t_batch = m.t_c_s
+        kv_free = engine.kv_tokens_free
+        seqs = n_running
+        tokens_left = engine.max_num_batched_tokens
+        batch: list[str] = []
+        chunks: dict[str, int] = {}
+        for i in order:
+            if t_batch >= m.t_budget_s or tokens_left <= 0:
+                break
+            r = queue[i]
+            is_waiting = i >= n_running
+            if is_waiting and seqs >= engine.max_num_seqs:
+                continue
+            left = remaining_prompt_tokens(r)
+            if left == 0:
+                t_batch += float(m.exec_s[i])
+                chunk = 1
+            else:
+                fit = max_prefill_chunk(profile, (m.t_budget_s - t_batch) / beta, r.computed_tokens)
+                chunk = min(left, fit, tokens_left, kv_free)
+                if chunk <= 0:
+                    continue
+                t_batch += prefill_core_s(profile, chunk, r.computed_tokens) * beta
+                kv_free -= chunk
+            tokens_left -= chunk
+            seqs += int(is_waiting)
+            batch.append(r.request_id)
+            chunks[r.request_id] = chunk
+        ids = tuple(queue[i].request_id for i in order)
+        return SlidePlan(
+            order=ids,
+            urgent=frozenset(queue[i].request_id for i in np.flatnonzero(urgent)),
+            batch=tuple(batch),
+            chunks=chunks,
+            t_budget_s=m.t_budget_s,
+            t_batch_s=t_batch,
+        )
+
+    def decide(
+        self,
+        waiting: Sequence[RequestView],
+        running: Sequence[RequestView],
+        engine: EngineView,
+        rng: random.Random,
+    ) -> Decision:
+        plan = self.plan(waiting, running, engine)
+        in_batch = set(plan.batch)
+        running_ids = {r.request_id for r in running}
+        run_order = [rid for rid in plan.order if rid in running_ids]
+        run_order.sort(key=lambda rid: rid not in in_batch)
+        admit = tuple(rid for rid in plan.batch if rid not in running_ids)
+        return Decision(
+            admit=admit,
+            running_order=tuple(run_order),
+            hold_unlisted=True,
+            reason=f"budget={plan.t_budget_s * 1000:.1f}ms urgent={len(plan.urgent)}/{len(plan.order)}",
+        )
