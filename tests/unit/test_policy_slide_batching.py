@@ -1,4 +1,4 @@
-"""SlideBatching (PROSERVE §4.2): the URGENT set slides with load, order flips deadline-first → density-first."""
+"""SlideBatching (PROSERVE §4.2): the URGENT set slides with load; the order flips to density-first."""
 
 from __future__ import annotations
 

@@ -30,6 +30,8 @@ ROUTER_POLICIES: dict[str, str] = {
     "round-robin": "slo_core.policies.routers:RoundRobin",
     "min-load": "slo_core.policies.routers:MinLoad",
     "p2c": "slo_core.policies.routers:PowerOfTwo",
+    # seed papers (issue 5)
+    "go-routing": "slo_core.policies.go_routing:GoRouting",
 }
 
 

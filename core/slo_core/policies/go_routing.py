@@ -1,0 +1,138 @@
+"""PROSERVE GoRouting (§4.3, Algorithm 2), PD co-located form: gain-oriented, capability-aware dispatch.
+
+For each replica p, with Q_p its prefill queue (waiting and running requests that still have prompt to
+compute), n_d its decoding requests and b_d their mean per-token decode time (T̃_d of §4.1):
+
+    t_budget     = max(η, min(min_{r∈Q_p} remain_r, min TPOT_SLO))                  (§4.3, co-located)
+    EXEC(p, Q)   = t_budget · Σ_{r∈Q} exec_r / (t_budget − t_c − n_d·b_d) − (now − ts_p)   (φ_a + decode term,
+                   minus the age of p's snapshot)
+    GAIN(p, Q)   = Σ_{r∈Q} w_p·w_{p(r)} · 𝟙[EXEC(p, Q) ≤ remain_r]        (conservative: all finish last)
+    Δ_p          = GAIN(p, Q_p ∪ {req}) − GAIN(p, Q_p)
+
+Candidates ``C = {p | Δ_p ≥ α·Δ_max}``. If Δ_max > 0: with ``L = {p ∈ C | EXEC(p) < μ·TTFT}`` and
+``H = {p ∈ C | EXEC(p, req) > λ·TTFT}`` pick argmin EXEC over L if L ≠ ∅, else the *busiest* of C∖H
+(it still meets the SLO and keeps lighter replicas free for later long or high-priority requests), else
+the least-loaded of C. If no replica gains (Δ_max ≤ 0) fall back to the least-loaded replica (or a random
+one, as in the paper). TTFT is the request's remaining time to its first-token deadline.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from slo_core.policies.base import ReplicaView, RequestView, RouteDecision
+from slo_core.policies.seed_estimates import (
+    decode_core_s,
+    first_token_due_s,
+    overhead_s,
+    prefill_core_s,
+    profile_or_fallback,
+    remaining_prompt_tokens,
+)
+from slo_core.slo import RequestKind
+
+
+class GoRoutingParams(BaseModel):
+    """Parameters of GoRouting (PROSERVE §4.3)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    alpha: float = Field(0.9, gt=0, le=1, description="α: candidates gain at least α·Δ_max (unitless)")
+    mu: float = Field(0.1, ge=0, description="μ: a replica is light if EXEC < μ·TTFT (fraction of TTFT)")
+    lam: float = Field(
+        0.8, gt=0, description="λ: a replica is heavy if EXEC with req > λ·TTFT (fraction of TTFT)"
+    )
+    eta_s: float = Field(0.025, gt=0, description="η: lower bound of the estimated latency budget (seconds)")
+    first_token_weight: float = Field(1.0, gt=0, description="TDG w_p: gain of a first token (unitless)")
+    fallback: Literal["least-loaded", "random"] = Field(
+        "least-loaded", description="where a request goes when no replica gains from it"
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicaEstimate:
+    """GoRouting's view of one replica for one request."""
+
+    replica_id: str
+    exec_s: float
+    exec_with_req_s: float
+    delta: float
+
+
+class GoRouting:
+    """PROSERVE's global scheduler for PD co-located pools (see the module docstring)."""
+
+    name = "go-routing"
+
+    def __init__(self, params: GoRoutingParams | None = None, **kwargs: object) -> None:
+        self.params = params if params is not None else GoRoutingParams.model_validate(kwargs)
+
+    def estimate(self, request: RequestView, replica: ReplicaView, now_s: float) -> ReplicaEstimate:
+        """EXEC and Δ of sending ``request`` to ``replica`` (Algorithm 2 lines 2–6)."""
+        prof = profile_or_fallback(replica.profile)
+        t_c = overhead_s(prof)
+        prefill = [r for r in (*replica.waiting, *replica.running) if remaining_prompt_tokens(r) > 0]
+        decoding = [r for r in replica.running if remaining_prompt_tokens(r) == 0]
+        n_d = len(decoding)
+        b_d = decode_core_s(prof, sum(r.kv_tokens for r in decoding) / n_d) if n_d else 0.0
+        tpots = [r.slo.tbt_s for r in (*decoding, request) if r.kind is RequestKind.LATENCY and r.slo.tbt_s]
+        queue = [*prefill, request]
+        remains = [first_token_due_s(r) - now_s for r in queue]
+        execs = [prefill_core_s(prof, max(1, remaining_prompt_tokens(r)), r.computed_tokens) for r in queue]
+        weights = [self.params.first_token_weight * r.priority_weight for r in queue]
+        t_budget = max(self.params.eta_s, min([*remains, *tpots]))
+        capacity = t_budget - t_c - n_d * b_d
+        age = max(0.0, now_s - replica.snapshot_s)
+
+        def exec_of(n: int) -> float:
+            work = sum(execs[:n])
+            if work == 0:
+                return 0.0
+            if capacity <= 0:
+                return float("inf")
+            return max(0.0, t_budget * work / capacity - age)
+
+        def gain_of(n: int, finish_s: float) -> float:
+            return sum(w for w, rem in zip(weights[:n], remains[:n], strict=True) if finish_s <= rem)
+
+        pre_exec, post_exec = exec_of(len(prefill)), exec_of(len(queue))
+        delta = gain_of(len(queue), post_exec) - gain_of(len(prefill), pre_exec)
+        return ReplicaEstimate(replica.replica_id, pre_exec, post_exec, delta)
+
+    def route(
+        self,
+        request: RequestView,
+        replicas: Sequence[ReplicaView],
+        now_s: float,
+        rng: random.Random,
+    ) -> RouteDecision:
+        usable = [
+            p for p in replicas if p.healthy and request.prompt_tokens <= p.capabilities.max_context_tokens
+        ]
+        if not usable:
+            return RouteDecision(None, reason="no healthy replica can serve this request", retry_after_s=1.0)
+        est = [self.estimate(request, p, now_s) for p in usable]
+        scores = tuple((e.replica_id, e.delta) for e in est)
+        d_max = max(e.delta for e in est)
+        if d_max <= 0:
+            if self.params.fallback == "random":
+                pick = est[rng.randrange(len(est))]
+            else:
+                pick = min(est, key=lambda e: e.exec_with_req_s)
+            return RouteDecision(pick.replica_id, reason="fallback: no replica gains", scores=scores)
+        ttft = max(1e-6, first_token_due_s(request) - now_s)
+        cands = [e for e in est if e.delta >= self.params.alpha * d_max]
+        light = [e for e in cands if e.exec_s < self.params.mu * ttft]
+        not_heavy = [e for e in cands if e.exec_with_req_s <= self.params.lam * ttft]
+        if light:
+            pick, why = min(light, key=lambda e: e.exec_s), "lightest of the light candidates"
+        elif not_heavy:
+            pick, why = max(not_heavy, key=lambda e: e.exec_s), "busiest candidate that still meets the SLO"
+        else:
+            pick, why = min(cands, key=lambda e: e.exec_s), "all candidates heavy: least loaded"
+        return RouteDecision(pick.replica_id, reason=why, scores=scores)

@@ -1,0 +1,110 @@
+"""GoRouting (PROSERVE §4.3): fill the busier replica that still meets the SLO, keep the idle one free."""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+
+from slo_core.perf.model import PerfProfile
+from slo_core.policies.base import ReplicaView, RequestView
+from slo_core.policies.go_routing import GoRouting
+from slo_core.slo import RequestKind, SLOTargets
+
+PROFILE = PerfProfile(
+    name="t",
+    gpu="g",
+    model="m",
+    tensor_parallel=1,
+    t_c_ms=5.0,
+    floor_ms=10.0,
+    a_ms_per_token=0.1,
+    b_ms_per_token_ctx=1e-5,
+    d_ms_per_kv_token=1e-4,
+    kv_cache_tokens=100_000,
+    max_model_len=8192,
+)
+NOW = 50.0
+RNG = random.Random(0)
+
+
+def req(
+    rid: str, *, ttft_s: float = 5.0, prompt: int = 1000, gen: int = 0, weight: float = 1.0
+) -> RequestView:
+    slo = SLOTargets(RequestKind.LATENCY, ttft_s=ttft_s, tbt_s=0.1, priority_weight=weight)
+    computed = prompt + gen if gen else 0
+    return RequestView(rid, slo, NOW, prompt, 100, generated_tokens=gen, computed_tokens=computed)
+
+
+def replica(
+    rid: str, queued: int, *, decoding: int = 0, snapshot_s: float = NOW, ttft_s: float = 5.0
+) -> ReplicaView:
+    waiting = tuple(req(f"{rid}-w{i}", ttft_s=ttft_s) for i in range(queued))
+    running = tuple(req(f"{rid}-d{i}", gen=5, prompt=500) for i in range(decoding))
+    return ReplicaView(
+        rid,
+        snapshot_s=snapshot_s,
+        waiting=waiting,
+        running=running,
+        kv_blocks_total=6000,
+        kv_blocks_free=5000,
+        max_num_seqs=256,
+        max_num_batched_tokens=8192,
+        profile=PROFILE,
+        engine_policy="slide-batching",
+    )
+
+
+NEW = req("new", ttft_s=2.0)
+
+
+def test_fills_the_busier_replica_that_still_meets_the_slo() -> None:
+    light, busy = replica("light", 3), replica("busy", 8)
+    d = GoRouting().route(NEW, [light, busy], NOW, RNG)
+    assert d.replica_id == "busy"
+    assert dict(d.scores)["busy"] == dict(d.scores)["light"] > 0
+
+
+def test_leaves_an_idle_replica_free_when_mu_is_zero() -> None:
+    d = GoRouting(mu=0.0).route(NEW, [replica("idle", 0), replica("busy", 8)], NOW, RNG)
+    assert d.replica_id == "busy"
+
+
+def test_a_replica_below_mu_is_used_first_to_avoid_idling() -> None:
+    d = GoRouting(mu=0.1).route(NEW, [replica("idle", 0), replica("busy", 8)], NOW, RNG)
+    assert d.replica_id == "idle"
+
+
+def test_avoids_a_replica_pushed_past_lambda() -> None:
+    light, busy = replica("light", 3), replica("busy", 13)  # busy + req ≈ 1.6 s > λ·TTFT = 1.2 s
+    d = GoRouting(lam=0.6).route(NEW, [light, busy], NOW, RNG)
+    assert d.replica_id == "light"
+
+
+def test_a_replica_where_the_request_would_make_others_miss_is_no_candidate() -> None:
+    # Existing requests on "tight" only just fit their 1.0 s TTFT; adding one more breaks them.
+    tight = replica("tight", 8, ttft_s=1.0)
+    roomy = replica("roomy", 12)
+    g = GoRouting()
+    assert g.estimate(NEW, tight, NOW).delta < 0 < g.estimate(NEW, roomy, NOW).delta
+    assert g.route(NEW, [tight, roomy], NOW, RNG).replica_id == "roomy"
+
+
+def test_no_gain_anywhere_falls_back_to_least_loaded() -> None:
+    hopeless = req("hopeless", ttft_s=0.01, prompt=4000)
+    d = GoRouting().route(hopeless, [replica("a", 6), replica("b", 2)], NOW, RNG)
+    assert d.replica_id == "b" and d.reason.startswith("fallback")
+
+
+def test_decode_term_and_snapshot_age_change_the_estimate() -> None:
+    g = GoRouting()
+    base = g.estimate(NEW, replica("r", 4), NOW).exec_s
+    with_decodes = g.estimate(NEW, replica("r", 4, decoding=100), NOW).exec_s
+    stale = g.estimate(NEW, replica("r", 4, snapshot_s=NOW - 0.2), NOW).exec_s
+    assert with_decodes > base
+    assert abs(stale - (base - 0.2)) < 1e-9
+
+
+def test_unhealthy_replicas_are_skipped_and_none_left_rejects() -> None:
+    sick = dataclasses.replace(replica("sick", 0), healthy=False)
+    assert GoRouting().route(NEW, [sick, replica("ok", 20)], NOW, RNG).replica_id == "ok"
+    assert GoRouting().route(NEW, [sick], NOW, RNG).replica_id is None
