@@ -1,0 +1,247 @@
+"""GMAX, JITServe's engine-level scheduler (JITServe §4.2 Algorithm 1, §4.3, §5), and its ablations.
+
+Each call scores every request with priority(r) = goodput(r) / t_gen(r) (gmax_priority), blends in
+per-tenant fairness when f > 0 (gmax_fairness), and picks a batch of B requests (B = max_num_seqs,
+fewer when the KV cache cannot hold them): keep requests with priority ≥ p·priority(r_(B)), sort them
+by input length and take the window of B with the largest summed priority (gmax_select). p is tuned
+online (gmax_tuning). Between frame boundaries (every Δ = ``frame_steps`` engine steps) only waiting
+requests compete for free slots; at a frame boundary running requests compete too, and a running
+request outside the chosen group is preempted for a blocked group member only when the projected
+gain beats the stall of recomputing its KV. Waiting deadline/compound requests whose deadline has
+passed are dropped under hard-deadline goodputs (they can no longer pay), and requests not started
+within ``max_wait_s`` are dropped when it is set (§5).
+
+Variants: ``gmax-oracle`` reads true lengths; ``gmax-no-analyzer`` uses the mean length;
+``gmax-no-gmax`` orders by the shortest remaining bound (SJF on the analyzer's bounds), no preemption.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+from typing import Any, ClassVar
+
+import numpy as np
+
+from slo_core.perf.model import OnlineCorrection
+from slo_core.policies.base import BaseEnginePolicy, Decision, EngineView, FinishedView, RequestView
+from slo_core.policies.gmax_fairness import TenantService, blend
+from slo_core.policies.gmax_params import GMAXParams
+from slo_core.policies.gmax_priority import Estimates, SpeedModel, estimate
+from slo_core.policies.gmax_select import batch_capacity, best_window, cutoff_mask, plan_preemptions
+from slo_core.policies.gmax_snapshot import B8, COMPOUND, DEADLINE, F64, I64, Columns, SnapshotTable
+from slo_core.policies.gmax_tuning import CutoffTuner
+
+_HARD_DEADLINE_GOODPUTS = frozenset({"token", "request"})
+
+
+class GMAX(BaseEnginePolicy):
+    """Grouped Margin Goodput Maximization (see module docstring)."""
+
+    name = "gmax"
+    reschedule_on_events = True
+    _variant: ClassVar[dict[str, Any]] = {}
+
+    def __init__(self, params: GMAXParams | None = None, **overrides: Any) -> None:
+        base = params.model_dump(exclude_unset=True) if params is not None else {}
+        self.params = GMAXParams(**{**self._variant, **base, **overrides})
+        p = self.params
+        self.frame_steps = p.frame_steps
+        self.tuner = CutoffTuner(
+            p.p_candidates, p.p_initial, p.tune_epoch_s, p.tune_explore, enabled=p.tune_p
+        )
+        self.service = TenantService(p.fairness_half_life_s)
+        self.correction = OnlineCorrection(momentum=0.9)
+        self._table = SnapshotTable()
+        self._last_frame_step: int | None = None
+        self._last_clock: tuple[float, int, float] | None = None  # (now, step, estimated step_s)
+        self.last_estimates: Estimates | None = None
+
+    # ---- engine feedback -------------------------------------------------------------------
+    def observe(self, finished: Sequence[FinishedView], now_s: float) -> None:
+        for f in finished:
+            self.tuner.record(f.gain, f.ideal_gain)
+            if self.params.fairness > 0:
+                r = f.request
+                self.service.add(r.tenant, r.prompt_tokens + r.generated_tokens, now_s)
+
+    # ---- helpers -----------------------------------------------------------------------------
+    def _speed(self, engine: EngineView, c: Columns) -> SpeedModel:
+        p = self.params
+        n_seqs = min(engine.max_num_seqs, len(c))
+        if engine.profile is not None:
+            ctx = c.prompt_tokens + c.generated_tokens
+            mean_ctx = float(ctx[c.running].mean()) if c.running.any() else float(ctx.mean())
+            speed = SpeedModel.from_profile(
+                engine.profile, n_seqs, mean_ctx * n_seqs, engine.max_num_batched_tokens
+            )
+        else:
+            speed = SpeedModel(
+                p.default_step_s, 1.0 / p.default_prefill_tokens_per_s, 0.0, engine.max_num_batched_tokens
+            )
+        return speed.scaled(self.correction.factor) if p.correct_step_time else speed
+
+    def _track_step_time(self, engine: EngineView, n_running: int, step_s: float) -> None:
+        """Fold the measured seconds per engine step since the last busy call into the correction."""
+        last = self._last_clock
+        if last is not None and n_running > 0 and engine.step > last[1]:
+            measured = (engine.now_s - last[0]) / (engine.step - last[1])
+            self.correction.observe(last[2], measured)
+        self._last_clock = (engine.now_s, engine.step, step_s / self.correction.factor) if n_running else None
+
+    def _is_frame(self, step: int) -> bool:
+        if self._last_frame_step is None or step - self._last_frame_step >= self.frame_steps:
+            self._last_frame_step = step
+            return True
+        return False
+
+    def _reject_mask(self, c: Columns, est: Estimates, now_s: float) -> B8:
+        p = self.params
+        waiting = ~c.running
+        out = np.zeros(len(c), dtype=np.bool_)
+        if p.reject_past_deadline and p.goodput in _HARD_DEADLINE_GOODPUTS:
+            hard = (c.kind == DEADLINE) | (c.kind == COMPOUND)
+            out |= waiting & hard & (np.nan_to_num(est.program_deadline_at_s, nan=np.inf) < now_s)
+        if p.max_wait_s is not None:
+            not_started = (c.generated_tokens == 0) & (c.computed_tokens == 0)
+            out |= waiting & not_started & (now_s - c.arrival_s > p.max_wait_s)
+        return out
+
+    # ---- the decision ------------------------------------------------------------------------
+    def decide(
+        self,
+        waiting: Sequence[RequestView],
+        running: Sequence[RequestView],
+        engine: EngineView,
+        rng: random.Random,
+    ) -> Decision:
+        p = self.params
+        now = engine.now_s
+        if not waiting and not running:
+            self._last_clock = None
+            return Decision(reason="idle")
+        c = self._table.columns(waiting, running)
+        speed = self._speed(engine, c)
+        self._track_step_time(engine, len(running), speed.step_s)
+        est = estimate(c, now, speed, p, p.frame_steps * speed.step_s)
+        self.last_estimates = est
+        score = est.priority
+        if p.fairness > 0:
+            fair = self.service.fair(c.tenant, c.tenant_names, c.generated_tokens, now)
+            score = blend(score, fair, p.fairness)
+        if p.ordering == "sjf":
+            score = 1.0 / est.len_rem_tokens
+        reject = self._reject_mask(c, est, now)
+        frame = self._is_frame(engine.step)
+        preempting = frame and p.preemption and p.ordering == "gmax"
+
+        alive = ~reject
+        pool_mask = alive if preempting else alive & ~c.running
+        pool = np.flatnonzero(pool_mask)
+        pool = pool[np.argsort(-score[pool], kind="stable")]
+        ctx = c.prompt_tokens + c.generated_tokens
+        block = max(1, engine.block_size)
+        need = np.ceil((ctx + 1.0) / block)
+        n_running = len(running)
+        if preempting:
+            held = float(np.ceil(c.computed_tokens[c.running] / block).sum())
+            batch = batch_capacity(need, pool, engine.max_num_seqs, engine.kv_blocks_free + held)
+        else:
+            batch = batch_capacity(need, pool, engine.max_num_seqs - n_running, engine.kv_blocks_free)
+
+        cutoff = self.tuner.cutoff(now, rng)
+        if p.ordering == "gmax":
+            cands = pool[cutoff_mask(score[pool], batch, cutoff)]
+            group = best_window(score, ctx, np.sort(cands), batch)
+        else:
+            group = pool[:batch]
+        in_group = np.zeros(len(c), dtype=np.bool_)
+        in_group[group] = True
+
+        wait_alive = np.flatnonzero(alive & ~c.running)
+        wait_order = wait_alive[np.argsort(-score[wait_alive], kind="stable")]
+        admit = np.concatenate((wait_order[in_group[wait_order]], wait_order[~in_group[wait_order]]))
+
+        preempt: list[int] = []
+        if preempting:
+            preempt = self._preemptions(
+                c=c,
+                est=est,
+                score=score,
+                in_group=in_group,
+                wait_order=wait_order,
+                need=need,
+                engine=engine,
+                speed=speed,
+            )
+        run_idx = np.flatnonzero(c.running)
+        run_order = run_idx[np.argsort(-score[run_idx], kind="stable")]
+        dropped = set(preempt)
+        ids = c.ids
+        return Decision(
+            admit=tuple(ids[i] for i in admit.tolist()),
+            preempt=tuple(ids[i] for i in preempt),
+            running_order=tuple(ids[i] for i in run_order.tolist() if i not in dropped),
+            reject=tuple(ids[i] for i in np.flatnonzero(reject).tolist()),
+            reason=f"{'frame' if frame else 'event'} p={cutoff:g} B={batch} preempt={len(preempt)}",
+        )
+
+    def _preemptions(
+        self,
+        *,
+        c: Columns,
+        est: Estimates,
+        score: F64,
+        in_group: B8,
+        wait_order: I64,
+        need: F64,
+        engine: EngineView,
+        speed: SpeedModel,
+    ) -> list[int]:
+        """Cost-aware preemption (§4.2): running requests outside the group yield to blocked members."""
+        p = self.params
+        members = wait_order[in_group[wait_order]]
+        slots = engine.max_num_seqs - int(c.running.sum())
+        kv = float(engine.kv_blocks_free)
+        cum = np.cumsum(need[members])
+        fits = min(max(slots, 0), int(np.searchsorted(cum, kv, side="right")))
+        blocked = members[fits:]
+        if len(blocked) == 0:
+            return []
+        run_idx = np.flatnonzero(c.running & ~in_group)
+        victims = run_idx[np.argsort(score[run_idx], kind="stable")]
+        stall = speed.prefill_time_s(c.computed_tokens, np.zeros(len(c)))
+        frame_s = p.frame_steps * speed.step_s
+        horizon = np.minimum(est.t_gen_s, p.preempt_horizon_frames * frame_s)
+        batch_rate = float(score[c.running].sum())
+        swaps = plan_preemptions(
+            blocked,
+            victims,
+            priority=score,
+            stall_s=stall,
+            horizon_s=horizon,
+            batch_rate=batch_rate,
+            min_ratio=p.preempt_min_ratio,
+        )
+        return [s.victim for s in swaps]
+
+
+class GMAXOracle(GMAX):
+    """GMAX with true output lengths (JITServe* of §6.2)."""
+
+    name = "gmax-oracle"
+    _variant: ClassVar[dict[str, Any]] = {"length_source": "oracle"}
+
+
+class GMAXNoAnalyzer(GMAX):
+    """Ablation (§6.3): no request analyzer — the mean response length stands in for the bound."""
+
+    name = "gmax-no-analyzer"
+    _variant: ClassVar[dict[str, Any]] = {"length_source": "mean"}
+
+
+class GMAXNoGMAX(GMAX):
+    """Ablation (§6.3): the analyzer's bounds, but SJF ordering instead of GMAX, and no preemption."""
+
+    name = "gmax-no-gmax"
+    _variant: ClassVar[dict[str, Any]] = {"ordering": "sjf", "preemption": False}

@@ -1,0 +1,107 @@
+"""Parameters of the GMAX engine policy (JITServe §4.2–§4.3) as a validated pydantic model.
+
+Every field states its unit. The four registry variants (``gmax``, ``gmax-oracle``,
+``gmax-no-analyzer``, ``gmax-no-gmax``) differ only in ``length_source`` and ``ordering``.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from slo_core.gain import GOODPUT_FUNCTIONS, GainParams
+from slo_core.slo import DEFAULT_BEST_EFFORT_DEADLINE_S
+
+LengthSource = Literal["analyzer", "oracle", "mean"]
+Ordering = Literal["gmax", "sjf"]
+
+
+class GMAXParams(BaseModel):
+    """Knobs of GMAX; defaults follow the paper where it states a value."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    goodput: str = Field(
+        "token", description="goodput function the priorities estimate (slo_core.gain names; unitless)"
+    )
+    gain: GainParams = Field(default_factory=GainParams, description="weights of the goodput functions")
+    length_source: LengthSource = Field(
+        "analyzer",
+        description="remaining-length estimate: 'analyzer' = RequestView.output_bound (fallback below when "
+        "unset), 'oracle' = true_output_tokens, 'mean' = mean_output_tokens (the no-analyzer ablation)",
+    )
+    ordering: Ordering = Field(
+        "gmax", description="'gmax' = cutoff + length window (Algorithm 1); 'sjf' = shortest bound first"
+    )
+    fallback_output_tokens: int = Field(
+        1024, ge=1, description="output-length bound (tokens) used when the analyzer set none"
+    )
+    refine_every_tokens: int = Field(
+        50, ge=1, description="when generation passes a fallback/mean bound, it grows by this many tokens"
+    )
+    mean_output_tokens: float = Field(
+        300.0, gt=0, description="mean response length (tokens) of the no-analyzer ablation"
+    )
+    frame_steps: int = Field(50, ge=1, description="Δ: engine steps per scheduling frame (§4.2)")
+    p_initial: float = Field(0.95, gt=0, le=1, description="initial priority cutoff p (unitless, 0 < p ≤ 1)")
+    p_candidates: tuple[float, ...] = Field(
+        (0.5, 0.7, 0.8, 0.9, 0.95, 1.0), description="cutoffs the online tuner explores (unitless)"
+    )
+    tune_p: bool = Field(True, description="tune p online from observed goodput (§4.2)")
+    tune_epoch_s: float = Field(30.0, gt=0, description="engine-clock seconds each tried cutoff runs")
+    tune_explore: float = Field(
+        0.2, ge=0, le=1, description="initial probability of exploring a non-best cutoff (decays)"
+    )
+    delta_per_frame: float = Field(
+        1.0, ge=0, description="δ: goodput (goodput units, tokens for 'token') added per frame spent waiting"
+    )
+    best_effort_deadline_s: float = Field(
+        DEFAULT_BEST_EFFORT_DEADLINE_S, gt=0, description="default deadline (s) of best-effort requests"
+    )
+    fairness: float = Field(0.0, ge=0, le=1, description="f in (1−f)·priority + f·Fair (unitless)")
+    fairness_half_life_s: float = Field(
+        300.0, gt=0, description="half-life (s) of the per-tenant attained service behind Fair"
+    )
+    preemption: bool = Field(True, description="allow cost-aware preemption at frame boundaries")
+    preempt_min_ratio: float = Field(
+        1.0, ge=1, description="a preemptor's priority must exceed the victim's by this factor (unitless)"
+    )
+    preempt_horizon_frames: float = Field(
+        2.0, gt=0, description="frames over which a swap's priority gain is counted against its stall"
+    )
+    reject_past_deadline: bool = Field(
+        True,
+        description="drop waiting deadline/compound requests whose (program) deadline passed; only with "
+        "hard-deadline goodputs ('token', 'request')",
+    )
+    max_wait_s: float | None = Field(
+        None, gt=0, description="drop requests not started within this many seconds (JITServe §5); None = off"
+    )
+    default_step_s: float = Field(
+        0.03, gt=0, description="decode-step time (s) assumed when the engine has no performance profile"
+    )
+    default_prefill_tokens_per_s: float = Field(
+        8000.0, gt=0, description="prefill speed (tokens/s) assumed when the engine has no profile"
+    )
+    correct_step_time: bool = Field(
+        True, description="scale the modelled step time by the measured engine step time (momentum 0.9)"
+    )
+
+    @field_validator("goodput")
+    @classmethod
+    def _known_goodput(cls, value: str) -> str:
+        if value not in GOODPUT_FUNCTIONS:
+            raise ValueError(
+                f"unknown goodput {value!r}; choose one of: {', '.join(sorted(GOODPUT_FUNCTIONS))}"
+            )
+        return value
+
+    @model_validator(mode="after")
+    def _candidates_valid(self) -> GMAXParams:
+        if not self.p_candidates:
+            raise ValueError("p_candidates needs at least one cutoff")
+        bad = [p for p in self.p_candidates if not 0 < p <= 1]
+        if bad:
+            raise ValueError(f"every cutoff must lie in (0, 1], got {bad}")
+        return self

@@ -1,0 +1,240 @@
+"""GMAX's per-request estimates (JITServe §4.2): bound, t_gen, t_rem, bandwidth, goodput, priority.
+
+For request r, with remaining-length bound len_rem(r) and per-token generation time v:
+
+    t_gen(r) = t_prefill(uncomputed tokens) + len_rem(r)·v          upper-bound remaining time
+    t_rem(r) = deadline(r) − now                                       time budget left
+    bw(r)    = t_gen(r) / t_rem(r)   (latency requests: v / TBT — the TBT target sets the pace)
+    priority(r) = goodput(r) / t_gen(r)                                margin goodput per bandwidth
+
+goodput(r) is what the selected goodput function (slo_core.gain) would still pay for r if it were
+served from now on at pace v: deadline-kind requests pay their tokens only when the projected finish
+meets the deadline (the Appendix B scheduling filter t_rem − t_gen ≥ 0); a latency request pays for
+each remaining token i whose projected delivery now + t_prefill + (i − g + 1)·v meets
+arrival + TTFT + i·TBT. Compound calls aggregate len_rem, t_gen and goodput over the calls of the
+current stage (same program and stage) and use the stage sub-deadline. Waiting requests gain
+δ·frames waited (starvation guard); best-effort requests use a default deadline.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from slo_core.perf.model import PerfProfile
+from slo_core.policies.gmax_params import GMAXParams
+from slo_core.policies.gmax_snapshot import B8, BEST_EFFORT, COMPOUND, F64, LATENCY, Columns
+
+_EPS_S = 1e-9
+_MIN_T_S = 1e-6
+
+
+@dataclass(frozen=True, slots=True)
+class SpeedModel:
+    """Per-token decode time and the marginal time of prefilling tokens (seconds)."""
+
+    step_s: float
+    prefill_s_per_token: float
+    prefill_s_per_token_ctx: float = 0.0
+    budget_tokens: int = 1 << 30
+
+    @classmethod
+    def from_profile(
+        cls, profile: PerfProfile, n_seqs: int, sum_kv_tokens: float, budget_tokens: int
+    ) -> SpeedModel:
+        """Decode step of ``n_seqs`` sequences reading ``sum_kv_tokens`` KV tokens, and prefill costs."""
+        step_ms = (
+            profile.t_c_ms
+            + max(profile.floor_ms, profile.a_ms_per_token * max(1, n_seqs))
+            + profile.d_ms_per_kv_token * sum_kv_tokens
+        )
+        return cls(
+            step_s=step_ms / 1000.0,
+            prefill_s_per_token=profile.a_ms_per_token / 1000.0,
+            prefill_s_per_token_ctx=profile.b_ms_per_token_ctx / 1000.0,
+            budget_tokens=max(1, budget_tokens),
+        )
+
+    def scaled(self, factor: float) -> SpeedModel:
+        return SpeedModel(
+            self.step_s * factor,
+            self.prefill_s_per_token * factor,
+            self.prefill_s_per_token_ctx * factor,
+            self.budget_tokens,
+        )
+
+    def prefill_time_s(self, tokens: F64, context_before: F64) -> F64:
+        """Time to prefill ``tokens`` more tokens after ``context_before``: chunk steps + marginal work."""
+        chunks = np.ceil(tokens / self.budget_tokens)
+        work = self.prefill_s_per_token * tokens + self.prefill_s_per_token_ctx * tokens * (
+            context_before + tokens
+        )
+        out: F64 = np.where(tokens > 0, chunks * self.step_s + work, 0.0)
+        return out
+
+
+@dataclass(frozen=True, slots=True)
+class Estimates:
+    """Per-request GMAX estimates, aligned with the :class:`Columns` they came from."""
+
+    bound_tokens: F64
+    len_rem_tokens: F64
+    t_gen_s: F64
+    t_rem_s: F64
+    deadline_at_s: F64
+    program_deadline_at_s: F64
+    bandwidth: F64
+    goodput: F64
+    priority: F64
+    feasible: B8
+
+
+def output_bound(c: Columns, p: GMAXParams) -> F64:
+    """Total output-length estimate per request, never below generated + 1 nor above max_tokens."""
+    g = c.generated_tokens
+    cap = np.minimum(float(p.fallback_output_tokens), c.max_tokens)
+    if p.length_source == "mean":
+        base = np.full(len(c), p.mean_output_tokens)
+    else:
+        base = np.where(np.isnan(c.output_bound), cap, c.output_bound)
+        if p.length_source == "oracle":
+            base = np.where(np.isnan(c.true_output_tokens), base, c.true_output_tokens)
+    # A bound that generation already passed is relaxed by one refinement step (§4.1).
+    base = np.where(base <= g, np.minimum(g + p.refine_every_tokens, c.max_tokens), base)
+    out: F64 = np.maximum(base, g + 1.0)
+    return out
+
+
+def deadlines(c: Columns, p: GMAXParams) -> tuple[F64, F64]:
+    """(deadline used for t_rem, program deadline) per request; NaN for latency requests."""
+    kind = c.kind
+    prog_arrival = np.where(np.isnan(c.program_arrival_s), c.arrival_s, c.program_arrival_s)
+    slo_d = np.where(
+        kind == BEST_EFFORT,
+        np.where(np.isnan(c.slo_deadline_s), p.best_effort_deadline_s, c.slo_deadline_s),
+        c.slo_deadline_s,
+    )
+    own = np.where(kind == COMPOUND, prog_arrival, c.arrival_s) + slo_d
+    program = np.where(
+        kind == COMPOUND, np.where(np.isnan(c.program_deadline_at_s), own, c.program_deadline_at_s), own
+    )
+    fallback = np.where(kind == COMPOUND, program, own)
+    deadline: F64 = np.where(np.isnan(c.deadline_at_s), fallback, c.deadline_at_s)
+    deadline = np.where(kind == LATENCY, np.nan, deadline)
+    program = np.where(kind == LATENCY, np.nan, program)
+    return deadline, program
+
+
+def latency_on_time_tokens(c: Columns, now_s: float, t_pre: F64, bound: F64, v: float) -> tuple[F64, B8]:
+    """(remaining tokens i ∈ [g, bound) delivered by arrival + TTFT + i·TBT, next token on time)."""
+    g = c.generated_tokens
+    with np.errstate(invalid="ignore", divide="ignore"):
+        c0 = now_s + t_pre + (1.0 - g) * v - c.arrival_s - c.ttft_s - _EPS_S
+        k = c.tbt_s - v
+        ratio = c0 / k
+        first = np.maximum(g, np.ceil(ratio))
+        grow = np.maximum(0.0, bound - first)
+        last = np.minimum(bound - 1.0, np.floor(ratio))
+        shrink = np.maximum(0.0, last - g + 1.0)
+        flat = np.where(c0 <= 0, bound - g, 0.0)
+        n_on = np.where(k > 0, grow, np.where(k < 0, shrink, flat))
+        next_on = c0 <= g * k
+    out: F64 = np.nan_to_num(n_on)
+    return out, next_on
+
+
+def _decay(slo_s: F64, actual_s: F64, alpha: float) -> F64:
+    with np.errstate(invalid="ignore", divide="ignore"):
+        out: F64 = np.nan_to_num(np.minimum(1.0, (slo_s / np.maximum(actual_s, _MIN_T_S)) ** alpha))
+    return out
+
+
+def _stage_sum(key: np.ndarray, mask: B8, values: F64, reduce_max: bool = False) -> F64:
+    """Replace values of masked rows by their per-key sum (or max); other rows unchanged."""
+    out = values.copy()
+    if not mask.any():
+        return out
+    _, inv = np.unique(key[mask], return_inverse=True)
+    if reduce_max:
+        agg = np.full(int(inv.max()) + 1, -np.inf)
+        np.maximum.at(agg, inv, values[mask])
+    else:
+        agg = np.bincount(inv, weights=values[mask])
+    out[mask] = agg[inv]
+    return out
+
+
+def estimate(c: Columns, now_s: float, speed: SpeedModel, p: GMAXParams, frame_s: float) -> Estimates:
+    """All of GMAX's per-request quantities, vectorized over the snapshot."""
+    v = speed.step_s
+    g, prompt, w, kind = c.generated_tokens, c.prompt_tokens, c.weight, c.kind
+    gp = p.gain
+    bound = output_bound(c, p)
+    len_rem = bound - g
+    uncomputed = np.maximum(0.0, prompt + g - c.computed_tokens)
+    t_pre = speed.prefill_time_s(uncomputed, c.computed_tokens)
+    t_gen = t_pre + len_rem * v
+    deadline, program_deadline = deadlines(c, p)
+
+    is_lat = kind == LATENCY
+    stage_mask = (kind == COMPOUND) & (c.program >= 0)
+    stage_key = c.program * 1_000_003 + c.stage + 1
+    t_finish = _stage_sum(stage_key, stage_mask, t_gen, reduce_max=True)  # stage calls run in parallel
+    t_gen_agg = _stage_sum(stage_key, stage_mask, t_gen)  # bandwidth: every call holds a slot
+    feasible_deadline = now_s + t_finish <= np.nan_to_num(deadline, nan=-np.inf) + _EPS_S
+
+    n_on, next_on = latency_on_time_tokens(c, now_s, t_pre, bound, v)
+    tokens = _stage_sum(stage_key, stage_mask, prompt + bound)
+    tokens = tokens + np.where(stage_mask, c.program_attained_tokens, 0.0)
+    fdl = feasible_deadline.astype(np.float64)
+    if p.goodput == "token":
+        gd = tokens * fdl
+        gl = n_on
+    elif p.goodput == "request":
+        gd = fdl
+        gl = (n_on >= len_rem).astype(np.float64)
+    elif p.goodput == "tempo":
+        arrival = np.where(np.isnan(c.program_arrival_s), c.arrival_s, c.program_arrival_s)
+        base = _stage_sum(stage_key, stage_mask, gp.input_weight * prompt + gp.output_weight * bound)
+        base = base + np.where(stage_mask, gp.output_weight * c.program_attained_tokens, 0.0)
+        gd = base * _decay(deadline - arrival, now_s + t_finish - arrival, gp.alpha)
+        due_last = c.ttft_s + (bound - 1.0) * c.tbt_s
+        late = _decay(due_last, now_s + t_gen - c.arrival_s, gp.alpha)
+        first = np.where(
+            g == 0,
+            gp.input_weight * prompt * _decay(c.ttft_s, now_s + t_pre + v - c.arrival_s, gp.alpha),
+            0.0,
+        )
+        gl = first + gp.output_weight * (n_on + (len_rem - n_on) * late)
+    else:  # tdg
+        n_dl = np.clip(np.floor((np.nan_to_num(deadline) - now_s - t_pre) / v), 0.0, len_rem)
+        gd = gp.decode_token_weight * n_dl + (gp.first_token_weight - gp.decode_token_weight) * (
+            (g == 0) & (n_dl >= 1)
+        )
+        gl = gp.decode_token_weight * n_on + (gp.first_token_weight - gp.decode_token_weight) * (
+            (g == 0) & next_on
+        )
+    goodput = w * np.where(is_lat, gl, gd)
+
+    waited_s = np.maximum(0.0, now_s - np.where(np.isnan(c.waiting_since_s), c.arrival_s, c.waiting_since_s))
+    goodput = goodput + np.where(c.running, 0.0, p.delta_per_frame * waited_s / max(frame_s, _MIN_T_S))
+
+    due_last_abs = c.arrival_s + c.ttft_s + (bound - 1.0) * c.tbt_s
+    t_rem = np.where(is_lat, due_last_abs, deadline) - now_s
+    with np.errstate(invalid="ignore", divide="ignore"):
+        bw = np.where(is_lat, v / c.tbt_s, np.where(t_rem > 0, t_gen_agg / t_rem, np.inf))
+    priority = goodput / np.maximum(t_gen_agg, _MIN_T_S)
+    feasible = np.where(is_lat, n_on > 0, feasible_deadline)
+    return Estimates(
+        bound_tokens=bound,
+        len_rem_tokens=_stage_sum(stage_key, stage_mask, len_rem),
+        t_gen_s=t_gen_agg,
+        t_rem_s=t_rem,
+        deadline_at_s=deadline,
+        program_deadline_at_s=program_deadline,
+        bandwidth=bw,
+        goodput=goodput,
+        priority=priority,
+        feasible=feasible,
+    )

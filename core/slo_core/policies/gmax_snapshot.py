@@ -1,0 +1,197 @@
+"""Columnar (numpy) view of the request snapshots GMAX scores, built fast enough for 5,000 requests.
+
+Fields a request never changes while it lives in an engine (arrival, prompt, SLO, tenant, program,
+true length) are extracted once per request id and cached; only the progress fields (generated and
+computed tokens, bound, sub-deadline, waiting-since, program attained tokens) are read on every call.
+The cache is rebuilt from the live requests when it grows past a few times their number.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from operator import attrgetter
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from slo_core.policies.base import RequestView
+from slo_core.slo import RequestKind
+
+F64 = npt.NDArray[np.float64]
+I64 = npt.NDArray[np.int64]
+B8 = npt.NDArray[np.bool_]
+
+NAN = float("nan")
+KIND_CODES: dict[RequestKind, int] = {
+    RequestKind.LATENCY: 0,
+    RequestKind.DEADLINE: 1,
+    RequestKind.COMPOUND: 2,
+    RequestKind.BEST_EFFORT: 3,
+}
+LATENCY, DEADLINE, COMPOUND, BEST_EFFORT = 0, 1, 2, 3
+
+_STATIC_F = (
+    "arrival_s",
+    "prompt_tokens",
+    "max_tokens",
+    "ttft_s",
+    "tbt_s",
+    "slo_deadline_s",
+    "weight",
+    "program_arrival_s",
+    "program_deadline_at_s",
+    "true_output_tokens",
+)
+_STATIC_I = ("kind", "tenant", "program", "stage")
+_ID = attrgetter("request_id")
+
+
+def _nan_if_none(value: float | int | None) -> float:
+    return NAN if value is None else float(value)
+
+
+def _column(reqs: Sequence[RequestView], name: str, nullable: bool) -> F64:
+    values = list(map(attrgetter(name), reqs))
+    if nullable:
+        values = [NAN if v is None else v for v in values]
+    return np.asarray(values, dtype=np.float64).reshape(len(reqs))
+
+
+@dataclass(frozen=True, slots=True)
+class Columns:
+    """Per-request arrays (index i ↔ ``ids[i]``); NaN marks an unset optional field."""
+
+    ids: list[str]
+    running: B8
+    arrival_s: F64
+    prompt_tokens: F64
+    max_tokens: F64
+    ttft_s: F64
+    tbt_s: F64
+    slo_deadline_s: F64
+    weight: F64
+    program_arrival_s: F64
+    program_deadline_at_s: F64
+    true_output_tokens: F64
+    kind: I64
+    tenant: I64
+    program: I64
+    stage: I64
+    generated_tokens: F64
+    computed_tokens: F64
+    output_bound: F64
+    deadline_at_s: F64
+    waiting_since_s: F64
+    program_attained_tokens: F64
+    tenant_names: tuple[str, ...]
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+
+class SnapshotTable:
+    """Builds :class:`Columns` from request snapshots, caching each request's immutable fields."""
+
+    def __init__(self) -> None:
+        self._reset()
+
+    def _reset(self) -> None:
+        self._index: dict[str, int] = {}
+        self._size = 0
+        self._cap = 0
+        self._f: dict[str, F64] = {}
+        self._i: dict[str, I64] = {}
+        self._tenants: dict[str, int] = {}
+        self._programs: dict[str, int] = {}
+        self._grow(1024)
+
+    def _grow(self, cap: int) -> None:
+        for name in _STATIC_F:
+            old = self._f.get(name)
+            col = np.full(cap, NAN)
+            if old is not None:
+                col[: self._size] = old[: self._size]
+            self._f[name] = col
+        for name in _STATIC_I:
+            old_i = self._i.get(name)
+            col_i = np.full(cap, -1, dtype=np.int64)
+            if old_i is not None:
+                col_i[: self._size] = old_i[: self._size]
+            self._i[name] = col_i
+        self._cap = cap
+
+    def _add(self, r: RequestView) -> None:
+        if self._size == self._cap:
+            self._grow(self._cap * 2)
+        row = self._size
+        slo = r.slo
+        values: dict[str, Any] = {
+            "arrival_s": r.arrival_s,
+            "prompt_tokens": r.prompt_tokens,
+            "max_tokens": r.max_tokens,
+            "ttft_s": _nan_if_none(slo.ttft_s),
+            "tbt_s": _nan_if_none(slo.tbt_s),
+            "slo_deadline_s": _nan_if_none(slo.deadline_s),
+            "weight": slo.priority_weight,
+            "program_arrival_s": _nan_if_none(r.program_arrival_s),
+            "program_deadline_at_s": _nan_if_none(r.program_deadline_at_s),
+            "true_output_tokens": _nan_if_none(r.true_output_tokens),
+        }
+        for name, value in values.items():
+            self._f[name][row] = value
+        self._i["kind"][row] = KIND_CODES[slo.kind]
+        self._i["tenant"][row] = self._tenants.setdefault(r.tenant, len(self._tenants))
+        if r.program_id is not None:
+            self._i["program"][row] = self._programs.setdefault(r.program_id, len(self._programs))
+        self._i["stage"][row] = -1 if r.stage is None else r.stage
+        self._index[r.request_id] = row
+        self._size += 1
+
+    def _rows(self, reqs: Sequence[RequestView], ids: list[str]) -> I64:
+        if self._size > max(4 * len(ids), 50_000):
+            self._reset()
+        try:
+            return np.fromiter(map(self._index.__getitem__, ids), dtype=np.int64, count=len(ids))
+        except KeyError:
+            for r in reqs:
+                if r.request_id not in self._index:
+                    self._add(r)
+            return np.fromiter(map(self._index.__getitem__, ids), dtype=np.int64, count=len(ids))
+
+    def columns(self, waiting: Sequence[RequestView], running: Sequence[RequestView]) -> Columns:
+        """Columns of ``waiting`` followed by ``running`` (request ids must be unique)."""
+        reqs = [*waiting, *running]
+        ids: list[str] = list(map(_ID, reqs))
+        rows = self._rows(reqs, ids)
+        is_running = np.zeros(len(reqs), dtype=np.bool_)
+        is_running[len(waiting) :] = True
+        f = self._f
+        i = self._i
+        names = sorted(self._tenants, key=self._tenants.__getitem__)
+        return Columns(
+            ids=ids,
+            running=is_running,
+            arrival_s=f["arrival_s"][rows],
+            prompt_tokens=f["prompt_tokens"][rows],
+            max_tokens=f["max_tokens"][rows],
+            ttft_s=f["ttft_s"][rows],
+            tbt_s=f["tbt_s"][rows],
+            slo_deadline_s=f["slo_deadline_s"][rows],
+            weight=f["weight"][rows],
+            program_arrival_s=f["program_arrival_s"][rows],
+            program_deadline_at_s=f["program_deadline_at_s"][rows],
+            true_output_tokens=f["true_output_tokens"][rows],
+            kind=i["kind"][rows],
+            tenant=i["tenant"][rows],
+            program=i["program"][rows],
+            stage=i["stage"][rows],
+            generated_tokens=_column(reqs, "generated_tokens", False),
+            computed_tokens=_column(reqs, "computed_tokens", False),
+            output_bound=_column(reqs, "output_bound", True),
+            deadline_at_s=_column(reqs, "deadline_at_s", True),
+            waiting_since_s=_column(reqs, "waiting_since_s", True),
+            program_attained_tokens=_column(reqs, "program_attained_tokens", False),
+            tenant_names=tuple(names),
+        )
