@@ -22,14 +22,21 @@ ENGINE_POLICIES: dict[str, str] = {
     "ltr": "slo_core.policies.baselines:LTR",
     "autellix": "slo_core.policies.baselines:AutellixPLAS",
     "strict-priority": "slo_core.policies.baselines:StrictPriority",
+    # JITServe default scheduler and its ablations (issue 4)
+    "gmax": "slo_core.policies.gmax:GMAX",
+    "gmax-oracle": "slo_core.policies.gmax:GMAXOracle",
+    "gmax-no-analyzer": "slo_core.policies.gmax:GMAXNoAnalyzer",
+    "gmax-no-gmax": "slo_core.policies.gmax:GMAXNoGMAX",
     # seed papers (issue 5)
     "slide-batching": "slo_core.policies.slide_batching:SlideBatching",
+    "tempo": "slo_core.policies.tempo:Tempo",
 }
 
 ROUTER_POLICIES: dict[str, str] = {
     "round-robin": "slo_core.policies.routers:RoundRobin",
     "min-load": "slo_core.policies.routers:MinLoad",
     "p2c": "slo_core.policies.routers:PowerOfTwo",
+    "power-of-k": "slo_core.policies.power_of_k:PowerOfK",  # JITServe §4.3 (issue 4)
     # seed papers (issue 5)
     "go-routing": "slo_core.policies.go_routing:GoRouting",
 }

@@ -1,0 +1,231 @@
+"""Tempo's Largest Service Density First (LSDF) scheduler (Tempo §3.1, §4.2 Algorithm 1, §4.3).
+
+Every request is ranked by its *service density* = projected service gain / remaining process time.
+With ``t_it`` the current decode-iteration time (from the engine's profile) and the conservative output
+upper bound ``L_o`` (predictor bound, else max_tokens), the remaining process time is
+``R = T_prefill(remaining prompt) + (L_o − generated)·t_it``; for a collective (compound) request it is
+the *maximum* R over the calls of the same program stage (Algorithm 1 line 18). The projected gain uses
+the divisive decay ``f(SLO, x) = min(1, (SLO/x)^α)``:
+
+    deadline / compound / best-effort:  (w_i·L_i + w_o·L_o) · f(D, now + R − arrival)        (eq. 2, 4)
+    latency:  w_i·L_i·f(TTFT, now + T_prefill − arrival)·𝟙[no token yet]
+              + Σ_{k ≥ generated} w_o · f(TTFT + k·TBT, projected t_k − arrival)             (eq. 3)
+
+times the priority weight (the last sum is sampled at 16 evenly spaced tokens). A latency request whose
+next token is not due for ``throttle_lead_tbts``·TBT is throttled behind the others (§4.3: conservative
+serving rates spare bandwidth). ``reserve_fraction`` of the sequence slots go to SLO-insensitive
+(best-effort) requests in FCFS order and are backfilled when unused (§4.3). Preemption is cost-aware
+and only at time quanta (every ``quantum_steps`` steps, §4.2): a running request v is swapped for a
+higher-density waiting w that cannot otherwise be admitted only when
+``(density_w − density_v)·quantum_s > recompute_s(v)·Σ_running density`` (the gain lost while v's KV
+cache is recomputed).
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field
+
+from slo_core.policies.base import BaseEnginePolicy, Decision, EngineView, RequestView
+from slo_core.policies.seed_estimates import (
+    expected_output_tokens,
+    overhead_s,
+    prefill_core_s,
+    profile_or_fallback,
+)
+from slo_core.slo import RequestKind
+
+_SAMPLES = 16
+
+
+class TempoParams(BaseModel):
+    """Parameters of Tempo's LSDF scheduler."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    input_weight: float = Field(1.0, ge=0, description="w_i: gain per input token (unitless)")
+    output_weight: float = Field(2.0, ge=0, description="w_o: gain per output token, 1:2 pricing (unitless)")
+    alpha: float = Field(1.0, gt=0, description="α of the divisive decay min(1, (SLO/x)^α) (unitless)")
+    quantum_steps: int = Field(20, ge=1, description="preemptions only every this many engine steps (steps)")
+    reserve_fraction: float = Field(
+        0.1, ge=0, le=1, description="share of sequence slots reserved for best-effort requests (fraction)"
+    )
+    throttle_lead_tbts: float = Field(
+        8.0,
+        gt=0,
+        description="throttle a latency request whose next token is due this many TBTs ahead (TBTs)",
+    )
+    preemption_cost_scale: float = Field(
+        1.0, ge=0, description="multiplier on the estimated preemption loss (unitless)"
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class Densities:
+    """LSDF's per-request view: density, remaining time, projected gain and the throttle flag."""
+
+    density: np.ndarray
+    remaining_s: np.ndarray
+    gain: np.ndarray
+    throttled: np.ndarray
+    best_effort: np.ndarray
+    iteration_s: float
+
+
+def _decay(slo_s: np.ndarray, actual_s: np.ndarray, alpha: float) -> np.ndarray:
+    return np.asarray(np.minimum(1.0, (slo_s / np.maximum(actual_s, 1e-6)) ** alpha))
+
+
+def service_densities(
+    reqs: Sequence[RequestView], running: Sequence[RequestView], engine: EngineView, p: TempoParams
+) -> Densities:
+    """Compute LSDF's service density of every request in ``reqs`` (vectorized)."""
+    prof = profile_or_fallback(engine.profile)
+    now = engine.now_s
+    kv_run = sum(r.kv_tokens for r in running)
+    t_it = prof.iteration_time_from_sums_s(max(1, len(running)), 0.0, kv_run)
+    n = len(reqs)
+    prompt = np.array([r.prompt_tokens for r in reqs], dtype=float)
+    gen = np.array([r.generated_tokens for r in reqs], dtype=float)
+    computed = np.array([r.computed_tokens for r in reqs], dtype=float)
+    l_out = np.array([expected_output_tokens(r) for r in reqs], dtype=float)
+    arrival = np.array([r.arrival_s for r in reqs])
+    weight = np.array([r.priority_weight for r in reqs])
+    latency = np.array([r.kind is RequestKind.LATENCY for r in reqs])
+    best_effort = np.array([r.kind is RequestKind.BEST_EFFORT for r in reqs])
+    left_prompt = np.maximum(0.0, prompt + gen - computed)
+    attn_ms = prof.b_ms_per_token_ctx * left_prompt * (computed + left_prompt)
+    pref_ms = attn_ms + prof.a_ms_per_token * left_prompt
+    t_pref = np.where(left_prompt > 0, overhead_s(prof) + pref_ms / 1000.0, 0.0)
+    l_rem = np.maximum(1.0, l_out - gen)
+    remaining = t_pref + l_rem * t_it
+    _collective_max(reqs, remaining)
+    gain = np.zeros(n)
+    if (~latency).any():
+        deadline_rel = np.array([_deadline_rel_s(r) for r in reqs])
+        ttlt = now + remaining - arrival
+        base = p.input_weight * prompt + p.output_weight * l_out
+        gain = np.where(~latency, base * _decay(deadline_rel, ttlt, p.alpha), 0.0)
+    throttled = np.zeros(n, dtype=bool)
+    if latency.any():
+        ttft = np.array([(r.slo.ttft_s or 1.0) if r.kind is RequestKind.LATENCY else 1.0 for r in reqs])
+        tbt = np.array([(r.slo.tbt_s or 1.0) if r.kind is RequestKind.LATENCY else 1.0 for r in reqs])
+        elapsed = now - arrival
+        first = np.where(gen == 0, p.input_weight * prompt * _decay(ttft, elapsed + t_pref, p.alpha), 0.0)
+        frac = np.linspace(0.0, 1.0, _SAMPLES)
+        k = gen[:, None] + frac[None, :] * (l_rem[:, None] - 1.0)
+        due = ttft[:, None] + k * tbt[:, None]
+        eta = elapsed[:, None] + t_pref[:, None] + (k - gen[:, None] + 1.0) * t_it
+        tokens = p.output_weight * l_rem * _decay(due, eta, p.alpha).mean(axis=1)
+        gain = np.where(latency, first + tokens, gain)
+        next_due = ttft + gen * tbt - elapsed
+        throttled = latency & (next_due > p.throttle_lead_tbts * tbt + t_pref)
+    gain = gain * weight
+    return Densities(gain / np.maximum(remaining, 1e-6), remaining, gain, throttled, best_effort, t_it)
+
+
+def _deadline_rel_s(r: RequestView) -> float:
+    """The (sub-)deadline relative to arrival; latency requests have none (unused for them)."""
+    if r.kind is RequestKind.LATENCY:
+        return 1.0
+    if r.deadline_at_s is not None:
+        return r.deadline_at_s - r.arrival_s
+    return r.slo.effective_deadline_s
+
+
+def _collective_max(reqs: Sequence[RequestView], remaining: np.ndarray) -> None:
+    """A program stage completes with its slowest call: every call gets the stage's max R (in place)."""
+    stages: dict[tuple[str, int | None], list[int]] = {}
+    for i, r in enumerate(reqs):
+        if r.kind is RequestKind.COMPOUND and r.program_id is not None:
+            stages.setdefault((r.program_id, r.stage), []).append(i)
+    for idx in stages.values():
+        if len(idx) > 1:
+            remaining[idx] = remaining[idx].max()
+
+
+class Tempo(BaseEnginePolicy):
+    """Tempo's LSDF engine policy (see the module docstring)."""
+
+    name = "tempo"
+    reschedule_on_events = True
+
+    def __init__(self, params: TempoParams | None = None, **kwargs: object) -> None:
+        self.params = params if params is not None else TempoParams.model_validate(kwargs)
+        self.frame_steps = self.params.quantum_steps
+        self._last_preempt_step: int | None = None
+
+    def priority_order(self, reqs: Sequence[RequestView], d: Densities, max_num_seqs: int) -> list[int]:
+        """SLO requests by density (throttled last), with the best-effort reserve placed inside the slots."""
+        idx = np.arange(len(reqs))
+        slo = idx[~d.best_effort]
+        slo = slo[np.lexsort((-d.density[slo], d.throttled[slo]))]
+        be = sorted(idx[d.best_effort], key=lambda i: reqs[i].arrival_s)
+        reserve = min(len(be), math.ceil(self.params.reserve_fraction * max_num_seqs))
+        head = max(0, max_num_seqs - reserve)
+        return [*slo[:head].tolist(), *be[:reserve], *slo[head:].tolist(), *be[reserve:]]
+
+    def decide(
+        self,
+        waiting: Sequence[RequestView],
+        running: Sequence[RequestView],
+        engine: EngineView,
+        rng: random.Random,
+    ) -> Decision:
+        reqs = [*running, *waiting]
+        if not reqs:
+            return Decision()
+        d = service_densities(reqs, running, engine, self.params)
+        order = self.priority_order(reqs, d, engine.max_num_seqs)
+        victims = self._preemptions(reqs, len(running), order, d, engine)
+        run_ids = [reqs[i].request_id for i in order if i < len(running) and i not in victims]
+        admit = [reqs[i].request_id for i in order if i >= len(running)]
+        return Decision(
+            admit=tuple(admit),
+            preempt=tuple(reqs[i].request_id for i in victims),
+            running_order=tuple(run_ids),
+            reason=f"lsdf n={len(reqs)} preempt={len(victims)}",
+        )
+
+    def _preemptions(
+        self, reqs: Sequence[RequestView], n_running: int, order: list[int], d: Densities, engine: EngineView
+    ) -> list[int]:
+        """Cost-aware preemption, allowed once per time quantum."""
+        step_ok = self._last_preempt_step is None or engine.step - self._last_preempt_step >= self.frame_steps
+        if not step_ok or n_running == 0 or len(reqs) == n_running:
+            return []
+        prof = profile_or_fallback(engine.profile)
+        slots = engine.max_num_seqs - n_running
+        kv_free = engine.kv_tokens_free
+        quantum_s = self.params.quantum_steps * d.iteration_s
+        batch_rate = float(d.density[:n_running].sum())
+        victims_order = [i for i in reversed(order) if i < n_running]
+        victims: list[int] = []
+        for w in order:
+            if w < n_running:
+                continue
+            need = reqs[w].prompt_tokens + reqs[w].generated_tokens
+            while (slots <= 0 or kv_free < need) and victims_order:
+                v = victims_order[0]
+                if d.density[w] <= d.density[v]:
+                    break
+                recompute_s = overhead_s(prof) + prefill_core_s(prof, reqs[v].kv_tokens, 0)
+                loss = self.params.preemption_cost_scale * recompute_s * batch_rate
+                if (d.density[w] - d.density[v]) * quantum_s <= loss:
+                    break
+                victims_order.pop(0)
+                victims.append(v)
+                slots += 1
+                kv_free += reqs[v].kv_tokens
+            if slots <= 0 or kv_free < need:
+                break
+            slots -= 1
+            kv_free -= need
+        if victims:
+            self._last_preempt_step = engine.step
+        return victims

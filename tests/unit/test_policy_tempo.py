@@ -1,0 +1,167 @@
+"""Tempo LSDF (§4.2): density order, collective rule, throttling, BE reserve, cost-aware preemption."""
+
+from __future__ import annotations
+
+import random
+
+from slo_core.perf.model import PerfProfile
+from slo_core.policies.base import EngineView, RequestView
+from slo_core.policies.tempo import Tempo, TempoParams, service_densities
+from slo_core.slo import RequestKind, SLOTargets
+
+PROFILE = PerfProfile(
+    name="t",
+    gpu="g",
+    model="m",
+    tensor_parallel=1,
+    t_c_ms=5.0,
+    floor_ms=10.0,
+    a_ms_per_token=0.1,
+    b_ms_per_token_ctx=1e-5,
+    d_ms_per_kv_token=1e-4,
+    kv_cache_tokens=100_000,
+    max_model_len=8192,
+)
+NOW = 10.0
+RNG = random.Random(0)
+
+
+def dl(
+    rid: str,
+    *,
+    deadline_s: float = 30.0,
+    out: int = 100,
+    prompt: int = 200,
+    weight: float = 1.0,
+    arrival: float = NOW,
+    program: str | None = None,
+    stage: int | None = None,
+) -> RequestView:
+    kind = RequestKind.COMPOUND if program else RequestKind.DEADLINE
+    slo = SLOTargets(kind, deadline_s=deadline_s, priority_weight=weight)
+    return RequestView(
+        rid,
+        slo,
+        arrival,
+        prompt,
+        out,
+        output_bound=out,
+        deadline_at_s=arrival + deadline_s,
+        program_id=program,
+        stage=stage,
+    )
+
+
+def lat(rid: str, *, gen: int = 0, arrival: float = NOW, tbt_s: float = 0.1) -> RequestView:
+    slo = SLOTargets(RequestKind.LATENCY, ttft_s=1.0, tbt_s=tbt_s)
+    computed = 200 + gen if gen else 0
+    return RequestView(
+        rid, slo, arrival, 200, 300, generated_tokens=gen, computed_tokens=computed, output_bound=300
+    )
+
+
+def be(rid: str, arrival: float) -> RequestView:
+    return RequestView(rid, SLOTargets(RequestKind.BEST_EFFORT), arrival, 100, 50, output_bound=50)
+
+
+def engine(step: int = 0, **kw: int) -> EngineView:
+    base = dict(max_num_seqs=64, max_num_batched_tokens=4096, kv_blocks_total=4000, kv_blocks_free=4000)
+    base.update(kw)
+    return EngineView(now_s=NOW, step=step, profile=PROFILE, **base)  # type: ignore[arg-type]
+
+
+def order_of(
+    policy: Tempo, waiting: list[RequestView], running: list[RequestView] | None = None
+) -> tuple[str, ...]:
+    return policy.decide(waiting, running or [], engine(), RNG).admit
+
+
+def test_higher_density_goes_first_priority_and_short_jobs_win() -> None:
+    assert order_of(Tempo(), [dl("low", weight=1.0), dl("high", weight=2.0)]) == ("high", "low")
+    assert order_of(Tempo(), [dl("long", out=800), dl("short", out=50)]) == ("short", "long")
+
+
+def test_hopeless_deadlines_decay_the_projected_gain() -> None:
+    reqs = [dl("ok", deadline_s=30.0), dl("late", deadline_s=0.2)]
+    d = service_densities(reqs, [], engine(), TempoParams())
+    assert d.gain[1] < 0.2 * d.gain[0]
+    assert order_of(Tempo(), reqs) == ("ok", "late")
+
+
+def test_collective_calls_share_the_slowest_remaining_time() -> None:
+    solo = dl("solo", out=50)
+    short_call = dl("call-short", out=50, program="p", stage=1)
+    long_call = dl("call-long", out=900, program="p", stage=1)
+    d = service_densities([solo, short_call, long_call], [], engine(), TempoParams())
+    assert d.remaining_s[1] == d.remaining_s[2] > d.remaining_s[0]
+    assert order_of(Tempo(), [short_call, long_call, solo])[0] == "solo"
+
+
+def test_latency_request_ahead_of_its_pace_is_throttled() -> None:
+    # "ahead" arrived just now and already has 40 tokens: its next token is due 5 s from now.
+    ahead, due = lat("ahead", gen=40), lat("due", gen=40, arrival=NOW - 4.9)
+    d = service_densities([ahead, due], [], engine(), TempoParams())
+    assert list(d.throttled) == [True, False]
+    assert order_of(Tempo(), [ahead, due]) == ("due", "ahead")
+
+
+def test_best_effort_gets_its_reserved_slots_fcfs() -> None:
+    slo = [dl(f"s{i}", weight=1.0 + i / 10) for i in range(30)]
+    order = (
+        Tempo(reserve_fraction=0.1)
+        .decide([be("be2", 2.0), *slo, be("be1", 1.0)], [], engine(max_num_seqs=20), RNG)
+        .admit
+    )
+    assert order.index("be1") < 20 and order.index("be2") < 20
+    assert order.index("be1") < order.index("be2")
+    no_reserve = (
+        Tempo(reserve_fraction=0.0).decide([be("be1", 1.0), *slo], [], engine(max_num_seqs=20), RNG).admit
+    )
+    assert no_reserve.index("be1") == 30
+
+
+def _full_engine(step: int) -> EngineView:
+    return engine(step=step, max_num_seqs=2)
+
+
+def test_preempts_only_when_the_gain_beats_the_recompute_loss_and_only_per_quantum() -> None:
+    running = [
+        RequestView(
+            "slow",
+            SLOTargets(RequestKind.DEADLINE, deadline_s=500.0),
+            NOW - 1,
+            100,
+            4000,
+            generated_tokens=10,
+            computed_tokens=110,
+            output_bound=4000,
+            deadline_at_s=NOW + 499,
+        ),
+        RequestView(
+            "busy",
+            SLOTargets(RequestKind.DEADLINE, deadline_s=5.0, priority_weight=3.0),
+            NOW - 1,
+            100,
+            50,
+            generated_tokens=10,
+            computed_tokens=110,
+            output_bound=50,
+            deadline_at_s=NOW + 4,
+        ),
+    ]
+    urgent = dl("urgent", deadline_s=3.0, out=20, weight=5.0)
+    policy = Tempo(quantum_steps=20)
+    d = policy.decide([urgent], running, _full_engine(100), RNG)
+    assert d.preempt == ("slow",)
+    assert "slow" not in (d.running_order or ())
+    assert policy.decide([urgent], running, _full_engine(110), RNG).preempt == ()  # same quantum
+    assert policy.decide([urgent], running, _full_engine(120), RNG).preempt == ("slow",)
+    assert Tempo(preemption_cost_scale=1e6).decide([urgent], running, _full_engine(0), RNG).preempt == ()
+
+
+def test_admit_lists_waiting_and_running_order_lists_running() -> None:
+    running = [lat("r1", gen=5, arrival=NOW - 2), lat("r2", gen=5, arrival=NOW - 1)]
+    d = Tempo().decide([dl("w1"), dl("w2")], running, engine(), RNG)
+    assert set(d.admit) == {"w1", "w2"}
+    assert set(d.running_order or ()) == {"r1", "r2"}
+    assert Tempo(quantum_steps=7).frame_steps == 7
