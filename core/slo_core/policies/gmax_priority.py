@@ -107,23 +107,33 @@ def output_bound(c: Columns, p: GMAXParams) -> F64:
 
 
 def deadlines(c: Columns, p: GMAXParams) -> tuple[F64, F64]:
-    """(deadline used for t_rem, program deadline) per request; NaN for latency requests."""
+    """(deadline used for t_rem, program deadline) per request; NaN for latency requests.
+
+    A compound call's deadline is its stage sub-deadline, never later than its program's deadline.
+    """
     kind = c.kind
-    prog_arrival = np.where(np.isnan(c.program_arrival_s), c.arrival_s, c.program_arrival_s)
+    is_cp = kind == COMPOUND
     slo_d = np.where(
         kind == BEST_EFFORT,
         np.where(np.isnan(c.slo_deadline_s), p.best_effort_deadline_s, c.slo_deadline_s),
         c.slo_deadline_s,
     )
-    own = np.where(kind == COMPOUND, prog_arrival, c.arrival_s) + slo_d
-    program = np.where(
-        kind == COMPOUND, np.where(np.isnan(c.program_deadline_at_s), own, c.program_deadline_at_s), own
+    prog_arrival = np.where(np.isnan(c.program_arrival_s), c.arrival_s, c.program_arrival_s)
+    program_default = np.where(
+        np.isnan(c.program_deadline_at_s), prog_arrival + slo_d, c.program_deadline_at_s
     )
-    fallback = np.where(kind == COMPOUND, program, own)
-    deadline: F64 = np.where(np.isnan(c.deadline_at_s), fallback, c.deadline_at_s)
+    own = np.where(np.isnan(c.deadline_at_s), c.arrival_s + slo_d, c.deadline_at_s)
+    program: F64 = np.where(is_cp, program_default, own)
+    deadline: F64 = np.where(is_cp, np.fmin(own_or(c.deadline_at_s, program), program), own)
     deadline = np.where(kind == LATENCY, np.nan, deadline)
     program = np.where(kind == LATENCY, np.nan, program)
     return deadline, program
+
+
+def own_or(values: F64, fallback: F64) -> F64:
+    """``values`` where set, else ``fallback``."""
+    out: F64 = np.where(np.isnan(values), fallback, values)
+    return out
 
 
 def latency_on_time_tokens(c: Columns, now_s: float, t_pre: F64, bound: F64, v: float) -> tuple[F64, B8]:
