@@ -130,6 +130,12 @@ def parse_slo(headers: Mapping[str, str], body: Mapping[str, Any]) -> SLORequest
     return SLORequest.model_validate(values)
 
 
+def to_headers(slo: SLORequest) -> dict[str, str]:
+    """The same SLO as ``x-slo-*`` headers (how the router forwards it to a pod)."""
+    by_field = {field: HEADER_PREFIX + suffix for suffix, field in _HEADER_FIELDS.items()}
+    return {by_field[k]: str(v) for k, v in slo.model_dump(exclude_none=True).items()}
+
+
 def strip_slo_fields(body: Mapping[str, Any]) -> dict[str, Any]:
     """The body without the SLO fields, ready to forward to an engine that does not know them."""
     return {k: v for k, v in body.items() if k not in BODY_FIELDS}

@@ -1,0 +1,415 @@
+"""The router's ASGI app: OpenAI-compatible front door with tiers, tenants and gain-based dispatch.
+
+Every request that enters ends in a response or an explicit error: 400 (malformed body or SLO
+fields), 401 (unknown key), 429 (tenant rate limit, with Retry-After), 503 (no pod can serve it in
+time, with Retry-After), or the pod's own answer. Errors are OpenAI-shaped and built in one place
+(:func:`error_response`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import random
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from slo_core.gain import Delivery, GainParams, goodput_function, request_goodput
+from slo_core.policies.base import RequestView, RouterPolicy
+from slo_core.policies.registry import make_router_policy
+from slo_core.request_slo import SLOParamError, SLORequest, parse_slo, strip_slo_fields, to_headers
+from slo_core.slo import RequestKind, SLOTargets
+from slo_router.config import RouterConfig
+from slo_router.dispatch import dispatch
+from slo_router.endpoints import EndpointState
+from slo_router.metrics import RouterMetrics
+from slo_router.proxy import StreamStats, UpstreamUnavailable, open_upstream, relay_stream
+from slo_router.ratelimit import RateLimiter
+from slo_router.tenants import KeyStore, Tenant
+
+log = logging.getLogger(__name__)
+
+INTERNAL_PREFIX = "x-slofleet-"
+DEFAULT_MAX_TOKENS = 1024
+
+
+class APIError(Exception):
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        *,
+        kind: str = "invalid_request_error",
+        param: str | None = None,
+        code: str | None = None,
+        retry_after_s: float | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status, self.message, self.kind, self.param = status, message, kind, param
+        self.code, self.retry_after_s = code, retry_after_s
+
+
+def error_response(err: APIError) -> JSONResponse:
+    """The single place errors become HTTP responses (OpenAI error shape)."""
+    headers = {}
+    if err.retry_after_s is not None:
+        headers["Retry-After"] = str(max(1, round(err.retry_after_s)))
+    body = {"error": {"message": err.message, "type": err.kind, "param": err.param, "code": err.code}}
+    return JSONResponse(body, status_code=err.status, headers=headers)
+
+
+@dataclass
+class RouterState:
+    """Everything the handlers share, built once in the app factory."""
+
+    config: RouterConfig
+    keys: KeyStore
+    endpoints: dict[str, EndpointState]
+    metrics: RouterMetrics
+    policy: RouterPolicy
+    limiter: RateLimiter = field(default_factory=RateLimiter)
+    rng: random.Random = field(default_factory=lambda: random.Random(0))
+    client: httpx.AsyncClient | None = None
+    upstream_timeout_s: float = 600.0
+    clock: Callable[[], float] = time.monotonic
+    background: list[Any] = field(default_factory=list)
+
+    def usable_endpoints(self) -> list[EndpointState]:
+        return [ep for ep in self.endpoints.values() if ep.usable]
+
+
+def _estimate_prompt_tokens(body: dict[str, Any]) -> int:
+    """Rough prompt size (≈4 characters a token); the pod's sidecar counts exactly."""
+    if "messages" in body:
+        msgs = body["messages"]
+        text = (
+            "".join(str(m.get("content", "")) for m in msgs if isinstance(m, dict))
+            if isinstance(msgs, list)
+            else ""
+        )
+    else:
+        prompt = body.get("prompt", "")
+        text = prompt if isinstance(prompt, str) else json.dumps(prompt)
+    return max(1, len(text) // 4)
+
+
+def _max_tokens(body: dict[str, Any]) -> int:
+    value = body.get("max_tokens", body.get("max_completion_tokens"))
+    if value is None:
+        return DEFAULT_MAX_TOKENS
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise APIError(400, "max_tokens must be a positive integer", param="max_tokens")
+    return value
+
+
+def _authenticate(state: RouterState, request: Request) -> Tenant:
+    auth = request.headers.get("authorization", "")
+    key = auth[7:].strip() if auth.lower().startswith("bearer ") else ""
+    if not key:
+        if state.config.require_keys:
+            raise APIError(
+                401, "missing API key: send 'Authorization: Bearer <key>'", kind="authentication_error"
+            )
+        return state.config.anonymous()
+    name = state.keys.tenant_of(key)
+    if name is None:
+        if not state.config.require_keys and len(state.keys) == 0:
+            return state.config.anonymous()
+        raise APIError(401, "invalid API key", kind="authentication_error", code="invalid_api_key")
+    tenant = state.config.tenants.get(name)
+    if tenant is None:
+        raise APIError(
+            401,
+            f"API key belongs to tenant {name!r}, which the SLOPolicy does not define",
+            kind="authentication_error",
+        )
+    return tenant
+
+
+def _upstream_headers(slo: SLORequest, tier: str, tenant: Tenant, request_id: str) -> dict[str, str]:
+    """The SLO as headers with the bound tier; the body's SLO fields are stripped before forwarding."""
+    headers = to_headers(slo.model_copy(update={"tier": tier}))
+    headers.update(
+        {
+            "content-type": "application/json",
+            "x-request-id": request_id,
+            f"{INTERNAL_PREFIX}tenant": tenant.name,
+        }
+    )
+    return headers
+
+
+def _resolve(
+    state: RouterState, request: Request, body: dict[str, Any]
+) -> tuple[Tenant, SLORequest, str, SLOTargets]:
+    tenant = _authenticate(state, request)
+    stripped = [h for h in request.headers if h.lower().startswith(INTERNAL_PREFIX)]
+    try:
+        slo = parse_slo(request.headers, body)
+    except SLOParamError as exc:
+        raise APIError(400, str(exc), param=exc.param, code="invalid_slo") from None
+    tier, was_stripped = tenant.bind_tier(slo.tier)
+    if was_stripped or stripped:
+        state.metrics.stripped.labels(tenant.name).inc()
+    targets = state.config.tiers[tier].targets(ttft_s=slo.ttft_s, tbt_s=slo.tbt_s, deadline_s=slo.deadline_s)
+    return tenant, slo, tier, targets
+
+
+async def _read_body(request: Request) -> dict[str, Any]:
+    try:
+        body = await request.json()
+    except (ValueError, UnicodeDecodeError):
+        raise APIError(400, "request body is not valid JSON") from None
+    if not isinstance(body, dict):
+        raise APIError(400, "request body must be a JSON object")
+    if not isinstance(body.get("model"), str) or not body["model"]:
+        raise APIError(400, "'model' is required and must be a string", param="model")
+    return body
+
+
+async def completions(request: Request) -> Response:
+    state: RouterState = request.app.state.router
+    try:
+        return await _serve(state, request)
+    except APIError as err:
+        state.metrics.rejects.labels(err.code or str(err.status)).inc()
+        return error_response(err)
+
+
+async def _serve(state: RouterState, request: Request) -> Response:
+    body = await _read_body(request)
+    tenant, slo, tier, targets = _resolve(state, request, body)
+    model = body["model"]
+    labels = (tier, tenant.name, model)
+    prompt_tokens, max_tokens = _estimate_prompt_tokens(body), _max_tokens(body)
+    wait = state.limiter.check(
+        tenant.name, tenant.requests_per_s, tenant.tokens_per_s, prompt_tokens + max_tokens
+    )
+    if wait is not None:
+        raise APIError(
+            429,
+            f"rate limit of tenant {tenant.name!r} exceeded",
+            kind="rate_limit_error",
+            code="rate_limited",
+            retry_after_s=wait,
+        )
+    now = state.clock()
+    request_id = request.headers.get("x-request-id") or f"rtr-{uuid.uuid4().hex[:16]}"
+    deadline_at = (
+        now + targets.deadline_s
+        if targets.deadline_s
+        else (now + targets.effective_deadline_s if targets.kind is RequestKind.BEST_EFFORT else None)
+    )
+    view = RequestView(
+        request_id=request_id,
+        slo=targets,
+        arrival_s=now,
+        prompt_tokens=prompt_tokens,
+        max_tokens=max_tokens,
+        deadline_at_s=deadline_at,
+        tenant=tenant.name,
+        program_id=slo.program_id,
+        stage=slo.stage,
+    )
+    headers = _upstream_headers(slo, tier, tenant, request_id)
+    forward_body = strip_slo_fields(body)
+    stream = bool(body.get("stream"))
+    tried: set[str] = set()
+    last_reason = "no replica available"
+    retry_after: float | None = 1.0
+    for attempt in range(state.config.max_retries + 1):
+        t0 = time.perf_counter()
+        result = dispatch(
+            view,
+            model,
+            list(state.endpoints.values()),
+            state.policy,
+            now_s=state.clock(),
+            rng=state.rng,
+            exclude=frozenset(tried),
+        )
+        state.metrics.dispatch_seconds.observe(time.perf_counter() - t0)
+        ep = result.endpoint
+        if ep is None:
+            if not tried:  # nothing was tried: the dispatcher's own reason; else the pods' answers stand
+                last_reason = result.decision.reason or last_reason
+            retry_after = max(retry_after or 0.0, result.decision.retry_after_s or 0.0) or None
+            break
+        state.metrics.chosen.labels(ep.spec.endpoint_id).inc()
+        for rid, score in result.decision.scores:
+            state.metrics.estimated_gain.labels(rid).set(score)
+        tried.add(ep.spec.endpoint_id)
+        assert state.client is not None
+        try:
+            resp = await open_upstream(
+                state.client,
+                ep.spec.http_url + request.url.path,
+                forward_body,
+                headers,
+                state.upstream_timeout_s,
+            )
+        except UpstreamUnavailable as exc:
+            if exc.status != 503:
+                ep.breaker.failure()
+            last_reason = f"pod {ep.spec.endpoint_id}: {exc}"
+            retry_after = max(retry_after or 0.0, exc.retry_after_s or 0.0) or None
+            state.metrics.retries.labels(ep.spec.endpoint_id).inc()
+            await asyncio.sleep(min(0.05 * (2**attempt), 0.5))
+            continue
+        ep.breaker.success()
+        return await _respond(state, resp, stream, labels, view)
+    raise APIError(
+        503,
+        f"no pod can serve this request in time: {last_reason}",
+        kind="overloaded_error",
+        code="no_capacity",
+        retry_after_s=retry_after,
+    )
+
+
+async def _respond(
+    state: RouterState, resp: httpx.Response, stream: bool, labels: tuple[str, str, str], view: RequestView
+) -> Response:
+    stats = StreamStats(start_s=view.arrival_s)
+
+    def done(s: StreamStats) -> None:
+        _account(state, labels, view, s, resp.status_code)
+
+    passthrough = {
+        k: v for k, v in resp.headers.items() if k.lower() in ("content-type", "retry-after", "x-request-id")
+    }
+    if stream and resp.status_code == 200:
+        return StreamingResponse(relay_stream(resp, stats, done), status_code=200, headers=passthrough)
+    try:
+        raw = await resp.aread()
+    finally:
+        await resp.aclose()
+    if resp.status_code == 200:
+        try:
+            stats.observe_json(json.loads(raw), state.clock())
+        except ValueError:
+            stats.error = "invalid upstream JSON"
+    else:
+        stats.error = f"status {resp.status_code}"
+    done(stats)
+    return Response(raw, status_code=resp.status_code, headers=passthrough)
+
+
+def _account(
+    state: RouterState, labels: tuple[str, str, str], view: RequestView, stats: StreamStats, status: int
+) -> None:
+    m = state.metrics
+    outcome = (
+        "ok" if stats.completed and not stats.error else ("error" if status == 200 else f"http_{status}")
+    )
+    m.requests.labels(*labels, outcome).inc()
+    times = stats.delivered_times()
+    if times:
+        m.ttft.labels(labels[0]).observe(times[0] - view.arrival_s)
+    delivery = Delivery(
+        slo=view.slo,
+        arrival_s=view.arrival_s,
+        input_tokens=stats.prompt_tokens or view.prompt_tokens,
+        token_times_s=times,
+        completed=stats.completed and not stats.error,
+    )
+    m.goodput_tokens.labels(*labels).inc(goodput_function(state.config.goodput)(delivery, _PARAMS))
+    if delivery.completed:
+        (m.slo_met if request_goodput(delivery) > 0 else m.slo_missed).labels(*labels).inc()
+
+
+_PARAMS = GainParams()
+
+
+async def models(request: Request) -> Response:
+    state: RouterState = request.app.state.router
+    names: dict[str, str] = {}
+    for ep in state.endpoints.values():
+        for name in (*ep.spec.models, *ep.spec.lora_adapters):
+            names.setdefault(name, ep.spec.deployment or "slofleet")
+    data = [
+        {"id": n, "object": "model", "created": 0, "owned_by": owner} for n, owner in sorted(names.items())
+    ]
+    return JSONResponse({"object": "list", "data": data})
+
+
+async def health(request: Request) -> Response:
+    return JSONResponse({"status": "ok"})
+
+
+async def ready(request: Request) -> Response:
+    state: RouterState = request.app.state.router
+    n = len(state.usable_endpoints())
+    state.metrics.endpoints_ready.set(n)
+    return JSONResponse({"ready": n > 0, "endpoints": n}, status_code=200 if n else 503)
+
+
+async def metrics(request: Request) -> Response:
+    state: RouterState = request.app.state.router
+    state.metrics.endpoints_ready.set(len(state.usable_endpoints()))
+    return Response(generate_latest(state.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+
+def create_app(
+    state: RouterState, *, background: list[Callable[[RouterState], Any]] | None = None
+) -> Starlette:
+    """App factory: the state is built by the caller and shared by every handler."""
+
+    @asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        own_client = state.client is None
+        if own_client:
+            state.client = httpx.AsyncClient(
+                limits=httpx.Limits(max_connections=2000, max_keepalive_connections=200)
+            )
+        tasks = [asyncio.create_task(job(state)) for job in background or []]
+        try:
+            yield
+        finally:
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            if own_client and state.client is not None:
+                await state.client.aclose()
+                state.client = None
+
+    app = Starlette(
+        routes=[
+            Route("/v1/chat/completions", completions, methods=["POST"]),
+            Route("/v1/completions", completions, methods=["POST"]),
+            Route("/v1/models", models, methods=["GET"]),
+            Route("/health", health, methods=["GET"]),
+            Route("/ready", ready, methods=["GET"]),
+            Route("/metrics", metrics, methods=["GET"]),
+        ],
+        lifespan=lifespan,
+    )
+    app.state.router = state
+    return app
+
+
+def build_state(
+    config: RouterConfig,
+    keys: KeyStore,
+    endpoints: dict[str, EndpointState],
+    metrics_: RouterMetrics | None = None,
+) -> RouterState:
+    return RouterState(
+        config=config,
+        keys=keys,
+        endpoints=endpoints,
+        metrics=metrics_ or RouterMetrics(),
+        policy=make_router_policy(config.routing_policy, config.routing_params),
+    )

@@ -1,0 +1,70 @@
+"""The router's view of an SLOPolicy: tiers, tenants, the routing policy and its parameters."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from slo_core.slo import PriorityClass, RequestKind, SLOTier
+from slo_router.tenants import Tenant
+
+ANONYMOUS = "anonymous"
+
+
+@dataclass(frozen=True)
+class RouterConfig:
+    tiers: dict[str, SLOTier]
+    default_tier: str
+    tenants: dict[str, Tenant]
+    routing_policy: str = "go-routing"
+    routing_params: dict[str, Any] = field(default_factory=dict)
+    goodput: str = "token"
+    require_keys: bool = True
+    overload_to_best_effort: bool = False
+    best_effort_tier: str | None = None
+    max_retries: int = 2
+
+    def __post_init__(self) -> None:
+        if self.default_tier not in self.tiers:
+            raise ValueError(
+                f"default tier {self.default_tier!r} is not one of the tiers {sorted(self.tiers)}"
+            )
+
+    def anonymous(self) -> Tenant:
+        """The tenant of requests without a key when keys are not required (local use)."""
+        return Tenant(ANONYMOUS, tuple(self.tiers), self.default_tier)
+
+    @staticmethod
+    def single_tier(name: str = "standard") -> RouterConfig:
+        """A minimal config: one latency tier, no keys (for quick local runs and tests)."""
+        tier = SLOTier(name, RequestKind.LATENCY, PriorityClass("default", 1.0), ttft_s=2.0, tbt_s=0.1)
+        return RouterConfig(tiers={name: tier}, default_tier=name, tenants={}, require_keys=False)
+
+
+def from_policy(spec: Any, *, require_keys: bool = True) -> RouterConfig:
+    """Build the router config from an ``SLOPolicySpec`` (slo_core.crd)."""
+    tiers = spec.tiers_runtime()
+    tenants = {
+        t.name: Tenant(
+            name=t.name,
+            allowed_tiers=tuple(t.allowed_tiers),
+            default_tier=t.default_tier or spec.default_tier,
+            requests_per_s=getattr(t, "requests_per_second", None),
+            tokens_per_s=getattr(t, "tokens_per_second", None),
+        )
+        for t in spec.tenants
+    }
+    routing = spec.routing
+    overload = getattr(getattr(spec, "admission", None), "on_overload", "reject")
+    best_effort = next((n for n, t in tiers.items() if t.kind is RequestKind.BEST_EFFORT), None)
+    return RouterConfig(
+        tiers=tiers,
+        default_tier=spec.default_tier,
+        tenants=tenants,
+        routing_policy=routing.name,
+        routing_params=dict(routing.params or {}),
+        goodput=spec.goodput.name,
+        require_keys=require_keys,
+        overload_to_best_effort=str(overload) in ("best-effort", "best_effort") and best_effort is not None,
+        best_effort_tier=best_effort,
+    )

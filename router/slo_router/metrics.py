@@ -1,0 +1,57 @@
+"""Router metrics (prometheus-client), per tier, tenant and model, and per pod."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+
+class RouterMetrics:
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry or CollectorRegistry()
+        r = self.registry
+        labels = ["tier", "tenant", "model"]
+        self.requests = Counter(
+            "slofleet_router_requests", "Requests by outcome", [*labels, "outcome"], registry=r
+        )
+        self.goodput_tokens = Counter(
+            "slofleet_router_goodput_tokens", "Token goodput earned (priority-weighted)", labels, registry=r
+        )
+        self.slo_met = Counter(
+            "slofleet_router_slo_met", "Completed requests that met their SLO", labels, registry=r
+        )
+        self.slo_missed = Counter(
+            "slofleet_router_slo_missed", "Completed requests that missed", labels, registry=r
+        )
+        self.rejects = Counter(
+            "slofleet_router_rejects", "Rejected requests by reason", ["reason"], registry=r
+        )
+        self.retries = Counter(
+            "slofleet_router_retries", "Upstream retries on another pod", ["endpoint"], registry=r
+        )
+        self.stripped = Counter(
+            "slofleet_router_stripped",
+            "Client-supplied tier/priority beyond the tenant's allowance",
+            ["tenant"],
+            registry=r,
+        )
+        self.dispatch_seconds = Histogram(
+            "slofleet_router_dispatch_seconds",
+            "Dispatch decision latency",
+            buckets=(1e-5, 5e-5, 1e-4, 5e-4, 1e-3, 5e-3, 1e-2, 5e-2),
+            registry=r,
+        )
+        self.chosen = Counter("slofleet_router_chosen", "Times each pod was chosen", ["endpoint"], registry=r)
+        self.estimated_gain = Gauge(
+            "slofleet_router_estimated_gain",
+            "Last estimated gain of sending to the pod",
+            ["endpoint"],
+            registry=r,
+        )
+        self.endpoints_ready = Gauge("slofleet_router_endpoints_ready", "Usable endpoints", registry=r)
+        self.ttft = Histogram(
+            "slofleet_router_ttft_seconds",
+            "Time to first token seen by the router",
+            ["tier"],
+            buckets=(0.05, 0.1, 0.25, 0.5, 1, 2, 4, 8, 16, 32),
+            registry=r,
+        )
