@@ -30,6 +30,7 @@ ENGINE_POLICIES: dict[str, str] = {
     # seed papers (issue 5)
     "slide-batching": "slo_core.policies.slide_batching:SlideBatching",
     "tempo": "slo_core.policies.tempo:Tempo",
+    "slos-serve": "slo_core.policies.slos_serve:SLOsServe",
 }
 
 ROUTER_POLICIES: dict[str, str] = {
