@@ -40,6 +40,7 @@ ROUTER_POLICIES: dict[str, str] = {
     "power-of-k": "slo_core.policies.power_of_k:PowerOfK",  # JITServe §4.3 (issue 4)
     # seed papers (issue 5)
     "go-routing": "slo_core.policies.go_routing:GoRouting",
+    "slos-serve-reroute": "slo_core.policies.slos_serve_router:SLOsServeReroute",
 }
 
 
