@@ -67,6 +67,7 @@ class GMAX(BaseEnginePolicy):
 
     # ---- helpers -----------------------------------------------------------------------------
     def _speed(self, engine: EngineView, c: Columns) -> SpeedModel:
+        """Modelled (uncorrected) decode-step and prefill times for a batch of this snapshot."""
         p = self.params
         n_seqs = min(engine.max_num_seqs, len(c))
         if engine.profile is not None:
@@ -79,7 +80,7 @@ class GMAX(BaseEnginePolicy):
             speed = SpeedModel(
                 p.default_step_s, 1.0 / p.default_prefill_tokens_per_s, 0.0, engine.max_num_batched_tokens
             )
-        return speed.scaled(self.correction.factor) if p.correct_step_time else speed
+        return speed
 
     def _track_step_time(self, engine: EngineView, n_running: int, step_s: float) -> None:
         """Fold the measured seconds per engine step since the last busy call into the correction."""
@@ -87,7 +88,7 @@ class GMAX(BaseEnginePolicy):
         if last is not None and n_running > 0 and engine.step > last[1]:
             measured = (engine.now_s - last[0]) / (engine.step - last[1])
             self.correction.observe(last[2], measured)
-        self._last_clock = (engine.now_s, engine.step, step_s / self.correction.factor) if n_running else None
+        self._last_clock = (engine.now_s, engine.step, step_s) if n_running else None
 
     def _is_frame(self, step: int) -> bool:
         if self._last_frame_step is None or step - self._last_frame_step >= self.frame_steps:
@@ -119,10 +120,12 @@ class GMAX(BaseEnginePolicy):
         now = engine.now_s
         if not waiting and not running:
             self._last_clock = None
-            return Decision(reason="idle")
+            return Decision(running_order=(), reason="idle")
         c = self._table.columns(waiting, running)
         speed = self._speed(engine, c)
         self._track_step_time(engine, len(running), speed.step_s)
+        if p.correct_step_time:
+            speed = speed.scaled(self.correction.factor)
         est = estimate(c, now, speed, p, p.frame_steps * speed.step_s)
         self.last_estimates = est
         score = est.priority

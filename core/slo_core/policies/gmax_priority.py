@@ -91,7 +91,7 @@ class Estimates:
 
 
 def output_bound(c: Columns, p: GMAXParams) -> F64:
-    """Total output-length estimate per request, never below generated + 1 nor above max_tokens."""
+    """Total output-length estimate per request: at most max_tokens, never below generated + 1."""
     g = c.generated_tokens
     cap = np.minimum(float(p.fallback_output_tokens), c.max_tokens)
     if p.length_source == "mean":
@@ -102,7 +102,7 @@ def output_bound(c: Columns, p: GMAXParams) -> F64:
             base = np.where(np.isnan(c.true_output_tokens), base, c.true_output_tokens)
     # A bound that generation already passed is relaxed by one refinement step (§4.1).
     base = np.where(base <= g, np.minimum(g + p.refine_every_tokens, c.max_tokens), base)
-    out: F64 = np.maximum(base, g + 1.0)
+    out: F64 = np.maximum(np.minimum(base, c.max_tokens), g + 1.0)
     return out
 
 
@@ -155,8 +155,10 @@ def latency_on_time_tokens(c: Columns, now_s: float, t_pre: F64, bound: F64, v: 
 
 
 def _decay(slo_s: F64, actual_s: F64, alpha: float) -> F64:
+    """Tempo's min(1, (SLO/x)^α), 0 for an SLO already behind (SLO ≤ 0)."""
     with np.errstate(invalid="ignore", divide="ignore"):
-        out: F64 = np.nan_to_num(np.minimum(1.0, (slo_s / np.maximum(actual_s, _MIN_T_S)) ** alpha))
+        ratio = np.clip(np.maximum(slo_s, 0.0) / np.maximum(actual_s, _MIN_T_S), 0.0, 1.0)
+        out: F64 = np.nan_to_num(ratio**alpha)
     return out
 
 
@@ -232,7 +234,7 @@ def estimate(c: Columns, now_s: float, speed: SpeedModel, p: GMAXParams, frame_s
 
     due_last_abs = c.arrival_s + c.ttft_s + (bound - 1.0) * c.tbt_s
     t_rem = np.where(is_lat, due_last_abs, deadline) - now_s
-    with np.errstate(invalid="ignore", divide="ignore"):
+    with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
         bw = np.where(is_lat, v / c.tbt_s, np.where(t_rem > 0, t_gen_agg / t_rem, np.inf))
     priority = goodput / np.maximum(t_gen_agg, _MIN_T_S)
     feasible = np.where(is_lat, n_on > 0, feasible_deadline)

@@ -53,6 +53,8 @@ class PowerOfK:
         base = params.model_dump(exclude_unset=True) if params is not None else {}
         self.params = PowerOfKParams.model_validate({**base, **overrides})
         self._table = SnapshotTable()
+        # A routed request has not waited yet: no starvation credit in its replica priorities.
+        self._estimate_params = self.params.gmax.model_copy(update={"delta_per_frame": 0.0})
 
     def _speed(self, rep: ReplicaView) -> SpeedModel:
         g = self.params.gmax
@@ -79,7 +81,8 @@ class PowerOfK:
         for rep in replicas:
             speed = self._speed(rep)
             start = now_s + self._queue_s(rep, speed)
-            est = estimate(c, start, speed, self.params.gmax, self.params.gmax.frame_steps * speed.step_s)
+            g = self._estimate_params
+            est = estimate(c, start, speed, g, g.frame_steps * speed.step_s)
             out.append(float(est.priority[0]))
         return out
 

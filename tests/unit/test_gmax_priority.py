@@ -1,0 +1,169 @@
+"""GMAX per-request formulas (JITServe §4.2) pinned on hand-worked cases: bound, bandwidth, priority."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+
+from slo_core.policies.base import RequestView
+from slo_core.policies.gmax_params import GMAXParams
+from slo_core.policies.gmax_priority import Estimates, SpeedModel, estimate
+from slo_core.policies.gmax_snapshot import SnapshotTable
+from slo_core.slo import RequestKind, SLOTargets
+
+LAT = SLOTargets(RequestKind.LATENCY, ttft_s=2.0, tbt_s=0.1)
+DL = SLOTargets(RequestKind.DEADLINE, deadline_s=20.0)
+CP = SLOTargets(RequestKind.COMPOUND, deadline_s=60.0)
+BE = SLOTargets(RequestKind.BEST_EFFORT)
+SPEED = SpeedModel(step_s=0.01, prefill_s_per_token=0.001)
+
+
+def req(
+    rid: str, slo: SLOTargets, *, prompt: int = 100, gen: int = 0, done: bool = True, **kw: Any
+) -> RequestView:
+    """A request whose prompt (and generated tokens) are already computed unless done=False."""
+    computed = prompt + gen if done else 0
+    kw.setdefault("output_bound", 100)
+    return RequestView(
+        request_id=rid,
+        slo=slo,
+        arrival_s=kw.pop("arrival_s", 0.0),
+        prompt_tokens=prompt,
+        max_tokens=kw.pop("max_tokens", 2048),
+        generated_tokens=gen,
+        computed_tokens=computed,
+        **kw,
+    )
+
+
+def run(
+    reqs: list[RequestView],
+    now_s: float,
+    *,
+    waiting: list[RequestView] | None = None,
+    speed: SpeedModel = SPEED,
+    frame_s: float = 0.5,
+    **params: Any,
+) -> Estimates:
+    cols = SnapshotTable().columns(waiting or [], reqs)
+    return estimate(cols, now_s, speed, GMAXParams(**params), frame_s)
+
+
+def test_deadline_request_bandwidth_and_priority() -> None:
+    # 100 tokens left at 10 ms each: t_gen = 1 s; deadline 20 s after arrival, now 10 → t_rem = 10 s.
+    e = run([req("d", DL)], now_s=10.0)
+    assert e.t_gen_s[0] == pytest.approx(1.0)
+    assert e.t_rem_s[0] == pytest.approx(10.0)
+    assert e.bandwidth[0] == pytest.approx(0.1)
+    # token goodput of a deadline request: input + output tokens = 200, over t_gen = 1 s.
+    assert e.goodput[0] == pytest.approx(200.0)
+    assert e.priority[0] == pytest.approx(200.0)
+
+
+def test_deadline_request_that_cannot_finish_pays_nothing() -> None:
+    # 100 tokens need 1 s but only 0.5 s remain: the Appendix B filter zeroes its goodput.
+    e = run([req("d", DL)], now_s=19.5)
+    assert e.bandwidth[0] == pytest.approx(2.0)
+    assert not e.feasible[0]
+    assert e.goodput[0] == 0.0
+    assert e.priority[0] == 0.0
+
+
+def test_latency_request_bandwidth_is_set_by_tbt_and_counts_tokens_still_on_time() -> None:
+    # Start 1 s after TTFT's 2 s: token i arrives at 3 + (i+1)·0.05 and is due at 2 + 0.1·i,
+    # so it is on time iff i ≥ 21 → 100 − 21 = 79 of 100 tokens still pay.
+    speed = SpeedModel(step_s=0.05, prefill_s_per_token=0.0)
+    e = run([req("l", LAT)], now_s=3.0, speed=speed)
+    assert e.bandwidth[0] == pytest.approx(0.5)  # v / TBT = 0.05 / 0.1
+    assert e.goodput[0] == pytest.approx(79.0)
+    assert e.priority[0] == pytest.approx(79.0 / 5.0)
+    assert e.t_rem_s[0] == pytest.approx(2.0 + 99 * 0.1 - 3.0)  # due time of the last bounded token
+
+
+def test_latency_request_on_time_pays_every_remaining_token() -> None:
+    e = run([req("l", LAT, gen=10, first_token_s=0.5)], now_s=1.5)
+    assert e.goodput[0] == pytest.approx(90.0)
+
+
+def test_prefill_of_uncomputed_tokens_counts_in_t_gen() -> None:
+    # 100 prompt tokens not yet computed: one chunk step (10 ms) + 100·1 ms of prefill work.
+    e = run([], now_s=0.0, waiting=[req("w", DL, done=False, waiting_since_s=0.0)])
+    assert e.t_gen_s[0] == pytest.approx(0.01 + 0.1 + 1.0)
+
+
+def test_waiting_requests_gain_delta_per_frame_waited() -> None:
+    w = req("w", DL, waiting_since_s=0.0)
+    e = run([], now_s=19.8, waiting=[w], delta_per_frame=2.0, frame_s=0.5)
+    # infeasible (needs 1 s, 0.2 s left) so only the starvation guard pays: 2 · 19.8 / 0.5
+    assert e.goodput[0] == pytest.approx(2.0 * 19.8 / 0.5)
+    running = run([req("r", DL)], now_s=19.8, delta_per_frame=2.0, frame_s=0.5)
+    assert running.goodput[0] == 0.0  # running requests are not waiting
+
+
+def test_best_effort_gets_the_default_deadline() -> None:
+    e = run([req("b", BE, arrival_s=5.0)], now_s=5.0, best_effort_deadline_s=30.0)
+    assert e.deadline_at_s[0] == pytest.approx(35.0)
+    assert e.goodput[0] == pytest.approx(200.0)
+
+
+def test_compound_stage_calls_aggregate_length_bandwidth_and_goodput() -> None:
+    a = req(
+        "a", CP, program_id="p", stage=1, program_attained_tokens=300, deadline_at_s=30.0, output_bound=50
+    )
+    b = req(
+        "b", CP, program_id="p", stage=1, program_attained_tokens=300, deadline_at_s=30.0, output_bound=150
+    )
+    other = req("c", CP, program_id="q", stage=0, deadline_at_s=30.0, output_bound=100)
+    e = run([a, b, other], now_s=10.0)
+    # stage p/1: len_rem 50 + 150, t_gen 0.5 + 1.5 = 2 s; goodput = attained + (100+50) + (100+150)
+    assert e.len_rem_tokens[:2].tolist() == [200.0, 200.0]
+    assert e.t_gen_s[:2] == pytest.approx([2.0, 2.0])
+    assert e.bandwidth[:2] == pytest.approx([0.1, 0.1])  # 2 s over the 20 s to the stage sub-deadline
+    assert e.goodput[:2] == pytest.approx([700.0, 700.0])
+    assert e.priority[0] == e.priority[1] == pytest.approx(350.0)
+    assert e.t_gen_s[2] == pytest.approx(1.0)  # another program is not aggregated
+
+
+def test_compound_sub_deadline_never_exceeds_the_program_deadline() -> None:
+    late = req("a", CP, program_id="p", stage=0, deadline_at_s=500.0, program_deadline_at_s=60.0)
+    e = run([late], now_s=0.0)
+    assert e.deadline_at_s[0] == pytest.approx(60.0)
+    unset = req("b", CP, program_id="p", stage=0, program_arrival_s=-10.0)
+    assert run([unset], now_s=0.0).deadline_at_s[0] == pytest.approx(50.0)  # program arrival + 60 s
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "params", "expected"),
+    [
+        ({"output_bound": 300}, {}, 300.0),
+        ({"output_bound": None}, {}, 1024.0),  # analyzer gave no bound: the fallback
+        ({"output_bound": None, "max_tokens": 200}, {}, 200.0),  # ... capped by max_tokens
+        ({"output_bound": 100, "gen": 120}, {}, 170.0),  # passed bound relaxes by one 50-token step
+        ({"output_bound": 300, "true_output_tokens": 42}, {"length_source": "oracle"}, 42.0),
+        ({"output_bound": 300}, {"length_source": "mean", "mean_output_tokens": 250.0}, 250.0),
+    ],
+)
+def test_output_bound_sources(kwargs: dict[str, Any], params: dict[str, Any], expected: float) -> None:
+    e = run([req("r", DL, **kwargs)], now_s=0.0, **params)
+    assert e.bound_tokens[0] == pytest.approx(expected)
+
+
+def test_request_goodput_counts_one_per_feasible_request() -> None:
+    e = run([req("d", DL), req("late", DL, arrival_s=-19.5)], now_s=0.0, goodput="request")
+    assert e.goodput.tolist() == [1.0, 0.0]
+
+
+def test_priority_weight_scales_goodput() -> None:
+    heavy = SLOTargets(RequestKind.DEADLINE, deadline_s=20.0, priority_weight=3.0)
+    e = run([req("d", DL), req("h", heavy)], now_s=0.0)
+    assert e.priority[1] == pytest.approx(3.0 * e.priority[0])
+
+
+@pytest.mark.parametrize("name", ["token", "request", "tempo", "tdg"])
+def test_every_goodput_function_gives_finite_nonnegative_priorities(name: str) -> None:
+    reqs = [req("l", LAT), req("d", DL), req("c", CP, program_id="p", stage=0), req("b", BE)]
+    e = run(reqs, now_s=1.0, goodput=name)
+    assert np.all(np.isfinite(e.priority)) and np.all(e.priority >= 0)
+    assert e.priority[1] > 0  # a feasible deadline request pays under every function

@@ -1,0 +1,165 @@
+"""Invariants of GMAX checked with hypothesis: valid decisions, bounds, sub-deadlines, window optimality."""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from slo_core.policies.base import EngineView, RequestView
+from slo_core.policies.gmax import GMAX
+from slo_core.policies.gmax_params import GMAXParams
+from slo_core.policies.gmax_priority import SpeedModel, estimate
+from slo_core.policies.gmax_select import best_window, cutoff_mask
+from slo_core.policies.gmax_snapshot import SnapshotTable
+from slo_core.slo import RequestKind, SLOTargets
+
+SLOS = [
+    SLOTargets(RequestKind.LATENCY, ttft_s=2.0, tbt_s=0.1),
+    SLOTargets(RequestKind.LATENCY, ttft_s=0.5, tbt_s=0.02, priority_weight=2.0),
+    SLOTargets(RequestKind.DEADLINE, deadline_s=20.0),
+    SLOTargets(RequestKind.COMPOUND, deadline_s=60.0),
+    SLOTargets(RequestKind.BEST_EFFORT),
+]
+SPEED = SpeedModel(step_s=0.03, prefill_s_per_token=0.0002, prefill_s_per_token_ctx=1e-8, budget_tokens=2048)
+
+
+@st.composite
+def requests(draw: st.DrawFn, prefix: str, running: bool) -> list[RequestView]:
+    n = draw(st.integers(0, 12))
+    out = []
+    for i in range(n):
+        slo = draw(st.sampled_from(SLOS))
+        prompt = draw(st.integers(1, 4000))
+        gen = draw(st.integers(0, 3000))
+        max_tokens = draw(st.integers(1, 4096))
+        compound = slo.kind is RequestKind.COMPOUND
+        kw: dict[str, Any] = {
+            "output_bound": draw(st.none() | st.integers(1, 5000)),
+            "true_output_tokens": draw(st.none() | st.integers(1, 5000)),
+            "deadline_at_s": draw(st.none() | st.floats(-100, 200)),
+            "program_deadline_at_s": draw(st.none() | st.floats(-100, 200)) if compound else None,
+            "program_id": f"p{draw(st.integers(0, 2))}" if compound else None,
+            "stage": draw(st.integers(0, 3)) if compound else None,
+            "program_attained_tokens": draw(st.integers(0, 1000)) if compound else 0,
+            "tenant": draw(st.sampled_from(["a", "b"])),
+            "waiting_since_s": None if running else draw(st.none() | st.floats(-100, 10)),
+        }
+        out.append(
+            RequestView(
+                request_id=f"{prefix}{i}",
+                slo=slo,
+                arrival_s=draw(st.floats(-100, 10)),
+                prompt_tokens=prompt,
+                max_tokens=max_tokens,
+                generated_tokens=gen,
+                computed_tokens=prompt + gen if running else draw(st.integers(0, prompt)),
+                **kw,
+            )
+        )
+    return out
+
+
+engines = st.builds(
+    EngineView,
+    now_s=st.floats(0, 20),
+    step=st.integers(0, 500),
+    max_num_seqs=st.integers(1, 16),
+    max_num_batched_tokens=st.integers(16, 8192),
+    kv_blocks_total=st.just(10_000),
+    kv_blocks_free=st.integers(0, 10_000),
+)
+params = st.fixed_dictionaries(
+    {
+        "goodput": st.sampled_from(["token", "request", "tempo", "tdg"]),
+        "length_source": st.sampled_from(["analyzer", "oracle", "mean"]),
+        "ordering": st.sampled_from(["gmax", "sjf"]),
+        "fairness": st.sampled_from([0.0, 0.3]),
+        "max_wait_s": st.none() | st.just(5.0),
+    }
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(requests("w", False), requests("r", True), engines, params)
+def test_decisions_are_well_formed_and_deterministic(
+    waiting: list[RequestView], running: list[RequestView], eng: EngineView, kw: dict[str, Any]
+) -> None:
+    d = GMAX(**kw).decide(waiting, running, eng, random.Random(1))
+    w_ids = [r.request_id for r in waiting]
+    r_ids = [r.request_id for r in running]
+    assert len(set(d.admit)) == len(d.admit) and set(d.admit) <= set(w_ids)
+    assert set(d.reject) <= set(w_ids) and not set(d.reject) & set(d.admit)
+    assert set(d.admit) | set(d.reject) == set(w_ids)  # every waiting request is ordered or dropped
+    assert set(d.preempt) <= set(r_ids)
+    assert d.running_order is not None
+    assert sorted(d.running_order) == sorted(set(r_ids) - set(d.preempt))
+    again = GMAX(**kw).decide(waiting, running, eng, random.Random(1))
+    assert again == d
+
+
+@settings(max_examples=150, deadline=None)
+@given(requests("w", False), requests("r", True), st.floats(0, 20), params)
+def test_estimates_respect_generated_tokens_and_deadlines(
+    waiting: list[RequestView], running: list[RequestView], now_s: float, kw: dict[str, Any]
+) -> None:
+    reqs = [*waiting, *running]
+    kw.pop("max_wait_s")
+    kw.pop("ordering")
+    kw.pop("fairness")
+    e = estimate(SnapshotTable().columns(waiting, running), now_s, SPEED, GMAXParams(**kw), 1.5)
+    gen = np.array([r.generated_tokens for r in reqs], dtype=float)
+    cap = np.array([max(r.max_tokens, r.generated_tokens + 1) for r in reqs], dtype=float)
+    assert np.all(e.bound_tokens >= gen + 1)  # a bound never falls below tokens already generated
+    assert np.all(e.bound_tokens <= cap)
+    assert np.all(np.isfinite(e.priority)) and np.all(e.priority >= 0)
+    for i, r in enumerate(reqs):
+        if r.kind is RequestKind.COMPOUND:  # no sub-deadline beyond the request's own deadline
+            assert e.deadline_at_s[i] <= e.program_deadline_at_s[i]
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(st.tuples(st.floats(0, 100), st.integers(1, 5000)), min_size=1, max_size=30),
+    st.integers(1, 10),
+    st.floats(0.05, 1.0),
+)
+def test_window_is_the_best_contiguous_group_of_the_cutoff_candidates(
+    rows: list[tuple[float, int]], batch: int, p: float
+) -> None:
+    prio = np.array([r[0] for r in rows])
+    length = np.array([r[1] for r in rows], dtype=float)
+    mask = cutoff_mask(prio, batch, p)
+    assert mask.sum() >= min(batch, len(rows))
+    if (~mask).any():
+        assert prio[mask].min() >= prio[~mask].max()  # the filter keeps a top set
+    cands = np.flatnonzero(mask)
+    chosen = best_window(prio, length, cands, batch)
+    assert len(chosen) == min(batch, len(cands)) and set(chosen.tolist()) <= set(cands.tolist())
+    by_len = cands[np.argsort(length[cands], kind="stable")]
+    best = max(prio[by_len[i : i + batch]].sum() for i in range(max(1, len(by_len) - batch + 1)))
+    assert prio[chosen].sum() >= best - 1e-9
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.floats(0, 30), st.floats(0, 5), st.integers(0, 200), st.integers(1, 400))
+def test_a_latency_request_never_gains_by_starting_later(
+    now_s: float, later_s: float, gen: int, extra: int
+) -> None:
+    r = RequestView(
+        request_id="l",
+        slo=SLOS[0],
+        arrival_s=0.0,
+        prompt_tokens=50,
+        max_tokens=10_000,
+        generated_tokens=gen,
+        computed_tokens=50 + gen,
+        output_bound=gen + extra,
+    )
+    cols = SnapshotTable().columns([], [r])
+    early = estimate(cols, now_s, SPEED, GMAXParams(), 1.5).goodput[0]
+    late = estimate(cols, now_s + later_s, SPEED, GMAXParams(), 1.5).goodput[0]
+    assert late <= early

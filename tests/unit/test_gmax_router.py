@@ -1,0 +1,82 @@
+"""Power-of-K routing (JITServe §4.3): a request goes where its GMAX priority is highest."""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+from slo_core.perf.model import PerfProfile
+from slo_core.policies.base import ReplicaView, RequestView
+from slo_core.policies.power_of_k import PowerOfK
+from slo_core.slo import RequestKind, SLOTargets
+
+DL = SLOTargets(RequestKind.DEADLINE, deadline_s=20.0)
+
+
+def profile(step_ms: float) -> PerfProfile:
+    return PerfProfile(
+        name=f"p{step_ms}",
+        gpu="g",
+        model="m",
+        tensor_parallel=1,
+        t_c_ms=step_ms,
+        floor_ms=0.0,
+        a_ms_per_token=0.0,
+        b_ms_per_token_ctx=0.0,
+        d_ms_per_kv_token=0.0,
+        kv_cache_tokens=1 << 20,
+        max_model_len=1 << 16,
+    )
+
+
+def req(rid: str, bound: int = 100, **kw: Any) -> RequestView:
+    return RequestView(
+        request_id=rid, slo=DL, arrival_s=0.0, prompt_tokens=100, max_tokens=4096, output_bound=bound, **kw
+    )
+
+
+def replica(rid: str, *, step_ms: float = 20.0, waiting: int = 0, healthy: bool = True) -> ReplicaView:
+    return ReplicaView(
+        replica_id=rid,
+        snapshot_s=0.0,
+        waiting=tuple(req(f"{rid}-w{i}", bound=1000) for i in range(waiting)),
+        running=(),
+        kv_blocks_total=10_000,
+        kv_blocks_free=10_000,
+        max_num_seqs=8,
+        max_num_batched_tokens=8192,
+        profile=profile(step_ms),
+        healthy=healthy,
+    )
+
+
+def test_prefers_the_faster_replica() -> None:
+    d = PowerOfK().route(
+        req("r"), [replica("slow", step_ms=80), replica("fast", step_ms=10)], 0.0, random.Random(0)
+    )
+    assert d.replica_id == "fast"
+    scores = dict(d.scores)
+    assert scores["fast"] > scores["slow"]
+
+
+def test_avoids_a_replica_whose_queue_would_make_the_request_miss_its_deadline() -> None:
+    # 40 queued requests × 1000 tokens over 8 slots at 20 ms: ~100 s of queue → the deadline is lost
+    d = PowerOfK().route(req("r"), [replica("busy", waiting=40), replica("idle")], 0.0, random.Random(0))
+    assert d.replica_id == "idle"
+    assert dict(d.scores)["busy"] == 0.0
+
+
+def test_k_samples_replicas_with_the_injected_generator() -> None:
+    reps = [replica(f"r{i}", step_ms=10.0 + i) for i in range(6)]
+    picks = {PowerOfK(k=1).route(req("r"), reps, 0.0, random.Random(seed)).replica_id for seed in range(20)}
+    assert len(picks) > 1  # K = 1 is a random pick
+    same = [PowerOfK(k=2).route(req("r"), reps, 0.0, random.Random(7)).replica_id for _ in range(3)]
+    assert len(set(same)) == 1  # same seed, same answer
+    assert PowerOfK().route(req("r"), reps, 0.0, random.Random(0)).replica_id == "r0"  # K = M sees all
+
+
+def test_unhealthy_replicas_are_skipped_and_none_left_rejects() -> None:
+    reps = [replica("down", step_ms=1.0, healthy=False), replica("up", step_ms=50.0)]
+    assert PowerOfK().route(req("r"), reps, 0.0, random.Random(0)).replica_id == "up"
+    d = PowerOfK().route(req("r"), [replica("down", healthy=False)], 0.0, random.Random(0))
+    assert d.replica_id is None and d.retry_after_s is not None
