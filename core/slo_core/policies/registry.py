@@ -31,6 +31,7 @@ ENGINE_POLICIES: dict[str, str] = {
     "slide-batching": "slo_core.policies.slide_batching:SlideBatching",
     "tempo": "slo_core.policies.tempo:Tempo",
     "slos-serve": "slo_core.policies.slos_serve:SLOsServe",
+    "annealing": "slo_core.policies.annealing:Annealing",
 }
 
 ROUTER_POLICIES: dict[str, str] = {
