@@ -109,15 +109,16 @@ def test_best_effort_gets_the_default_deadline() -> None:
 
 
 def test_compound_stage_calls_aggregate_length_bandwidth_and_goodput() -> None:
+    # program p attained 500 tokens: 300 in stage 0 plus the two live calls' computed prompts
     a = req(
-        "a", CP, program_id="p", stage=1, program_attained_tokens=300, deadline_at_s=30.0, output_bound=50
+        "a", CP, program_id="p", stage=1, program_attained_tokens=500, deadline_at_s=30.0, output_bound=50
     )
     b = req(
-        "b", CP, program_id="p", stage=1, program_attained_tokens=300, deadline_at_s=30.0, output_bound=150
+        "b", CP, program_id="p", stage=1, program_attained_tokens=500, deadline_at_s=30.0, output_bound=150
     )
     other = req("c", CP, program_id="q", stage=0, deadline_at_s=30.0, output_bound=100)
     e = run([a, b, other], now_s=10.0)
-    # stage p/1: len_rem 50 + 150, t_gen 0.5 + 1.5 = 2 s; goodput = attained + (100+50) + (100+150)
+    # stage p/1: len_rem 50 + 150, t_gen 0.5 + 1.5 = 2 s; goodput = 300 earlier + (100+50) + (100+150)
     assert e.len_rem_tokens[:2].tolist() == [200.0, 200.0]
     assert e.t_gen_s[:2] == pytest.approx([2.0, 2.0])
     assert e.bandwidth[:2] == pytest.approx([0.1, 0.1])  # 2 s over the 20 s to the stage sub-deadline

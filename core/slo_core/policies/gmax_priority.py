@@ -177,6 +177,16 @@ def _stage_sum(key: np.ndarray, mask: B8, values: F64, reduce_max: bool = False)
     return out
 
 
+def _prior_stage_tokens(c: Columns, stage_mask: B8) -> F64:
+    """Tokens a compound program earned in earlier stages: its attained service minus what the
+    program's calls in this snapshot have attained so far (prompt once it is done, plus outputs)."""
+    g = c.generated_tokens
+    live = np.where(g > 0, c.prompt_tokens, np.minimum(c.computed_tokens, c.prompt_tokens)) + g
+    live_sum = _stage_sum(c.program, stage_mask, live)
+    out: F64 = np.where(stage_mask, np.maximum(0.0, c.program_attained_tokens - live_sum), 0.0)
+    return out
+
+
 def estimate(c: Columns, now_s: float, speed: SpeedModel, p: GMAXParams, frame_s: float) -> Estimates:
     """All of GMAX's per-request quantities, vectorized over the snapshot."""
     v = speed.step_s
@@ -198,7 +208,8 @@ def estimate(c: Columns, now_s: float, speed: SpeedModel, p: GMAXParams, frame_s
 
     n_on, next_on = latency_on_time_tokens(c, now_s, t_pre, bound, v)
     tokens = _stage_sum(stage_key, stage_mask, prompt + bound)
-    tokens = tokens + np.where(stage_mask, c.program_attained_tokens, 0.0)
+    prior = _prior_stage_tokens(c, stage_mask)
+    tokens = tokens + prior
     fdl = feasible_deadline.astype(np.float64)
     if p.goodput == "token":
         gd = tokens * fdl
@@ -209,7 +220,7 @@ def estimate(c: Columns, now_s: float, speed: SpeedModel, p: GMAXParams, frame_s
     elif p.goodput == "tempo":
         arrival = np.where(np.isnan(c.program_arrival_s), c.arrival_s, c.program_arrival_s)
         base = _stage_sum(stage_key, stage_mask, gp.input_weight * prompt + gp.output_weight * bound)
-        base = base + np.where(stage_mask, gp.output_weight * c.program_attained_tokens, 0.0)
+        base = base + gp.output_weight * prior
         gd = base * _decay(deadline - arrival, now_s + t_finish - arrival, gp.alpha)
         due_last = c.ttft_s + (bound - 1.0) * c.tbt_s
         late = _decay(due_last, now_s + t_gen - c.arrival_s, gp.alpha)
