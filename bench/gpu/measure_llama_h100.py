@@ -22,8 +22,14 @@ from transformers import LlamaConfig, LlamaForCausalLM
 from transformers.cache_utils import DynamicCache
 
 CONFIG = dict(
-    vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
-    num_attention_heads=32, num_key_value_heads=8, max_position_embeddings=8192, rope_theta=500000.0,
+    vocab_size=128256,
+    hidden_size=4096,
+    intermediate_size=14336,
+    num_hidden_layers=32,
+    num_attention_heads=32,
+    num_key_value_heads=8,
+    max_position_embeddings=8192,
+    rope_theta=500000.0,
 )
 
 
@@ -63,7 +69,8 @@ def main(out_path: str) -> None:
     with torch.inference_mode():
         for p in (64, 128, 256, 512, 1024, 2048, 4096, 8192):
             ids = torch.randint(0, 32000, (1, p), device="cuda")
-            def run() -> None:
+
+            def run(ids: torch.Tensor = ids) -> None:
                 model.model(input_ids=ids, use_cache=False)
 
             ms, gpu = timed(run), kernel_ms(run)
@@ -79,7 +86,9 @@ def main(out_path: str) -> None:
                 step_ids = torch.randint(0, 32000, (b, 1), device="cuda")
                 base_len = cache.get_seq_length()
 
-                def step() -> None:
+                def step(
+                    step_ids: torch.Tensor = step_ids, cache: DynamicCache = cache, base_len: int = base_len
+                ) -> None:
                     model.model(input_ids=step_ids, past_key_values=cache, use_cache=True)
                     cache.crop(base_len - cache.get_seq_length())
 

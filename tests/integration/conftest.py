@@ -1,4 +1,4 @@
-"""Integration-test support: makes ``tests/support`` importable (e.g. ``from kube.harness import Cluster``)."""
+"""Integration-test support: makes ``tests/support`` importable (``from kube.harness import Cluster``)."""
 
 from __future__ import annotations
 

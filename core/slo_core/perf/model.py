@@ -49,7 +49,12 @@ class PerfProfile:
         if n_tokens <= 0:
             return 0.0
         linear = max(self.floor_ms, self.a_ms_per_token * n_tokens)
-        ms = self.t_c_ms + linear + self.b_ms_per_token_ctx * sum_chunk_ctx + self.d_ms_per_kv_token * sum_kv_tokens
+        ms = (
+            self.t_c_ms
+            + linear
+            + self.b_ms_per_token_ctx * sum_chunk_ctx
+            + self.d_ms_per_kv_token * sum_kv_tokens
+        )
         return ms / 1000.0
 
 
