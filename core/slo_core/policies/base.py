@@ -10,7 +10,12 @@ Engine side: at a frame boundary (every ``frame_steps`` engine steps, and on arr
 requests. The :class:`Decision` says which running requests to preempt (recompute later), the order
 in which to admit waiting requests, the order of running requests for the token budget, and which
 waiting requests to reject (admission control). Between frames the engine keeps the last orders:
-new arrivals go after the ordered ones in arrival order unless ``hold_unlisted`` is set.
+new arrivals go after the ordered ones in arrival order unless ``hold_unlisted`` is set. Two optional
+knobs persist between frames the same way: ``token_budget`` caps the tokens scheduled per step below
+the engine's ``max_num_batched_tokens`` (Sarathi-Serve's fixed budget, dynamic batch sizing), and
+``prefill_first`` admits waiting requests before scheduling running ones (vLLM v0's prefill-first
+order) instead of vLLM v1's running-first order. ``slo_core.policies.apply`` is the one shared
+implementation of how an engine applies a Decision to its queues.
 
 Router side: :meth:`RouterPolicy.route` picks a replica for one request from replica snapshots
 (possibly stale: ``snapshot_s`` says when each was taken) or rejects it.
@@ -109,6 +114,8 @@ class Decision:
     reject: tuple[str, ...] = ()
     hold_unlisted: bool = False
     reason: str = ""
+    token_budget: int | None = None
+    prefill_first: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -179,10 +186,18 @@ class ReplicaView:
     engine_policy: str = "fcfs"
     healthy: bool = True
     capabilities: ReplicaCapabilities = field(default_factory=ReplicaCapabilities)
+    reported_outstanding_tokens: int | None = None
 
     @property
     def outstanding_tokens(self) -> int:
-        """Tokens still to process: unprefilled prompt plus remaining output (bound or cap)."""
+        """Tokens still to process: unprefilled prompt plus remaining output (bound or cap).
+
+        A replica that reports the figure itself (``reported_outstanding_tokens``: the simulator's
+        incremental counter, a sidecar's gauge) is taken at its word; otherwise it is summed from the
+        request snapshots.
+        """
+        if self.reported_outstanding_tokens is not None:
+            return self.reported_outstanding_tokens
         total = 0
         for r in (*self.waiting, *self.running):
             expected = r.output_bound if r.output_bound is not None else r.max_tokens

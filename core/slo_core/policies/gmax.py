@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Sequence
+from operator import itemgetter
 from typing import Any, ClassVar
 
 import numpy as np
@@ -33,6 +34,16 @@ from slo_core.policies.gmax_snapshot import B8, COMPOUND, DEADLINE, F64, I64, Co
 from slo_core.policies.gmax_tuning import CutoffTuner
 
 _HARD_DEADLINE_GOODPUTS = frozenset({"token", "request"})
+
+
+def _pick(ids: list[str], index: list[int]) -> tuple[str, ...]:
+    """``tuple(ids[i] for i in index)``, done in C."""
+    if not index:
+        return ()
+    if len(index) == 1:
+        return (ids[index[0]],)
+    out: tuple[str, ...] = itemgetter(*index)(ids)
+    return out
 
 
 class GMAX(BaseEnginePolicy):
@@ -179,13 +190,14 @@ class GMAX(BaseEnginePolicy):
             )
         run_idx = np.flatnonzero(c.running)
         run_order = run_idx[np.argsort(-score[run_idx], kind="stable")]
-        dropped = set(preempt)
+        if preempt:
+            run_order = run_order[~np.isin(run_order, preempt)]
         ids = c.ids
         return Decision(
-            admit=tuple(ids[i] for i in admit.tolist()),
-            preempt=tuple(ids[i] for i in preempt),
-            running_order=tuple(ids[i] for i in run_order.tolist() if i not in dropped),
-            reject=tuple(ids[i] for i in np.flatnonzero(reject).tolist()),
+            admit=_pick(ids, admit.tolist()),
+            preempt=_pick(ids, preempt),
+            running_order=_pick(ids, run_order.tolist()),
+            reject=_pick(ids, np.flatnonzero(reject).tolist()),
             reason=f"{'frame' if frame else 'event'} p={cutoff:g} B={batch} preempt={len(preempt)}",
         )
 

@@ -1,0 +1,86 @@
+"""How an engine applies a policy's :class:`~slo_core.policies.base.Decision` to its queues.
+
+One pure function shared by the simulator, engine-sim and the sidecar, so that every engine reads a
+Decision the same way:
+
+* ``preempt`` names running requests; they leave ``running`` (their KV cache is freed by the caller)
+  and go back to waiting for recompute. Unknown or non-running ids are ignored.
+* ``reject`` names waiting requests; they leave the engine. A request both admitted and rejected is
+  rejected.
+* ``admit`` orders waiting requests (policy-preempted ones included): listed requests come first, in
+  that order; the unlisted ones follow, policy-preempted first (vLLM requeues a preempted request
+  at the front), then the rest in their current order. With ``hold_unlisted`` the unlisted ones are
+  held: they stay queued but are not offered for admission until a later decision lists them.
+* ``running_order`` orders running requests for the token budget: listed ones first in that order,
+  then the unlisted in their current order. None keeps the current order.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Generic, Protocol, TypeVar
+
+from slo_core.policies.base import Decision
+
+
+class HasRequestId(Protocol):
+    @property
+    def request_id(self) -> str: ...
+
+
+T = TypeVar("T", bound=HasRequestId)
+
+
+@dataclass(frozen=True, slots=True)
+class AppliedDecision(Generic[T]):
+    """The queues after a decision (the caller frees KV of ``preempted`` and drops ``rejected``)."""
+
+    waiting: list[T]
+    running: list[T]
+    preempted: list[T]
+    rejected: list[T]
+    listed: frozenset[str]
+    hold_unlisted: bool
+
+    def offered(self) -> list[T]:
+        """Waiting requests in admission order, without the held ones."""
+        if not self.hold_unlisted:
+            return list(self.waiting)
+        return [r for r in self.waiting if r.request_id in self.listed]
+
+
+def _ordered(items: Sequence[T], order: Sequence[str]) -> tuple[list[T], list[T]]:
+    """Split ``items`` into (listed in ``order``'s order, the rest in current order); duplicates once."""
+    by_id = {r.request_id: r for r in items}
+    listed: list[T] = []
+    seen: set[str] = set()
+    for rid in order:
+        r = by_id.get(rid)
+        if r is not None and rid not in seen:
+            listed.append(r)
+            seen.add(rid)
+    rest = [r for r in items if r.request_id not in seen]
+    return listed, rest
+
+
+def apply_decision(decision: Decision, waiting: Sequence[T], running: Sequence[T]) -> AppliedDecision[T]:
+    """Apply ``decision`` to ``waiting`` and ``running`` (both in their current order); pure."""
+    preempt_ids = set(decision.preempt)
+    preempted = [r for r in running if r.request_id in preempt_ids]
+    still_running = [r for r in running if r.request_id not in preempt_ids] if preempted else list(running)
+    reject_ids = set(decision.reject)
+    rejected = [r for r in waiting if r.request_id in reject_ids]
+    queued = [r for r in waiting if r.request_id not in reject_ids] if rejected else list(waiting)
+    listed, rest = _ordered([*preempted, *queued], decision.admit)
+    if decision.running_order is not None:
+        first, later = _ordered(still_running, decision.running_order)
+        still_running = first + later
+    return AppliedDecision(
+        waiting=listed + rest,
+        running=still_running,
+        preempted=preempted,
+        rejected=rejected,
+        listed=frozenset(r.request_id for r in listed),
+        hold_unlisted=decision.hold_unlisted,
+    )
