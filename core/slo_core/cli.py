@@ -18,10 +18,32 @@ from slo_core import __version__
 Register = Callable[[argparse.ArgumentParser], None]
 
 
+def _unavailable(name: str, exc: ImportError) -> Register:
+    """A subcommand whose module cannot be imported (an optional extra is missing): say what to install."""
+
+    def register(parser: argparse.ArgumentParser) -> None:
+        def run(_args: argparse.Namespace) -> int:
+            missing = exc.name or str(exc)
+            print(
+                f"slofleet {name}: needs {missing!r}, which is not installed; "
+                f"install the extras with: pip install 'slofleet[all]'",
+                file=sys.stderr,
+            )
+            return 2
+
+        parser.set_defaults(func=run)
+
+    register.__doc__ = f"(unavailable: {exc.name or exc}; pip install 'slofleet[all]')"
+    return register
+
+
 def _commands() -> dict[str, Register]:
     found: dict[str, Register] = {}
     for ep in sorted(entry_points(group="slofleet.commands"), key=lambda e: e.name):
-        found[ep.name] = ep.load()
+        try:
+            found[ep.name] = ep.load()
+        except ImportError as exc:
+            found[ep.name] = _unavailable(ep.name, exc)
     return found
 
 
