@@ -77,9 +77,36 @@ class PreemptWhenUrgentWaits(BaseEnginePolicy):
         return Decision(admit=order)
 
 
+class SmallBudgetLatestDeadlineFirst(BaseEnginePolicy):
+    """An 8-token step budget while prompts are prefilling (Sarathi-style); once two requests decode,
+    a 1-token budget, so only the first in the running order (latest deadline first) advances."""
+
+    name = "test-budget"
+
+    def decide(
+        self,
+        waiting: Sequence[RequestView],
+        running: Sequence[RequestView],
+        engine: EngineView,
+        rng: random.Random,
+    ) -> Decision:
+        latest_first = sorted(running, key=lambda r: -(r.deadline_at_s or 0.0))
+        decoding = len(running) == 2 and not waiting and not any(r.in_prefill for r in running)
+        return Decision(
+            admit=tuple(r.request_id for r in waiting),
+            running_order=tuple(r.request_id for r in latest_first),
+            token_budget=1 if decoding else 8,
+        )
+
+
 @pytest.fixture(autouse=True)
 def _register_test_policies(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(registry.ENGINE_POLICIES, DeadlineOrder.name, f"{__name__}:DeadlineOrder")
+    monkeypatch.setitem(
+        registry.ENGINE_POLICIES,
+        SmallBudgetLatestDeadlineFirst.name,
+        f"{__name__}:SmallBudgetLatestDeadlineFirst",
+    )
     monkeypatch.setitem(
         registry.ENGINE_POLICIES, PreemptWhenUrgentWaits.name, f"{__name__}:PreemptWhenUrgentWaits"
     )
@@ -205,3 +232,26 @@ def test_malformed_tags_are_scheduled_best_effort_not_failed(
     engine.add_request("good", PROMPT, tagged(3, 10.0))
     done = run_all(engine)
     assert {base_id(k): v for k, v in done.items()} == {"bad": 3, "good": 3}
+
+
+def test_token_budget_and_running_order_are_applied(
+    tiny_model: Path, vllm_env: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    trace = vllm_env / "trace.jsonl"
+    engine = make_engine(tiny_model, SmallBudgetLatestDeadlineFirst.name, trace, monkeypatch)
+    sched = scheduler_of(engine)
+    engine.add_request("early", PROMPT, tagged(6, 10.0))
+    engine.add_request("late", PROMPT, tagged(6, 90.0))
+    prompt_tokens = len(engine.get_tokenizer().encode(PROMPT))
+    assert prompt_tokens > 8
+    engine.step()
+    # the first step admits under the policy's 8-token budget, not the engine's 256
+    admits = events(trace, "admit")
+    assert sum(e["tokens"] for e in admits) == 8
+    done = run_all(engine)
+    assert {base_id(k): v for k, v in done.items()} == {"early": 6, "late": 6}
+    # the stock budget is restored after every step
+    assert sched.max_num_scheduled_tokens == 256
+    # once both decode, the later deadline is first in vLLM's running list: it gets the one token
+    finish_order = [base_id(e["request_id"]) for e in events(trace, "finish")]
+    assert finish_order == ["late", "early"]

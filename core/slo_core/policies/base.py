@@ -71,7 +71,12 @@ class RequestView:
 
     @property
     def in_prefill(self) -> bool:
-        return self.computed_tokens < self.prompt_tokens + self.generated_tokens
+        """Prompt (or, after a preemption, the recompute of prompt + output) not fully computed.
+
+        vLLM v1 accounting: a decoding request has every token computed except the one it sampled
+        last, so it is in prefill while more than that one token is uncomputed.
+        """
+        return self.computed_tokens < self.prompt_tokens + max(0, self.generated_tokens - 1)
 
     @property
     def kv_tokens(self) -> int:

@@ -42,6 +42,8 @@ class PolicyBridge:
         self._events = True
         self.step = 0
         self.last_admit: tuple[str, ...] = ()
+        self.last_running_order: tuple[str, ...] | None = None
+        self.token_budget: int | None = None
         self.hold_unlisted = False
         self.decisions = 0
 
@@ -108,8 +110,22 @@ class PolicyBridge:
         self._events = False
         self.decisions += 1
         self.last_admit = decision.admit
+        self.last_running_order = decision.running_order
+        self.token_budget = decision.token_budget
         self.hold_unlisted = decision.hold_unlisted
         return decision
+
+    def order_running(self, running: Sequence[Any]) -> list[Any]:
+        """Order running requests by the last decision (listed first, the rest in current order).
+
+        vLLM v1 hands the token budget to running requests in list order and, when KV blocks run
+        out, preempts from the end of the list, so this order is also the policy's preemption order.
+        """
+        if not self.last_running_order:
+            return list(running)
+        rank = {rid: i for i, rid in enumerate(self.last_running_order)}
+        listed = sorted((q for q in running if q.request_id in rank), key=lambda q: rank[q.request_id])
+        return listed + [q for q in running if q.request_id not in rank]
 
     def order_waiting(self, waiting: Sequence[Any]) -> tuple[list[Any], list[Any]]:
         """Order waiting requests by the last decision: (to offer the engine, to hold back)."""

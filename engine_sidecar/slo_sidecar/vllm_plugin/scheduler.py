@@ -9,7 +9,12 @@ vllm 0.32, whose scheduler interface is not public). Before each stock schedulin
 2. preempts the running requests the policy names through vLLM's own ``_preempt_request`` (KV blocks
    freed, the request recomputed later), aborts the ones it rejects;
 3. reorders ``self.waiting`` to the policy's admission order, holding back requests the policy does
-   not want admitted yet, then lets vLLM's own pass build the batch.
+   not want admitted yet, reorders ``self.running`` to the policy's running order (vLLM gives the
+   token budget in that order and preempts from its end), caps the step's token budget at the
+   policy's ``token_budget`` if it set one, then lets vLLM's own pass build the batch.
+
+``Decision.prefill_first`` (vLLM v0's order) has no equivalent in v1's running-first pass and is
+ignored here; the simulator and engine-sim honour it.
 
 Any policy error, or an analyzer that stopped answering, degrades to vLLM's stock order for that
 step: requests are never failed by the plugin. Requires ``--scheduling-policy fcfs`` (the default);
@@ -82,12 +87,24 @@ class SLOScheduler(Scheduler):  # type: ignore[misc]
             held = self._apply_policy()
         except Exception as exc:  # a policy bug must never fail the engine step
             self._degrade(f"policy error: {exc!r}")
-        output = super().schedule(*args, **kwargs)
+        stock_budget = self.max_num_scheduled_tokens
+        budget = self.slo_bridge.token_budget
+        if budget is not None and 0 < budget < stock_budget and not self._slo_degraded_reason:
+            self.max_num_scheduled_tokens = budget
+        try:
+            output = super().schedule(*args, **kwargs)
+        finally:
+            self.max_num_scheduled_tokens = stock_budget
         if held:
             for req in held:
                 self.waiting.add_request(req)
         for data in output.scheduled_new_reqs:
-            self.slo_trace.event("admit", request_id=data.req_id, step=self.slo_bridge.step)
+            self.slo_trace.event(
+                "admit",
+                request_id=data.req_id,
+                step=self.slo_bridge.step,
+                tokens=output.num_scheduled_tokens.get(data.req_id, 0),
+            )
         return output
 
     def update_from_output(self, scheduler_output: Any, model_runner_output: Any) -> Any:
@@ -146,6 +163,7 @@ class SLOScheduler(Scheduler):  # type: ignore[misc]
         offered, held = bridge.order_waiting(list(self.waiting))
         self.waiting.clear()
         self.waiting.extend(offered)
+        self.running = bridge.order_running(self.running)
         self._recover()
         return held
 
@@ -209,7 +227,7 @@ def _load_profile(name: str | None) -> Any:
     if not name:
         return None
     try:
-        from slo_core.perf.profiles import load_profile
+        from slo_core.perf import load_profile
 
         return load_profile(name)
     except (ImportError, ValueError, FileNotFoundError) as exc:
