@@ -9,6 +9,8 @@ time, with Retry-After), or the pod's own answer. Errors are OpenAI-shaped and b
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import functools
 import json
 import logging
 import random
@@ -23,19 +25,20 @@ import httpx
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from slo_core.gain import Delivery, GainParams, goodput_function, request_goodput
 from slo_core.policies.base import RequestView, RouterPolicy
 from slo_core.policies.registry import make_router_policy
 from slo_core.request_slo import SLOParamError, SLORequest, parse_slo, strip_slo_fields, to_headers
 from slo_core.slo import RequestKind, SLOTargets
+from slo_router.accounting import respond
 from slo_router.config import RouterConfig
-from slo_router.dispatch import dispatch
+from slo_router.dispatch import Affinity, DispatchResult, SessionTable, dispatch
 from slo_router.endpoints import EndpointState
+from slo_router.errors import APIError, error_response
 from slo_router.metrics import RouterMetrics
-from slo_router.proxy import StreamStats, UpstreamUnavailable, open_upstream, relay_stream
+from slo_router.proxy import UpstreamUnavailable, open_upstream
 from slo_router.ratelimit import RateLimiter
 from slo_router.tenants import KeyStore, Tenant
 
@@ -43,31 +46,8 @@ log = logging.getLogger(__name__)
 
 INTERNAL_PREFIX = "x-slofleet-"
 DEFAULT_MAX_TOKENS = 1024
-
-
-class APIError(Exception):
-    def __init__(
-        self,
-        status: int,
-        message: str,
-        *,
-        kind: str = "invalid_request_error",
-        param: str | None = None,
-        code: str | None = None,
-        retry_after_s: float | None = None,
-    ) -> None:
-        super().__init__(message)
-        self.status, self.message, self.kind, self.param = status, message, kind, param
-        self.code, self.retry_after_s = code, retry_after_s
-
-
-def error_response(err: APIError) -> JSONResponse:
-    """The single place errors become HTTP responses (OpenAI error shape)."""
-    headers = {}
-    if err.retry_after_s is not None:
-        headers["Retry-After"] = str(max(1, round(err.retry_after_s)))
-    body = {"error": {"message": err.message, "type": err.kind, "param": err.param, "code": err.code}}
-    return JSONResponse(body, status_code=err.status, headers=headers)
+PREFIX_AFFINITY_CHARS = 512
+PREFIX_AFFINITY_MIN_CHARS = 64
 
 
 @dataclass
@@ -85,6 +65,8 @@ class RouterState:
     upstream_timeout_s: float = 600.0
     clock: Callable[[], float] = time.monotonic
     background: list[Any] = field(default_factory=list)
+    sessions: SessionTable = field(default_factory=SessionTable)
+    catalog: dict[str, str] = field(default_factory=dict)
 
     def usable_endpoints(self) -> list[EndpointState]:
         return [ep for ep in self.endpoints.values() if ep.usable]
@@ -181,21 +163,58 @@ async def _read_body(request: Request) -> dict[str, Any]:
 
 async def completions(request: Request) -> Response:
     state: RouterState = request.app.state.router
+    labels = ["", "", ""]
     try:
-        return await _serve(state, request)
+        return await _serve(state, request, labels)
     except APIError as err:
-        state.metrics.rejects.labels(err.code or str(err.status)).inc()
+        state.metrics.rejects.labels(*labels, err.code or str(err.status)).inc()
         return error_response(err)
 
 
-async def _serve(state: RouterState, request: Request) -> Response:
+def _request_view(
+    request_id: str, targets: SLOTargets, now: float, *, body: dict[str, Any], tenant: Tenant, slo: SLORequest
+) -> RequestView:
+    deadline_at = (
+        now + targets.deadline_s
+        if targets.deadline_s
+        else (now + targets.effective_deadline_s if targets.kind is RequestKind.BEST_EFFORT else None)
+    )
+    return RequestView(
+        request_id=request_id,
+        slo=targets,
+        arrival_s=now,
+        prompt_tokens=_estimate_prompt_tokens(body),
+        max_tokens=_max_tokens(body),
+        deadline_at_s=deadline_at,
+        tenant=tenant.name,
+        program_id=slo.program_id,
+        stage=slo.stage,
+    )
+
+
+def _affinity(state: RouterState, request: Request, body: dict[str, Any], slo: SLORequest) -> Affinity | None:
+    wanted = state.config.affinity
+    if not wanted:
+        return None
+    session = None
+    if "session" in wanted:
+        session = request.headers.get("x-session-id") or slo.program_id or body.get("user") or None
+    prefix = None
+    if "prefix" in wanted:
+        text = json.dumps(body.get("messages") if "messages" in body else body.get("prompt"))
+        prefix = text[:PREFIX_AFFINITY_CHARS] if len(text) >= PREFIX_AFFINITY_MIN_CHARS else None
+    return Affinity(session=str(session) if session else None, prefix=prefix)
+
+
+async def _serve(state: RouterState, request: Request, labels: list[str]) -> Response:
     body = await _read_body(request)
     tenant, slo, tier, targets = _resolve(state, request, body)
     model = body["model"]
-    labels = (tier, tenant.name, model)
-    prompt_tokens, max_tokens = _estimate_prompt_tokens(body), _max_tokens(body)
+    labels[:] = [tier, tenant.name, model]
+    request_id = request.headers.get("x-request-id") or f"rtr-{uuid.uuid4().hex[:16]}"
+    view = _request_view(request_id, targets, state.clock(), body=body, tenant=tenant, slo=slo)
     wait = state.limiter.check(
-        tenant.name, tenant.requests_per_s, tenant.tokens_per_s, prompt_tokens + max_tokens
+        tenant.name, tenant.requests_per_s, tenant.tokens_per_s, view.prompt_tokens + view.max_tokens
     )
     if wait is not None:
         raise APIError(
@@ -205,27 +224,8 @@ async def _serve(state: RouterState, request: Request) -> Response:
             code="rate_limited",
             retry_after_s=wait,
         )
-    now = state.clock()
-    request_id = request.headers.get("x-request-id") or f"rtr-{uuid.uuid4().hex[:16]}"
-    deadline_at = (
-        now + targets.deadline_s
-        if targets.deadline_s
-        else (now + targets.effective_deadline_s if targets.kind is RequestKind.BEST_EFFORT else None)
-    )
-    view = RequestView(
-        request_id=request_id,
-        slo=targets,
-        arrival_s=now,
-        prompt_tokens=prompt_tokens,
-        max_tokens=max_tokens,
-        deadline_at_s=deadline_at,
-        tenant=tenant.name,
-        program_id=slo.program_id,
-        stage=slo.stage,
-    )
-    headers = _upstream_headers(slo, tier, tenant, request_id)
     forward_body = strip_slo_fields(body)
-    stream = bool(body.get("stream"))
+    affinity = _affinity(state, request, body, slo)
     tried: set[str] = set()
     last_reason = "no replica available"
     retry_after: float | None = 1.0
@@ -239,37 +239,59 @@ async def _serve(state: RouterState, request: Request) -> Response:
             now_s=state.clock(),
             rng=state.rng,
             exclude=frozenset(tried),
+            gpu_classes=state.config.tier_gpu_classes.get(tier, frozenset()),
+            affinity=affinity,
+            sessions=state.sessions,
         )
-        state.metrics.dispatch_seconds.observe(time.perf_counter() - t0)
+        state.metrics.dispatch_seconds.labels(state.policy.name).observe(time.perf_counter() - t0)
+        if result.infeasible and not tried:
+            tier, view, result = _on_infeasible(state, tier, view, result, model=model, labels=labels)
         ep = result.endpoint
         if ep is None:
             if not tried:  # nothing was tried: the dispatcher's own reason; else the pods' answers stand
                 last_reason = result.decision.reason or last_reason
             retry_after = max(retry_after or 0.0, result.decision.retry_after_s or 0.0) or None
             break
-        state.metrics.chosen.labels(ep.spec.endpoint_id).inc()
+        ep_id = ep.spec.endpoint_id
+        state.metrics.chosen.labels(ep_id).inc()
         for rid, score in result.decision.scores:
             state.metrics.estimated_gain.labels(rid).set(score)
-        tried.add(ep.spec.endpoint_id)
+        if result.affinity:
+            state.metrics.affinity_hits.labels(result.affinity).inc()
+        tried.add(ep_id)
+        ep.note_sent(view, state.clock())
         assert state.client is not None
         try:
             resp = await open_upstream(
                 state.client,
                 ep.spec.http_url + request.url.path,
                 forward_body,
-                headers,
+                _upstream_headers(slo, tier, tenant, request_id),
                 state.upstream_timeout_s,
             )
         except UpstreamUnavailable as exc:
+            ep.forget_sent(request_id)
             if exc.status != 503:
                 ep.breaker.failure()
-            last_reason = f"pod {ep.spec.endpoint_id}: {exc}"
+            last_reason = f"pod {ep_id}: {exc}"
             retry_after = max(retry_after or 0.0, exc.retry_after_s or 0.0) or None
-            state.metrics.retries.labels(ep.spec.endpoint_id).inc()
+            state.metrics.retries.labels(*labels).inc()
+            state.metrics.upstream_failures.labels(ep_id, exc.kind).inc()
             await asyncio.sleep(min(0.05 * (2**attempt), 0.5))
             continue
+        except BaseException:
+            ep.forget_sent(request_id)
+            raise
         ep.breaker.success()
-        return await _respond(state, resp, stream, labels, view)
+        return await respond(
+            state,
+            request,
+            resp,
+            stream=bool(body.get("stream")),
+            labels=(labels[0], labels[1], labels[2]),
+            view=view,
+            on_finish=functools.partial(ep.forget_sent, request_id),
+        )
     raise APIError(
         503,
         f"no pod can serve this request in time: {last_reason}",
@@ -279,63 +301,51 @@ async def _serve(state: RouterState, request: Request) -> Response:
     )
 
 
-async def _respond(
-    state: RouterState, resp: httpx.Response, stream: bool, labels: tuple[str, str, str], view: RequestView
-) -> Response:
-    stats = StreamStats(start_s=view.arrival_s)
-
-    def done(s: StreamStats) -> None:
-        _account(state, labels, view, s, resp.status_code)
-
-    passthrough = {
-        k: v for k, v in resp.headers.items() if k.lower() in ("content-type", "retry-after", "x-request-id")
-    }
-    if stream and resp.status_code == 200:
-        return StreamingResponse(relay_stream(resp, stats, done), status_code=200, headers=passthrough)
-    try:
-        raw = await resp.aread()
-    finally:
-        await resp.aclose()
-    if resp.status_code == 200:
-        try:
-            stats.observe_json(json.loads(raw), state.clock())
-        except ValueError:
-            stats.error = "invalid upstream JSON"
-    else:
-        stats.error = f"status {resp.status_code}"
-    done(stats)
-    return Response(raw, status_code=resp.status_code, headers=passthrough)
-
-
-def _account(
-    state: RouterState, labels: tuple[str, str, str], view: RequestView, stats: StreamStats, status: int
-) -> None:
-    m = state.metrics
-    outcome = (
-        "ok" if stats.completed and not stats.error else ("error" if status == 200 else f"http_{status}")
-    )
-    m.requests.labels(*labels, outcome).inc()
-    times = stats.delivered_times()
-    if times:
-        m.ttft.labels(labels[0]).observe(times[0] - view.arrival_s)
-    delivery = Delivery(
-        slo=view.slo,
-        arrival_s=view.arrival_s,
-        input_tokens=stats.prompt_tokens or view.prompt_tokens,
-        token_times_s=times,
-        completed=stats.completed and not stats.error,
-    )
-    m.goodput_tokens.labels(*labels).inc(goodput_function(state.config.goodput)(delivery, _PARAMS))
-    if delivery.completed:
-        (m.slo_met if request_goodput(delivery) > 0 else m.slo_missed).labels(*labels).inc()
+def _on_infeasible(
+    state: RouterState, tier: str, view: RequestView, result: DispatchResult, *, model: str, labels: list[str]
+) -> tuple[str, RequestView, DispatchResult]:
+    """No pod gains from the request: honest early 503, the best-effort tier, or admit (per policy)."""
+    cfg = state.config
+    if cfg.overload_to_best_effort and cfg.best_effort_tier and tier != cfg.best_effort_tier:
+        be = cfg.best_effort_tier
+        targets = cfg.tiers[be].targets()
+        view = dataclasses.replace(
+            view, slo=targets, deadline_at_s=view.arrival_s + targets.effective_deadline_s
+        )
+        state.metrics.downgraded.labels(*labels).inc()
+        labels[0] = be
+        again = dispatch(
+            view,
+            model,
+            list(state.endpoints.values()),
+            state.policy,
+            now_s=state.clock(),
+            rng=state.rng,
+            gpu_classes=cfg.tier_gpu_classes.get(be, frozenset()),
+        )
+        return be, view, again
+    if cfg.reject_infeasible:
+        soonest = _retry_hint_s(view)
+        decision = dataclasses.replace(
+            result.decision,
+            replica_id=None,
+            reason="no replica can meet this request's SLO now (estimated from the pods' state)",
+            retry_after_s=soonest,
+        )
+        return tier, view, dataclasses.replace(result, endpoint=None, decision=decision)
+    return tier, view, result
 
 
-_PARAMS = GainParams()
+def _retry_hint_s(view: RequestView) -> float:
+    """Retry-After for an infeasible request: about one TTFT (or a deadline's tenth), at least 1 s."""
+    slo = view.slo
+    hint = slo.ttft_s if slo.kind is RequestKind.LATENCY else (slo.deadline_s or 10.0) / 10.0
+    return max(1.0, hint or 1.0)
 
 
 async def models(request: Request) -> Response:
     state: RouterState = request.app.state.router
-    names: dict[str, str] = {}
+    names: dict[str, str] = dict(state.catalog)
     for ep in state.endpoints.values():
         for name in (*ep.spec.models, *ep.spec.lora_adapters):
             names.setdefault(name, ep.spec.deployment or "slofleet")

@@ -9,6 +9,8 @@ from slo_core.slo import PriorityClass, RequestKind, SLOTier
 from slo_router.tenants import Tenant
 
 ANONYMOUS = "anonymous"
+AFFINITIES = frozenset({"prefix", "session"})
+OVERLOAD_ACTIONS = ("reject", "best-effort", "admit")
 
 
 @dataclass(frozen=True)
@@ -22,13 +24,19 @@ class RouterConfig:
     require_keys: bool = True
     overload_to_best_effort: bool = False
     best_effort_tier: str | None = None
+    reject_infeasible: bool = True
     max_retries: int = 2
+    affinity: tuple[str, ...] = ()
+    tier_gpu_classes: dict[str, frozenset[str]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.default_tier not in self.tiers:
             raise ValueError(
                 f"default tier {self.default_tier!r} is not one of the tiers {sorted(self.tiers)}"
             )
+        unknown = set(self.affinity) - AFFINITIES
+        if unknown:
+            raise ValueError(f"unknown affinity {sorted(unknown)}; choose from {sorted(AFFINITIES)}")
 
     def anonymous(self) -> Tenant:
         """The tenant of requests without a key when keys are not required (local use)."""

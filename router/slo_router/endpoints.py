@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from slo_core.policies.base import ReplicaCapabilities, ReplicaView
+from slo_core.policies.base import ReplicaCapabilities, ReplicaView, RequestView
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,30 +64,69 @@ class CircuitBreaker:
 
 @dataclass
 class EndpointState:
-    """What the router currently believes about one endpoint."""
+    """What the router currently believes about one endpoint.
+
+    The load view comes from the pod's sidecar (``view``, refreshed by the state stream). Requests this
+    router sent after that snapshot was taken are added to it as waiting (``sent``) until a newer
+    snapshot covers them, so a burst between two snapshots does not all land on one pod. An endpoint
+    with a gRPC state stream is usable only while the stream is live (``feed_ok``).
+    """
 
     spec: EndpointSpec
     breaker: CircuitBreaker = field(default_factory=CircuitBreaker)
     view: ReplicaView | None = None
     last_state_s: float | None = None
     ready: bool = True
+    feed_ok: bool | None = None
+    sent: list[tuple[float, RequestView]] = field(default_factory=list)
 
     @property
     def usable(self) -> bool:
-        return self.ready and self.breaker.allow() and (self.view is None or self.view.healthy)
+        if not self.ready or not self.breaker.allow():
+            return False
+        if self.spec.grpc_target and not self.feed_ok:
+            return False
+        return self.view is None or self.view.healthy
+
+    def update_view(self, view: ReplicaView, now_s: float) -> None:
+        """A fresh snapshot: forget sent requests it already accounts for."""
+        self.view = view
+        self.last_state_s = now_s
+        self.feed_ok = True
+        self.sent = [(t, r) for t, r in self.sent if t > view.snapshot_s]
+
+    def feed_lost(self) -> None:
+        self.feed_ok = False
+        self.sent.clear()
+
+    def note_sent(self, request: RequestView, now_s: float) -> None:
+        self.sent.append((now_s, request))
+        if len(self.sent) > 4096:  # no snapshot for a long while: keep the newest
+            del self.sent[:1024]
+
+    def forget_sent(self, request_id: str) -> None:
+        """The request finished (or failed) here: it no longer adds to the pod's load."""
+        self.sent = [(t, r) for t, r in self.sent if r.request_id != request_id]
 
     def replica_view(self, now_s: float) -> ReplicaView:
-        """The latest state snapshot, or an empty one for an endpoint that has not reported yet."""
-        if self.view is not None:
-            return self.view
-        return ReplicaView(
-            replica_id=self.spec.endpoint_id,
-            snapshot_s=now_s,
-            waiting=(),
-            running=(),
-            kv_blocks_total=1,
-            kv_blocks_free=1,
-            max_num_seqs=256,
-            max_num_batched_tokens=8192,
-            capabilities=self.spec.capabilities(),
-        )
+        """The latest snapshot plus requests sent since, or an empty one before any report."""
+        base = self.view
+        if base is None:
+            base = ReplicaView(
+                replica_id=self.spec.endpoint_id,
+                snapshot_s=now_s,
+                waiting=(),
+                running=(),
+                kv_blocks_total=1,
+                kv_blocks_free=1,
+                max_num_seqs=256,
+                max_num_batched_tokens=8192,
+                capabilities=self.spec.capabilities(),
+            )
+        if not self.sent:
+            return base
+        extra = tuple(r for _, r in self.sent)
+        reported = base.reported_outstanding_tokens
+        if reported is not None:
+            reported += sum(r.prompt_tokens + (r.output_bound or r.max_tokens) for r in extra)
+        return dataclasses.replace(base, waiting=base.waiting + extra, reported_outstanding_tokens=reported)

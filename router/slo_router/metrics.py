@@ -1,4 +1,4 @@
-"""Router metrics (prometheus-client), per tier, tenant and model, and per pod."""
+"""Router metrics (prometheus-client), per tier, tenant and model, and per pod; one registry per app."""
 
 from __future__ import annotations
 
@@ -23,10 +23,28 @@ class RouterMetrics:
             "slofleet_router_slo_missed", "Completed requests that missed", labels, registry=r
         )
         self.rejects = Counter(
-            "slofleet_router_rejects", "Rejected requests by reason", ["reason"], registry=r
+            "slofleet_router_rejects",
+            "Rejected requests by reason (tier/tenant/model empty when rejected before they are known)",
+            [*labels, "reason"],
+            registry=r,
         )
         self.retries = Counter(
-            "slofleet_router_retries", "Upstream retries on another pod", ["endpoint"], registry=r
+            "slofleet_router_retries", "Upstream retries on another pod", labels, registry=r
+        )
+        self.downgraded = Counter(
+            "slofleet_router_downgraded",
+            "Requests no pod could serve in time, moved to the best-effort tier",
+            labels,
+            registry=r,
+        )
+        self.upstream_failures = Counter(
+            "slofleet_router_upstream_failures",
+            "Pod failures before the first byte (connect error or retryable status)",
+            ["endpoint", "kind"],
+            registry=r,
+        )
+        self.affinity_hits = Counter(
+            "slofleet_router_affinity_hits", "Requests kept on their affine pod", ["affinity"], registry=r
         )
         self.stripped = Counter(
             "slofleet_router_stripped",
@@ -36,7 +54,8 @@ class RouterMetrics:
         )
         self.dispatch_seconds = Histogram(
             "slofleet_router_dispatch_seconds",
-            "Dispatch decision latency",
+            "Dispatch decision latency (filters + routing policy)",
+            ["policy"],
             buckets=(1e-5, 5e-5, 1e-4, 5e-4, 1e-3, 5e-3, 1e-2, 5e-2),
             registry=r,
         )

@@ -8,6 +8,7 @@ disconnect closes the upstream response, which aborts the request in the pod.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import time
@@ -28,6 +29,7 @@ class UpstreamUnavailable(Exception):
         super().__init__(reason)
         self.status = status
         self.retry_after_s = retry_after_s
+        self.kind = "connect" if status is None else f"http_{status}"
 
 
 @dataclass
@@ -135,10 +137,16 @@ async def relay_stream(
         async for chunk in resp.aiter_raw():
             stats.observe_sse(chunk, time.monotonic())
             yield chunk
+        if not stats.completed and stats.error is None:  # closed cleanly but without [DONE]
+            stats.error = "upstream stream ended early"
+            yield error_event("the serving pod ended the stream early; the response is incomplete")
     except (TimeoutError, httpx.HTTPError) as exc:
         stats.error = f"upstream failed mid-stream: {type(exc).__name__}"
         log.warning("stream from %s broke: %s", resp.request.url.host, type(exc).__name__)
         yield error_event("the serving pod failed while streaming; the response is incomplete")
+    except (asyncio.CancelledError, GeneratorExit):  # the client went away: close the upstream too
+        stats.error = "client disconnected"
+        raise
     finally:
         await resp.aclose()
         on_done(stats)

@@ -1,0 +1,119 @@
+"""A sidecar's ``PodState`` message as the routing policy's :class:`ReplicaView`.
+
+Sidecar times are unix seconds on the pod's clock; the router works on its monotonic clock. A
+snapshot is placed at ``now − age`` where ``age = wall_now − snapshot_unix_s`` (never negative), so
+GoRouting can subtract the snapshot's age from its execution estimates (PROSERVE §4.3). Request
+times (arrival, deadline) are shifted by the same wall→monotonic offset.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from typing import Any
+
+from slo_core.perf.model import PerfProfile
+from slo_core.policies.base import ReplicaCapabilities, ReplicaView, RequestView
+from slo_core.policies.seed_estimates import DEFAULT_OUTPUT_TOKENS
+from slo_core.slo import RequestKind, SLOTargets
+
+log = logging.getLogger(__name__)
+
+BLOCK_SIZE_TOKENS = 16
+DEFAULT_MAX_NUM_SEQS = 256
+DEFAULT_MAX_BATCHED_TOKENS = 8192
+
+
+@functools.lru_cache(maxsize=64)
+def lookup_profile(name: str) -> PerfProfile | None:
+    """The fitted performance profile a pod reports by name, or None (policies then use a fallback)."""
+    if not name:
+        return None
+    try:
+        from slo_core.perf import load_profile  # type: ignore[attr-defined,unused-ignore]
+
+        return load_profile(name)  # type: ignore[no-any-return,unused-ignore]
+    except (ImportError, ValueError, FileNotFoundError, KeyError) as exc:
+        log.info("performance profile %r unavailable (%s); routing estimates use the fallback", name, exc)
+        return None
+
+
+def _targets(msg: Any) -> SLOTargets:
+    try:
+        kind = RequestKind(msg.kind or "best-effort")
+    except ValueError:
+        kind = RequestKind.BEST_EFFORT
+    weight = msg.priority_weight if msg.priority_weight > 0 else 1.0
+    deadline = None
+    if msg.deadline_unix_s > 0 and msg.arrival_unix_s > 0:
+        deadline = max(1e-3, msg.deadline_unix_s - msg.arrival_unix_s)
+    try:
+        if kind is RequestKind.LATENCY:
+            return SLOTargets(kind, ttft_s=msg.ttft_s or 1.0, tbt_s=msg.tbt_s or 0.1, priority_weight=weight)
+        if kind in (RequestKind.DEADLINE, RequestKind.COMPOUND):
+            return SLOTargets(kind, deadline_s=deadline or 60.0, priority_weight=weight)
+        return SLOTargets(RequestKind.BEST_EFFORT, deadline_s=deadline, priority_weight=weight)
+    except ValueError:  # a malformed snapshot entry must not break routing
+        return SLOTargets(RequestKind.BEST_EFFORT, priority_weight=weight)
+
+
+def request_view(msg: Any, offset_s: float) -> RequestView:
+    """One ``RequestState``; ``offset_s`` maps the pod's unix seconds onto the router's clock."""
+    targets = _targets(msg)
+    generated = max(0, int(msg.generated_tokens))
+    prompt = max(0, int(msg.prompt_tokens))
+    bound = int(msg.output_bound) if msg.output_bound > 0 else None
+    arrival = (msg.arrival_unix_s + offset_s) if msg.arrival_unix_s > 0 else offset_s
+    deadline = None
+    if targets.kind is not RequestKind.LATENCY and msg.deadline_unix_s > 0:
+        deadline = msg.deadline_unix_s + offset_s
+    computed = prompt + generated if msg.phase == "decode" else 0
+    return RequestView(
+        request_id=msg.request_id,
+        slo=targets,
+        arrival_s=arrival,
+        prompt_tokens=prompt,
+        max_tokens=max(bound or DEFAULT_OUTPUT_TOKENS, generated + 1),
+        generated_tokens=generated,
+        computed_tokens=computed,
+        deadline_at_s=deadline,
+        output_bound=bound,
+        program_id=msg.program_id or None,
+        stage=msg.stage if msg.program_id else None,
+    )
+
+
+def replica_view(msg: Any, *, replica_id: str, now_s: float, wall_now_s: float) -> ReplicaView:
+    """A ``PodState`` as a replica snapshot placed on the router's clock (``now_s`` ↔ ``wall_now_s``)."""
+    offset = now_s - wall_now_s
+    age = max(0.0, wall_now_s - msg.snapshot_unix_s) if msg.snapshot_unix_s > 0 else 0.0
+    waiting, running = [], []
+    for r in msg.requests:
+        (waiting if r.phase == "waiting" else running).append(request_view(r, offset))
+    caps = msg.capabilities
+    kv_total_tokens = max(BLOCK_SIZE_TOKENS, int(msg.kv_cache_tokens) or 1 << 20)
+    blocks_total = kv_total_tokens // BLOCK_SIZE_TOKENS
+    usage = min(1.0, max(0.0, msg.kv_usage))
+    return ReplicaView(
+        replica_id=replica_id,
+        snapshot_s=now_s - age,
+        waiting=tuple(waiting),
+        running=tuple(running),
+        kv_blocks_total=blocks_total,
+        kv_blocks_free=int(blocks_total * (1.0 - usage)),
+        max_num_seqs=DEFAULT_MAX_NUM_SEQS,
+        max_num_batched_tokens=DEFAULT_MAX_BATCHED_TOKENS,
+        block_size=BLOCK_SIZE_TOKENS,
+        profile=lookup_profile(msg.profile),
+        engine_policy=msg.engine_policy or "fcfs",
+        healthy=bool(msg.healthy) and not msg.draining,
+        capabilities=ReplicaCapabilities(
+            models=tuple(caps.models),
+            max_context_tokens=int(caps.max_context_tokens) or 1 << 30,
+            gpu_class=caps.gpu_class,
+            lora_adapters=tuple(caps.lora_adapters),
+        ),
+        reported_outstanding_tokens=(
+            int(msg.outstanding_tokens) if msg.outstanding_tokens > 0 or not msg.requests else None
+        ),
+    )

@@ -1,0 +1,158 @@
+"""Dispatch through the app: capability filters, GoRouting's infeasibility → 503 or best effort, affinity."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import Any
+
+import httpx
+
+from slo_core.policies.base import ReplicaCapabilities, ReplicaView, RequestView
+from slo_core.policies.go_routing import GoRouting
+from slo_core.policies.registry import make_router_policy
+from slo_core.slo import PriorityClass, RequestKind, SLOTargets, SLOTier
+from slo_router.app import RouterState, create_app
+from slo_router.config import RouterConfig
+from slo_router.endpoints import EndpointSpec, EndpointState
+from slo_router.metrics import RouterMetrics
+from slo_router.tenants import KeyStore, Tenant
+
+TIERS = {
+    "gold": SLOTier("gold", RequestKind.LATENCY, PriorityClass("gold", 3.0), ttft_s=1.0, tbt_s=0.05),
+    "spare": SLOTier("spare", RequestKind.BEST_EFFORT, PriorityClass("spare", 0.1)),
+}
+BODY = {"model": "m", "prompt": "hello", "max_tokens": 8}
+
+
+def ok(req: httpx.Request) -> httpx.Response:
+    usage = {"prompt_tokens": 2, "completion_tokens": 1, "total_tokens": 3}
+    return httpx.Response(200, json={"choices": [{"text": "x"}], "usage": usage})
+
+
+def busy_view(ep_id: str, now_s: float, n: int = 3, prompt_tokens: int = 20_000) -> ReplicaView:
+    slo = SLOTargets(RequestKind.BEST_EFFORT, priority_weight=1.0)
+    waiting = tuple(
+        RequestView(f"{ep_id}-{i}", slo, arrival_s=now_s, prompt_tokens=prompt_tokens, max_tokens=10)
+        for i in range(n)
+    )
+    return ReplicaView(
+        ep_id, now_s, waiting, (), 1000, 1000, 256, 8192, capabilities=ReplicaCapabilities(("m",))
+    )
+
+
+def make(
+    endpoints: Sequence[EndpointState], policy: Any = None, **cfg: Any
+) -> tuple[httpx.AsyncClient, RouterState, list[httpx.Request]]:
+    seen: list[httpx.Request] = []
+
+    def handler(req: httpx.Request) -> httpx.Response:
+        seen.append(req)
+        return ok(req)
+
+    clock = cfg.pop("clock", None)
+    config = RouterConfig(
+        tiers=TIERS,
+        default_tier="gold",
+        tenants={"t": Tenant("t", ("gold", "spare"), "gold")},
+        best_effort_tier="spare",
+        **cfg,
+    )
+    state = RouterState(
+        config=config,
+        keys=KeyStore({"k": "t"}),
+        endpoints={ep.spec.endpoint_id: ep for ep in endpoints},
+        metrics=RouterMetrics(),
+        policy=policy or GoRouting(),
+        client=httpx.AsyncClient(transport=httpx.MockTransport(handler)),
+    )
+    if clock is not None:
+        state.clock = clock
+    client = httpx.AsyncClient(transport=httpx.ASGITransport(app=create_app(state)), base_url="http://r")
+    return client, state, seen
+
+
+H = {"authorization": "Bearer k"}
+
+
+def ep(ep_id: str, **spec: Any) -> EndpointState:
+    return EndpointState(EndpointSpec(ep_id, f"http://{ep_id}.pod", models=("m",), **spec))
+
+
+async def test_gpu_class_and_context_filters_leave_only_capable_pods() -> None:
+    eps = [
+        ep("small", gpu_class="h100", max_context_tokens=64),
+        ep("a100", gpu_class="a100"),
+        ep("big", gpu_class="h100", max_context_tokens=4096),
+    ]
+    client, state, seen = make(eps, tier_gpu_classes={"gold": frozenset({"h100"})})
+    for _ in range(3):
+        r = await client.post("/v1/completions", json={**BODY, "max_tokens": 1000}, headers=H)
+        assert r.status_code == 200
+    assert {q.url.host for q in seen} == {"big.pod"}
+    r = await client.post("/v1/completions", json={**BODY, "max_tokens": 10_000}, headers=H)
+    assert r.status_code == 503 and "context of 10001 tokens" in r.json()["error"]["message"]
+    assert state.metrics.requests.labels("gold", "t", "m", "ok")._value.get() == 3
+
+
+async def test_capabilities_reported_by_the_sidecar_override_discovery() -> None:
+    a = ep("a")
+    a.view = ReplicaView("a", 0.0, (), (), 10, 10, 8, 8192, capabilities=ReplicaCapabilities(("other",)))
+    client, _, seen = make([a, ep("b")])
+    r = await client.post("/v1/completions", json=BODY, headers=H)
+    assert r.status_code == 200 and seen[0].url.host == "b.pod"
+
+
+async def test_request_no_pod_can_serve_in_time_gets_an_early_503_with_retry_after() -> None:
+    a, b = ep("a"), ep("b")
+    client, state, seen = make([a, b], clock=lambda: 100.0)
+    a.view, b.view = busy_view("a", 100.0), busy_view("b", 100.0)
+    r = await client.post("/v1/completions", json=BODY, headers=H)
+    assert r.status_code == 503 and not seen
+    assert r.json()["error"]["code"] == "no_capacity" and "SLO" in r.json()["error"]["message"]
+    assert int(r.headers["retry-after"]) >= 1
+    assert state.metrics.rejects.labels("gold", "t", "m", "no_capacity")._value.get() == 1
+    b.view = busy_view("b", 100.0, n=0)  # one pod frees up: served again
+    assert (await client.post("/v1/completions", json=BODY, headers=H)).status_code == 200
+    assert seen[0].url.host == "b.pod"
+
+
+async def test_policy_may_move_infeasible_requests_to_the_best_effort_tier() -> None:
+    a = ep("a")
+    client, state, seen = make([a], overload_to_best_effort=True, clock=lambda: 100.0)
+    a.view = busy_view("a", 100.0)
+    r = await client.post("/v1/completions", json=BODY, headers=H)
+    assert r.status_code == 200
+    assert seen[0].headers["x-slo-tier"] == "spare"
+    assert state.metrics.downgraded.labels("gold", "t", "m")._value.get() == 1
+    assert state.metrics.requests.labels("spare", "t", "m", "ok")._value.get() == 1
+
+
+async def test_session_affinity_sticks_and_prefix_affinity_agrees_across_routers() -> None:
+    eps = [ep(x) for x in "abcd"]
+    client, _, seen = make(eps, policy=make_router_policy("round-robin"), affinity=("session",))
+    for _ in range(4):
+        r = await client.post("/v1/completions", json=BODY, headers={**H, "x-session-id": "s1"})
+        assert r.status_code == 200
+    assert len({q.url.host for q in seen}) == 1
+    prompt = {"model": "m", "prompt": "a shared system prompt " * 10, "max_tokens": 4}
+    picks = []
+    for _ in range(2):  # two independent routers, same pods
+        c, _, s = make(
+            [ep(x) for x in "abcd"], policy=make_router_policy("round-robin"), affinity=("prefix",)
+        )
+        for _ in range(3):
+            assert (await c.post("/v1/completions", json=prompt, headers=H)).status_code == 200
+        picks.append({q.url.host for q in s})
+    assert picks[0] == picks[1] and len(picks[0]) == 1
+
+
+async def test_sent_requests_are_forgotten_when_they_finish() -> None:
+    a = ep("a")
+    client, _, _ = make([a])
+    assert (await client.post("/v1/completions", json=BODY, headers=H)).status_code == 200
+    assert not a.sent
+    r = await client.get("/metrics")
+    assert 'slofleet_router_chosen_total{endpoint="a"} 1.0' in r.text
+    assert "slofleet_router_dispatch_seconds_count" in r.text
+    assert json.loads((await client.get("/v1/models")).text)["data"][0]["id"] == "m"
