@@ -1,0 +1,211 @@
+"""Metrics of a simulation run, overall and per request kind, priority class and tier.
+
+A *job* is what a user sent: a single request or a whole compound program (judged as one, from the
+union of its calls' tokens). Per group of jobs:
+
+* ``goodput_<fn>`` for every goodput function of slo_core.gain (sum of gains), ``goodput_<fn>_ratio``
+  (over the gain of instant service of the same jobs) and ``goodput_<fn>_per_s`` (over the span of
+  arrivals);
+* ``attainment``: the fraction of jobs that met their SLO (request goodput > 0);
+* ``ttft_p50_s`` … ``e2e_p99_s``: TTFT and E2E per job, TBT over every gap between consecutive
+  tokens of single requests; percentiles over jobs that got tokens (E2E: that completed);
+* ``queue_p50_s`` …: queueing delay from arrival (or stage release) to first scheduling, per
+  request or call that was scheduled;
+* ``throughput_tokens_per_s`` (output tokens delivered) and ``throughput_jobs_per_s`` (completed);
+* counts: ``jobs``, ``completed``, ``rejected`` (router, engine admission or context), ``preemptions``.
+
+Goodput over time: token goodput credited when earned (a latency token at its delivery, a
+deadline or compound job at completion), in buckets of ``bucket_s``.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from slo_core.gain import GOODPUT_FUNCTIONS, Delivery, GainParams, ideal_gain
+from slo_core.sim.fleet import SimResult
+from slo_core.sim.outcomes import program_delivery, program_output_tokens, request_delivery
+from slo_core.sim.request import REJECTED, ProgramState, SimRequest
+from slo_core.slo import RequestKind
+
+PERCENTILES = (50, 95, 99)
+_EPS_S = 1e-9
+
+
+@dataclass
+class JobOutcome:
+    """One job's delivery and the per-request facts the metrics need."""
+
+    delivery: Delivery
+    kind: str
+    priority_class: str
+    tier: str
+    output_tokens: int
+    rejected: bool
+    preemptions: int
+    queue_delays_s: list[float]
+    tbt_gaps_s: list[float]
+    gains: dict[str, float] = field(default_factory=dict)
+    ideals: dict[str, float] = field(default_factory=dict)
+
+
+def _single(r: SimRequest) -> tuple[Delivery, list[float], list[float]]:
+    times = r.token_times
+    gaps = [b - a for a, b in itertools.pairwise(times)] if len(times) > 1 else []
+    queue = [r.first_scheduled_s - r.arrival_s] if r.first_scheduled_s is not None else []
+    return request_delivery(r), queue, gaps
+
+
+def job_outcomes(result: SimResult, params: GainParams | None = None) -> list[JobOutcome]:
+    """Every job of ``result`` with its gains under every goodput function."""
+    gp = params or GainParams()
+    out: list[JobOutcome] = []
+    tiers = {j.job_id: j.tier for j in result.jobs}
+    for r in result.requests:
+        if r.program is not None:
+            continue
+        d, queue, gaps = _single(r)
+        out.append(
+            JobOutcome(
+                d,
+                r.slo.kind.value,
+                r.slo.priority_class,
+                tiers.get(r.request_id, r.tier),
+                r.target_tokens,
+                r.state == REJECTED,
+                r.preemptions,
+                queue,
+                gaps,
+            )
+        )
+    for p in result.programs:
+        out.append(_program_outcome(p, tiers.get(p.program_id, p.tier)))
+    for o in out:
+        for name, fn in GOODPUT_FUNCTIONS.items():
+            o.gains[name] = fn(o.delivery, gp)
+            o.ideals[name] = ideal_gain(o.delivery, name, gp, output_tokens=o.output_tokens)
+    return out
+
+
+def _program_outcome(p: ProgramState, tier: str) -> JobOutcome:
+    queue = [c.first_scheduled_s - c.arrival_s for c in p.calls if c.first_scheduled_s is not None]
+    return JobOutcome(
+        program_delivery(p),
+        p.slo.kind.value,
+        p.slo.priority_class,
+        tier,
+        program_output_tokens(p),
+        any(c.state == REJECTED for c in p.calls),
+        sum(c.preemptions for c in p.calls),
+        queue,
+        [],
+    )
+
+
+def _pct(values: Iterable[float], prefix: str, into: dict[str, Any]) -> None:
+    arr = np.fromiter(values, dtype=float)
+    for q in PERCENTILES:
+        into[f"{prefix}_p{q}_s"] = float(np.percentile(arr, q)) if len(arr) else None
+    into[f"{prefix}_mean_s"] = float(arr.mean()) if len(arr) else None
+
+
+def group_metrics(jobs: list[JobOutcome], span_s: float) -> dict[str, Any]:
+    """The metric set of one group of jobs (see the module docstring)."""
+    m: dict[str, Any] = {"jobs": len(jobs)}
+    span = max(span_s, _EPS_S)
+    for name in GOODPUT_FUNCTIONS:
+        gain = sum(o.gains[name] for o in jobs)
+        ideal = sum(o.ideals[name] for o in jobs)
+        m[f"goodput_{name}"] = gain
+        m[f"goodput_{name}_ratio"] = gain / ideal if ideal > 0 else None
+        m[f"goodput_{name}_per_s"] = gain / span
+    completed = [o for o in jobs if o.delivery.completed]
+    m["attainment"] = sum(1 for o in jobs if o.gains["request"] > 0) / len(jobs) if jobs else None
+    m["completed"] = len(completed)
+    m["rejected"] = sum(1 for o in jobs if o.rejected)
+    m["preemptions"] = sum(o.preemptions for o in jobs)
+    _pct(
+        (o.delivery.token_times_s[0] - o.delivery.arrival_s for o in jobs if o.delivery.output_tokens),
+        "ttft",
+        m,
+    )
+    _pct((g for o in jobs for g in o.tbt_gaps_s), "tbt", m)
+    _pct(
+        (o.delivery.token_times_s[-1] - o.delivery.arrival_s for o in completed if o.delivery.output_tokens),
+        "e2e",
+        m,
+    )
+    _pct((q for o in jobs for q in o.queue_delays_s), "queue", m)
+    m["throughput_tokens_per_s"] = sum(o.delivery.output_tokens for o in jobs) / span
+    m["throughput_jobs_per_s"] = len(completed) / span
+    return m
+
+
+def goodput_over_time(jobs: list[JobOutcome], bucket_s: float, end_s: float) -> list[float]:
+    """Token goodput earned in each ``bucket_s`` window from 0 to ``end_s``."""
+    n = max(1, math.ceil(end_s / bucket_s))
+    buckets = np.zeros(n)
+    for o in jobs:
+        d = o.delivery
+        if not d.output_tokens:
+            continue
+        w = d.slo.priority_weight
+        if d.slo.kind is RequestKind.LATENCY:
+            assert d.slo.ttft_s is not None and d.slo.tbt_s is not None
+            t = np.asarray(d.token_times_s)
+            due = d.arrival_s + d.slo.ttft_s + np.arange(len(t)) * d.slo.tbt_s
+            on_time = t[t <= due + _EPS_S]
+            idx = np.minimum((on_time / bucket_s).astype(int), n - 1)
+            np.add.at(buckets, idx, w)
+        elif o.gains["token"] > 0:
+            buckets[min(int(d.token_times_s[-1] / bucket_s), n - 1)] += o.gains["token"]
+    return [float(x) for x in buckets]
+
+
+def summarize(
+    result: SimResult,
+    *,
+    bucket_s: float = 60.0,
+    params: GainParams | None = None,
+    jobs: list[JobOutcome] | None = None,
+) -> dict[str, Any]:
+    """Overall metrics, ``by_kind`` / ``by_priority`` / ``by_tier`` groups and goodput over time.
+
+    ``jobs``: the run's :func:`job_outcomes` when the caller already has them.
+    """
+    if jobs is None:
+        jobs = job_outcomes(result, params)
+    span = result.duration_s if result.duration_s > 0 else result.end_s
+    out = group_metrics(jobs, span)
+    out["preemptions_engine"] = int(sum(s["preemptions"] for s in result.replica_stats))
+    out["rejected_by_router"] = result.rejected_by_router
+    out["sim_end_s"] = result.end_s
+    out["wall_s"] = result.wall_s
+    for key, attr in (("by_kind", "kind"), ("by_priority", "priority_class"), ("by_tier", "tier")):
+        groups: dict[str, list[JobOutcome]] = {}
+        for o in jobs:
+            groups.setdefault(getattr(o, attr), []).append(o)
+        out[key] = {g: group_metrics(members, span) for g, members in sorted(groups.items())}
+    over_time = goodput_over_time(jobs, bucket_s, result.end_s)
+    out["goodput_over_time"] = {"bucket_s": bucket_s, "token": over_time}
+    return out
+
+
+def latency_samples(jobs: list[JobOutcome]) -> dict[str, list[float]]:
+    """Raw TTFT, TBT and E2E samples (seconds) of a run's jobs, for CDF plots."""
+    ttft = [o.delivery.token_times_s[0] - o.delivery.arrival_s for o in jobs if o.delivery.output_tokens]
+    e2e = [
+        o.delivery.token_times_s[-1] - o.delivery.arrival_s
+        for o in jobs
+        if o.delivery.completed and o.delivery.output_tokens
+    ]
+    return {"ttft": ttft, "tbt": [g for o in jobs for g in o.tbt_gaps_s], "e2e": e2e}
+
+
+__all__ = ["JobOutcome", "goodput_over_time", "group_metrics", "job_outcomes", "latency_samples", "summarize"]

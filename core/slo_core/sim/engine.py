@@ -1,0 +1,430 @@
+"""One simulated engine replica with vLLM v1 scheduler semantics, driven by an engine policy.
+
+Each step (:meth:`SimEngine.plan`) the engine
+
+1. asks the policy for a Decision at a frame boundary (every ``frame_steps`` steps, or after an
+   arrival, finish, rejection or KV preemption when the policy reschedules on events) and applies it
+   with :func:`slo_core.policies.apply.apply_decision`;
+2. schedules running requests first, in order, under the token budget: each gets all its uncomputed
+   tokens (a decode: one; a prefill: the rest of its prompt, chunked to what the budget leaves);
+   when the KV cache has no free block for one, the *last* running request is preempted (its blocks
+   freed, recomputed later, requeued at the front of waiting) until it fits or is itself preempted;
+3. if nothing was preempted, admits waiting requests in order while sequence slots, budget and free
+   blocks last (the first that does not fit stops admission), chunking the last prefill.
+
+With ``prefill_first`` (vLLM v0's order) step 3 runs before step 2. The step's duration comes from
+the performance model; at its end (:meth:`SimEngine.complete`) every request whose tokens are all
+computed emits one output token stamped with the step's end time, and finished requests free their
+blocks. Prefix caching is off: a preempted request recomputes its whole prompt and output so far.
+
+Driving one engine from outside (the fleet loop here; engine-sim in real time), one step at a time::
+
+    engine.accept(request, now_s)        # add a SimRequest (False: rejected, prompt over the context)
+    end_s = engine.plan(now_s)           # decide + form the batch; None: nothing to run
+    ...                                  # wait: end_s - now_s is the modelled step time
+    out = engine.complete(duration_s)    # end the step; duration_s: measured (None: the model's)
+    out.emitted, out.finished            # token events: who got a token at out.end_s, who finished
+    engine.abort(request_id, now_s)      # a client went away: drop it and free its blocks
+
+``plan`` and ``complete`` alternate strictly; ``accept`` and ``abort`` may come at any time between
+them (an abort of a request in the step in flight takes effect when the step completes).
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+
+from slo_core.perf.model import PerfProfile
+from slo_core.policies.apply import apply_decision
+from slo_core.policies.base import (
+    BaseEnginePolicy,
+    Decision,
+    EnginePolicy,
+    EngineView,
+    FinishedView,
+    ReplicaCapabilities,
+    ReplicaView,
+)
+from slo_core.sim.engine_types import EngineConfig, StepOutcome
+from slo_core.sim.request import ABORTED, FINISHED, REJECTED, RUNNING, WAITING, SimRequest
+from slo_core.sim.views import request_views
+
+FeedbackFn = Callable[[SimRequest], FinishedView]
+
+
+class SimEngine:
+    """A replica: waiting and running queues, a KV-block pool and the policy that orders them."""
+
+    def __init__(
+        self,
+        engine_id: str,
+        profile: PerfProfile,
+        policy: EnginePolicy,
+        config: EngineConfig | None = None,
+        *,
+        rng: random.Random | None = None,
+        feedback: FeedbackFn | None = None,
+        index: int = 0,
+    ) -> None:
+        cfg = config or EngineConfig()
+        self.engine_id = engine_id
+        self.index = index
+        self.profile = profile
+        self.policy = policy
+        self.config = cfg
+        self.rng = rng or random.Random(0)
+        self.block_size = cfg.block_size
+        kv_tokens = cfg.kv_cache_tokens or profile.kv_cache_tokens
+        self.kv_blocks_total = kv_tokens // cfg.block_size
+        if self.kv_blocks_total < 1:
+            raise ValueError(f"{engine_id}: the KV cache holds no block of {cfg.block_size} tokens")
+        self.free_blocks = self.kv_blocks_total
+        self.max_model_len = min(cfg.max_model_len or profile.max_model_len, kv_tokens)
+        self.capabilities = ReplicaCapabilities(
+            models=(profile.model,), max_context_tokens=self.max_model_len, gpu_class=profile.gpu
+        )
+        self.waiting: list[SimRequest] = []
+        self.running: list[SimRequest] = []
+        self.done: list[SimRequest] = []
+        self.step = 0
+        self.events = True
+        self.listed: frozenset[str] = frozenset()
+        self.hold_unlisted = False
+        self.token_budget = cfg.max_num_batched_tokens
+        self.prefill_first = False
+        self.step_start_s = 0.0
+        self.step_end_s = 0.0
+        self._aborted: set[str] = set()
+        self._batch_p: list[tuple[SimRequest, int]] = []
+        self._batch_d: list[SimRequest] = []
+        # incremental load counters (the router's outstanding tokens)
+        self.prompt_left_tokens = 0
+        self.output_left_tokens = 0
+        self.preemptions = 0
+        self.decisions = 0
+        self.busy_s = 0.0
+        self.steps_run = 0
+        self._frame = max(1, int(getattr(policy, "frame_steps", 1)))
+        self._on_events = bool(getattr(policy, "reschedule_on_events", True))
+        overrides_observe = getattr(type(policy), "observe", None) is not BaseEnginePolicy.observe
+        self._feedback = feedback if overrides_observe else None
+        self._fast = bool(getattr(policy, "fifo_fast_path", False))
+        if self._fast:
+            # a FIFO policy's decision never depends on the queues: learn its knobs once
+            self._set_knobs(policy.decide([], [], self.engine_view(0.0), self.rng))
+
+    # ---- queue changes ----------------------------------------------------------------------------
+
+    def accept(self, r: SimRequest, now_s: float) -> bool:
+        """Queue an arriving request; False (and the request rejected) if it cannot fit the context."""
+        if not r.cap_to_context(self.max_model_len):
+            r.state = REJECTED
+            r.finish_s = now_s
+            return False
+        r.state = WAITING
+        r.waiting_since_s = now_s
+        r.replica = self.index
+        self.waiting.append(r)
+        self.prompt_left_tokens += r.prompt_tokens
+        self.output_left_tokens += r.expected_tokens
+        self.events = True
+        return True
+
+    def _preempt(self, r: SimRequest, now_s: float) -> None:
+        self.free_blocks += r.blocks
+        r.blocks = 0
+        self.prompt_left_tokens += min(r.computed, r.prompt_tokens)
+        r.computed = 0
+        r.state = WAITING
+        r.waiting_since_s = now_s
+        r.preemptions += 1
+        self.preemptions += 1
+        self.events = True
+
+    def _reject(self, r: SimRequest, now_s: float) -> None:
+        self._leave(r, REJECTED, now_s)
+
+    # ---- decisions --------------------------------------------------------------------------------
+
+    def engine_view(self, now_s: float) -> EngineView:
+        cfg = self.config
+        return EngineView(
+            now_s=now_s,
+            step=self.step,
+            max_num_seqs=cfg.max_num_seqs,
+            max_num_batched_tokens=cfg.max_num_batched_tokens,
+            kv_blocks_total=self.kv_blocks_total,
+            kv_blocks_free=self.free_blocks,
+            block_size=self.block_size,
+            profile=self.profile,
+            engine_id=self.engine_id,
+        )
+
+    def _set_knobs(self, d: Decision) -> None:
+        cap = self.config.max_num_batched_tokens
+        self.token_budget = cap if d.token_budget is None else max(1, min(cap, d.token_budget))
+        self.prefill_first = d.prefill_first
+
+    def _decide(self, now_s: float) -> None:
+        decision = self.policy.decide(
+            request_views(self.waiting), request_views(self.running), self.engine_view(now_s), self.rng
+        )
+        self.decisions += 1
+        self.events = False
+        applied = apply_decision(decision, self.waiting, self.running)
+        for r in applied.preempted:
+            self._preempt(r, now_s)
+        for r in applied.rejected:
+            self._reject(r, now_s)
+        self.waiting = applied.waiting
+        self.running = applied.running
+        self.listed = applied.listed
+        self.hold_unlisted = applied.hold_unlisted
+        self._set_knobs(decision)
+
+    # ---- one step ---------------------------------------------------------------------------------
+
+    def plan(self, now_s: float) -> float | None:
+        """Decide (at a frame boundary) and schedule one step at ``now_s``; returns its end time.
+
+        None when there is nothing to run; an engine whose requests all wait (held, or waiting for
+        blocks) polls again after ``idle_poll_s`` so a later frame can change its mind.
+        """
+        if not self.waiting and not self.running:
+            return None
+        self.step += 1
+        self.step_start_s = now_s
+        if not self._fast and (self.step % self._frame == 0 or (self._on_events and self.events)):
+            self._decide(now_s)
+        self._batch_p = []
+        self._batch_d = []
+        budget = self.token_budget
+        if self.prefill_first:
+            budget, admitted = self._admit(now_s, budget)
+            budget, kv, _ = self._schedule_running(now_s, budget)
+            self.running.extend(admitted)
+        else:
+            budget, kv, preempted = self._schedule_running(now_s, budget)
+            if not preempted:
+                budget, admitted = self._admit(now_s, budget)
+                self.running.extend(admitted)
+        n_tokens = self.token_budget - budget
+        if n_tokens <= 0:
+            if not self.waiting and not self.running:
+                return None
+            self.step_end_s = now_s + self.config.idle_poll_s
+            return self.step_end_s
+        chunk_ctx = 0
+        for r, n in self._batch_p:
+            chunk_ctx += n * (r.computed + n)
+        dt = self.profile.iteration_time_from_sums_s(n_tokens, chunk_ctx, kv)
+        self.busy_s += dt
+        self.steps_run += 1
+        self.step_end_s = now_s + dt
+        return self.step_end_s
+
+    def _schedule_running(self, now_s: float, budget: int) -> tuple[int, int, bool]:
+        """vLLM v1's pass over running requests; returns (budget left, Σ KV tokens of decodes,
+        whether a request was preempted for lack of KV blocks)."""
+        running = self.running
+        bs = self.block_size
+        batch_p = self._batch_p
+        batch_d = self._batch_d
+        kv = 0
+        i = 0
+        preempted = False
+        while i < len(running) and budget > 0:
+            r = running[i]
+            c = r.computed
+            n = r.num_tokens - c
+            if n > budget:  # noqa: PLR1730 (hot path: cheaper than min())
+                n = budget
+            need = (c + n + bs - 1) // bs - r.blocks
+            if need > self.free_blocks:
+                # out of KV blocks: preempt from the tail until this request fits or is the victim
+                preempted = True
+                while need > self.free_blocks:
+                    victim = running.pop()
+                    self._preempt(victim, now_s)
+                    self.waiting.insert(0, victim)
+                    if victim is r:
+                        break
+                if r.state != RUNNING:
+                    break
+            if need > 0:
+                self.free_blocks -= need
+                r.blocks += need
+            if n == 1:
+                batch_d.append(r)
+                kv += c + 1
+            else:
+                batch_p.append((r, n))
+            budget -= n
+            i += 1
+        return budget, kv, preempted
+
+    def _admit(self, now_s: float, budget: int) -> tuple[int, list[SimRequest]]:
+        """Admit waiting requests in order while slots, budget and blocks last (the first that does
+        not fit stops admission); returns (budget left, admitted requests)."""
+        waiting = self.waiting
+        admitted: list[SimRequest] = []
+        if not waiting or budget <= 0:
+            return budget, admitted
+        seats = self.config.max_num_seqs - len(self.running)
+        hold = self.hold_unlisted
+        listed = self.listed
+        bs = self.block_size
+        last = -1
+        contiguous = True
+        for idx, r in enumerate(waiting):
+            if budget <= 0 or seats <= 0:
+                break
+            if hold and r.request_id not in listed:
+                continue
+            n = r.num_tokens - r.computed
+            if n > budget:  # noqa: PLR1730 (hot path: cheaper than min())
+                n = budget
+            need = (r.computed + n + bs - 1) // bs - r.blocks
+            if need > self.free_blocks:
+                break
+            self.free_blocks -= need
+            r.blocks += need
+            r.state = RUNNING
+            if r.first_scheduled_s is None:
+                r.first_scheduled_s = now_s
+            admitted.append(r)
+            self._batch_p.append((r, n))
+            budget -= n
+            seats -= 1
+            contiguous = contiguous and idx == last + 1
+            last = idx
+        if admitted:
+            if contiguous:
+                del waiting[: len(admitted)]
+            else:
+                self.waiting = [r for r in waiting if r.state == WAITING]
+        return budget, admitted
+
+    def complete(self, duration_s: float | None = None) -> StepOutcome:
+        """End the step in flight: deliver its tokens at its end time and free finished requests.
+
+        ``duration_s`` overrides the modelled step time (engine-sim passes the time it really took);
+        the end time is then ``step_start_s + duration_s``.
+        """
+        if duration_s is not None:
+            self.step_end_s = self.step_start_s + max(0.0, duration_s)
+        t = self.step_end_s
+        finished: list[SimRequest] = []
+        emitted: list[SimRequest] = []
+        for r, n in self._batch_p:
+            c = r.computed
+            if c < r.prompt_tokens:
+                self.prompt_left_tokens -= min(n, r.prompt_tokens - c)
+            c += n
+            r.computed = c
+            if c >= r.num_tokens:
+                r.generated += 1
+                r.num_tokens += 1
+                r.token_times.append(t)
+                emitted.append(r)
+                if r.generated <= r.expected_tokens:
+                    self.output_left_tokens -= 1
+                if r.generated >= r.target_tokens:
+                    finished.append(r)
+        decodes = self._batch_d
+        for r in decodes:
+            r.computed += 1
+            r.generated += 1
+            r.num_tokens += 1
+            r.token_times.append(t)
+            if r.generated <= r.expected_tokens:
+                self.output_left_tokens -= 1
+            if r.generated >= r.target_tokens:
+                finished.append(r)
+        if emitted:
+            emitted.extend(decodes)
+        else:
+            emitted = decodes
+        self._batch_p = []
+        self._batch_d = []
+        if finished:
+            for r in finished:
+                r.state = FINISHED
+                r.finish_s = t
+                self.free_blocks += r.blocks
+                r.blocks = 0
+                if r.expected_tokens > r.generated:
+                    self.output_left_tokens -= r.expected_tokens - r.generated
+            self.running = [r for r in self.running if r.state == RUNNING]
+            self.events = True
+            self.done.extend(finished)
+            if self._feedback is not None:
+                self.policy.observe([self._feedback(r) for r in finished], t)
+        if self._aborted:
+            self._drop_aborted(t)
+        return StepOutcome(t, emitted, finished)
+
+    def abort(self, request_id: str, now_s: float) -> SimRequest | None:
+        """Drop a queued or running request (state ABORTED, blocks freed); None if it is not here.
+
+        Between steps it leaves at once; a request in the step in flight leaves when that step
+        completes (its token of that step is still delivered).
+        """
+        for queue in (self.waiting, self.running):
+            for r in queue:
+                if r.request_id == request_id:
+                    if any(r is x for x, _ in self._batch_p) or any(r is x for x in self._batch_d):
+                        self._aborted.add(request_id)
+                    else:
+                        queue.remove(r)
+                        self._leave(r, ABORTED, now_s)
+                    return r
+        return None
+
+    def _drop_aborted(self, now_s: float) -> None:
+        ids = self._aborted
+        self._aborted = set()
+        gone = [r for r in (*self.waiting, *self.running) if r.request_id in ids]
+        if not gone:
+            return
+        self.waiting = [r for r in self.waiting if r.request_id not in ids]
+        self.running = [r for r in self.running if r.request_id not in ids]
+        for r in gone:
+            self._leave(r, ABORTED, now_s)
+
+    def _leave(self, r: SimRequest, state: int, now_s: float) -> None:
+        """Take ``r`` out of the load counters and the KV pool (the caller removed it from a queue)."""
+        self.prompt_left_tokens -= max(0, r.prompt_tokens - min(r.computed, r.prompt_tokens))
+        self.output_left_tokens -= max(0, r.expected_tokens - r.generated)
+        self.free_blocks += r.blocks
+        r.blocks = 0
+        r.state = state
+        r.finish_s = now_s
+        self.done.append(r)
+        self.events = True
+
+    # ---- router snapshot --------------------------------------------------------------------------
+
+    def replica_view(self, now_s: float, *, with_requests: bool = True) -> ReplicaView:
+        """This replica as a router sees it; without requests only the counters are filled in."""
+        cfg = self.config
+        return ReplicaView(
+            replica_id=self.engine_id,
+            snapshot_s=now_s,
+            waiting=tuple(request_views(self.waiting)) if with_requests else (),
+            running=tuple(request_views(self.running)) if with_requests else (),
+            kv_blocks_total=self.kv_blocks_total,
+            kv_blocks_free=self.free_blocks,
+            max_num_seqs=cfg.max_num_seqs,
+            max_num_batched_tokens=cfg.max_num_batched_tokens,
+            block_size=self.block_size,
+            profile=self.profile,
+            engine_policy=str(getattr(self.policy, "name", "")),
+            capabilities=self.capabilities,
+            reported_outstanding_tokens=self.outstanding_tokens,
+        )
+
+    @property
+    def outstanding_tokens(self) -> int:
+        return self.prompt_left_tokens + self.output_left_tokens

@@ -1,0 +1,310 @@
+"""A fleet of simulated replicas behind a router: the discrete-event loop.
+
+Events, in time order (arrivals before engine steps at equal times, so that simultaneous arrivals
+join the same step): a job arrives (a single request, or a compound program whose first stage is
+released at once); a compound stage is released (its calls arrive together); an engine's step ends
+(tokens delivered, finished requests leave, the next step is planned at once). Every arriving request
+or call is routed at its arrival time from fresh replica snapshots; routers that declare
+``needs_request_snapshots = False`` get the replicas' counters only, which is much cheaper.
+
+Stage ``s+1`` of a program is released ``tool_latency_s`` after the last call of stage ``s``
+finished; each call's ``deadline_at_s`` is its stage's sub-deadline (ProgramState). A rejected call
+fails its program. The run stops when no event is left or, with ``drain="slo"``, once no delivery
+could earn SLO gain any more (every job's last token deadline has passed).
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+import random
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from slo_core.perf.model import PerfProfile
+from slo_core.policies.base import EnginePolicy, RouterPolicy
+from slo_core.policies.registry import make_engine_policy, make_router_policy
+from slo_core.sim.engine import SimEngine
+from slo_core.sim.engine_types import EngineConfig
+from slo_core.sim.jobs import Job
+from slo_core.sim.outcomes import Feedback
+from slo_core.sim.request import ABORTED, REJECTED, WAITING, ProgramState, SimRequest
+from slo_core.sim.views import request_view
+from slo_core.slo import RequestKind
+
+_ARRIVAL = 0
+_STEP = 1
+
+
+class SimConfig(BaseModel):
+    """How a fleet run is driven (not the engines' limits: see EngineConfig)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    tool_latency_s: float = Field(0.0, ge=0, description="delay between a stage's end and the next stage (s)")
+    drain: Literal["slo", "all"] = Field(
+        "slo", description="stop once no SLO gain is possible ('slo') or when every request finished ('all')"
+    )
+    max_drain_s: float = Field(
+        3600.0, gt=0, description="with drain='all': stop this long after the last arrival (s)"
+    )
+    feedback_goodput: str = Field(
+        "token", description="goodput function of the FinishedViews policies observe"
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicaSpec:
+    """One replica: its performance profile and engine limits."""
+
+    profile: PerfProfile
+    config: EngineConfig = field(default_factory=EngineConfig)
+
+
+@dataclass
+class SimResult:
+    """Everything a run produced: per-request and per-program state, and per-replica counters."""
+
+    jobs: list[Job]
+    requests: list[SimRequest]
+    programs: list[ProgramState]
+    end_s: float
+    duration_s: float
+    wall_s: float
+    replica_stats: list[dict[str, float]]
+    rejected_by_router: int = 0
+
+
+PolicyFactory = Callable[[], EnginePolicy]
+
+
+def _policy_factory(policy: str | PolicyFactory, params: Mapping[str, Any] | None) -> PolicyFactory:
+    if isinstance(policy, str):
+        name = policy
+        return lambda: make_engine_policy(name, params)
+    return policy
+
+
+class FleetSim:
+    """Runs a workload on replicas with one engine policy each (a fresh instance per replica)."""
+
+    def __init__(
+        self,
+        replicas: Sequence[ReplicaSpec],
+        policy: str | PolicyFactory,
+        router: str | RouterPolicy = "round-robin",
+        *,
+        seed: int = 0,
+        config: SimConfig | None = None,
+        policy_params: Mapping[str, Any] | None = None,
+        router_params: Mapping[str, Any] | None = None,
+    ) -> None:
+        if not replicas:
+            raise ValueError("a fleet needs at least one replica")
+        self.config = config or SimConfig()
+        make_policy = _policy_factory(policy, policy_params)
+        feedback = Feedback(self.config.feedback_goodput)
+        self.engines = [
+            SimEngine(
+                f"replica-{i}",
+                spec.profile,
+                make_policy(),
+                spec.config,
+                rng=random.Random(seed * 1_000_003 + i),
+                feedback=feedback,
+                index=i,
+            )
+            for i, spec in enumerate(replicas)
+        ]
+        self.by_id = {e.engine_id: e for e in self.engines}
+        self.router = make_router_policy(router, router_params) if isinstance(router, str) else router
+        self.router_rng = random.Random(seed * 7_919 + 17)
+        self._router_needs_requests = bool(getattr(self.router, "needs_request_snapshots", True))
+
+    # ---- the event loop ---------------------------------------------------------------------------
+
+    def run(self, jobs: Sequence[Job], progress: Callable[[float], None] | None = None) -> SimResult:
+        """Simulate ``jobs`` (any order); ``progress`` gets the fraction of arrivals done now and then."""
+        started = time.perf_counter()
+        ordered = sorted(jobs, key=lambda j: j.arrival_s)
+        self._requests: list[SimRequest] = []
+        self._programs: list[ProgramState] = []
+        self._heap: list[tuple[float, int, int, int]] = []
+        self._seq = 0
+        self._idle = [True] * len(self.engines)
+        self._rejected_by_router = 0
+        last_arrival = ordered[-1].arrival_s if ordered else 0.0
+        if self.config.drain == "slo":
+            horizon = max((j.last_useful_s() for j in ordered), default=0.0) + 1e-9
+        else:
+            horizon = last_arrival + self.config.max_drain_s
+        heap = self._heap
+        n_jobs = len(ordered)
+        i = 0
+        t = 0.0
+        engines = self.engines
+        tick = max(1, n_jobs // 200)
+        while True:
+            next_job = ordered[i].arrival_s if i < n_jobs else math.inf
+            if heap and (heap[0][0] < next_job or (heap[0][0] == next_job and heap[0][1] == _ARRIVAL)):
+                t, kind, _, payload = heapq.heappop(heap)
+                if t > horizon:
+                    break
+                if kind == _STEP:
+                    self._step(engines[payload], t)
+                else:
+                    self._release_stage(self._programs[payload], t)
+            elif i < n_jobs:
+                t = next_job
+                if t > horizon:
+                    break
+                self._arrive(ordered[i], t)
+                i += 1
+                if progress is not None and i % tick == 0:
+                    progress(i / n_jobs)
+            else:
+                break
+        if progress is not None:
+            progress(1.0)
+        stats = [
+            {
+                "preemptions": float(e.preemptions),
+                "decisions": float(e.decisions),
+                "busy_s": e.busy_s,
+                "steps": float(e.steps_run),
+            }
+            for e in engines
+        ]
+        return SimResult(
+            jobs=list(ordered),
+            requests=self._requests,
+            programs=self._programs,
+            end_s=min(t, horizon),
+            duration_s=last_arrival,
+            wall_s=time.perf_counter() - started,
+            replica_stats=stats,
+            rejected_by_router=self._rejected_by_router,
+        )
+
+    def _push(self, t: float, kind: int, payload: int) -> None:
+        self._seq += 1
+        heapq.heappush(self._heap, (t, kind, self._seq, payload))
+
+    def _step(self, engine: SimEngine, t: float) -> None:
+        engine.complete()
+        self._collect(engine, t)
+        nxt = engine.plan(t)
+        if engine.done:
+            self._collect(engine, t)
+        if nxt is None:
+            self._idle[engine.index] = True
+        else:
+            self._push(nxt, _STEP, engine.index)
+
+    def _collect(self, engine: SimEngine, t: float) -> None:
+        """Program bookkeeping for requests that left ``engine`` (finished or rejected)."""
+        done = engine.done
+        engine.done = []
+        for r in done:
+            p = r.program
+            if p is None:
+                continue
+            if r.state in (REJECTED, ABORTED):
+                p.failed = True
+            self._call_left(p, t)
+
+    def _call_left(self, p: ProgramState, t: float) -> None:
+        p.pending_calls -= 1
+        if p.pending_calls > 0 or p.failed:
+            return
+        p.attained_done_tokens = sum(c.attained_tokens() for c in p.calls)
+        if p.next_stage < len(p.stages):
+            if self.config.tool_latency_s > 0:
+                self._push(t + self.config.tool_latency_s, _ARRIVAL, p.index)
+            else:
+                self._release_stage(p, t)
+        else:
+            p.finish_s = t
+
+    # ---- arrivals and routing -----------------------------------------------------------------------
+
+    def _arrive(self, job: Job, t: float) -> None:
+        if job.stages is None:
+            r = SimRequest(
+                job.job_id,
+                t,
+                job.slo,
+                job.prompt_tokens,
+                output_tokens=job.output_tokens,
+                max_tokens=job.max_tokens,
+                deadline_at_s=None
+                if job.slo.kind is RequestKind.LATENCY
+                else t + job.slo.effective_deadline_s,
+                output_bound=job.output_bound,
+                tier=job.tier,
+                tenant=job.tenant,
+            )
+            self._requests.append(r)
+            self._route(r, t)
+            return
+        p = ProgramState(
+            job.job_id,
+            t,
+            job.slo,
+            job.stages,
+            tier=job.tier,
+            tenant=job.tenant,
+            max_tokens=job.max_tokens,
+            index=len(self._programs),
+        )
+        self._programs.append(p)
+        self._release_stage(p, t)
+
+    def _release_stage(self, p: ProgramState, t: float) -> None:
+        s = p.next_stage
+        p.next_stage += 1
+        calls = p.stages[s]
+        p.pending_calls = len(calls)
+        deadline_at = p.stage_deadline_at_s(s, t)
+        new = []
+        for k, (inp, out) in enumerate(calls):
+            r = SimRequest(
+                f"{p.program_id}/s{s}/c{k}",
+                t,
+                p.slo,
+                inp,
+                output_tokens=out,
+                max_tokens=max(out, p.max_tokens),
+                deadline_at_s=deadline_at,
+                tier=p.tier,
+                tenant=p.tenant,
+                program=p,
+                stage=s,
+            )
+            p.calls.append(r)
+            self._requests.append(r)
+            new.append(r)
+        for r in new:
+            self._route(r, t)
+
+    def _route(self, r: SimRequest, t: float) -> None:
+        r.state = WAITING
+        r.waiting_since_s = t
+        views = [e.replica_view(t, with_requests=self._router_needs_requests) for e in self.engines]
+        decision = self.router.route(request_view(r), views, t, self.router_rng)
+        engine = self.by_id.get(decision.replica_id) if decision.replica_id is not None else None
+        if engine is None or not engine.accept(r, t):
+            r.state = REJECTED
+            r.finish_s = t
+            self._rejected_by_router += 1
+            if r.program is not None:
+                r.program.failed = True
+                self._call_left(r.program, t)
+            return
+        if self._idle[engine.index]:
+            self._idle[engine.index] = False
+            self._push(t, _STEP, engine.index)
