@@ -1,0 +1,162 @@
+"""OutputBoundEstimator: q-quantile output-length bounds at submission and refined while generating.
+
+At submission: bound = Q_q(lengths | prompt) from the forest (JITServe §4.1), within [1, max_tokens].
+Every ``refine_every_tokens`` generated tokens (checkpoint g = N·⌊generated/N⌋) the bound is
+re-estimated as Q_q(lengths | features, length > g) — features from prompt + generated text when the
+text is known, from the prompt alone otherwise (the simulator). Bounds only relax (loosen): a refined
+bound is never below the bound it refines, never below generated + 1, never above max_tokens.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from pydantic import BaseModel, Field
+
+from slo_core.predict import artefact
+from slo_core.predict.features import FeatureParams, RequestFeatures, featurize, n_features
+from slo_core.predict.forest import F64, ArrayForest, conditional_quantile
+
+
+class EstimatorParams(BaseModel):
+    """Serving-time knobs of the bound estimator."""
+
+    quantile: float = Field(0.95, gt=0.0, lt=1.0, description="quantile used as the upper bound (fraction)")
+    refine_every_tokens: int = Field(50, ge=1, description="re-estimate every N generated tokens (tokens)")
+    tail_growth: float = Field(
+        1.25, ge=1.0, description="beyond every sample the forest knows: bound = g·growth (ratio)"
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class BoundQuery:
+    """One request for :meth:`OutputBoundEstimator.bounds` (generated_tokens = 0: a submission bound)."""
+
+    prompt_text: str | None
+    prompt_tokens: int
+    kind: str = ""
+    max_tokens: int = 1 << 30
+    generated_tokens: int = 0
+    generated_text: str | None = None
+    bound_at_start: int | None = None
+    model: str = ""
+
+
+class OutputBoundEstimator:
+    """Quantile-forest output-length bounds (see the module docstring)."""
+
+    def __init__(
+        self,
+        forest: ArrayForest,
+        features: FeatureParams,
+        params: EstimatorParams | None = None,
+        meta: dict[str, Any] | None = None,
+    ) -> None:
+        width = n_features(features)
+        if int(forest.feature.max()) >= width:
+            raise artefact.ArtefactError("forest uses features beyond the recorded feature width")
+        self.forest = forest
+        self.features = features
+        self.params = params or EstimatorParams()
+        self.meta = dict(meta or {})
+        all_vals = np.sort(forest.leaf_values[: len(forest.leaf_values) // max(1, forest.n_trees)])
+        self._marginal = (all_vals.astype(np.float64), np.ones(len(all_vals)))
+
+    @property
+    def training_mean_tokens(self) -> float:
+        """Mean output length of the training rows (the mean-length baseline)."""
+        return float(self._marginal[0].mean())
+
+    # ---- one request ----------------------------------------------------------------------
+    def bound(self, prompt_text: str | None, prompt_tokens: int, kind: str, max_tokens: int) -> int:
+        """Upper bound on the total output tokens of a request about to be scheduled."""
+        return self.bounds([BoundQuery(prompt_text, prompt_tokens, kind, max_tokens)])[0]
+
+    def refine(  # noqa: PLR0917 - the sidecar's fixed positional API
+        self,
+        bound_at_start: int,
+        prompt_text: str | None,
+        prompt_tokens: int,
+        generated_tokens: int,
+        generated_text: str | None,
+        kind: str,
+        max_tokens: int,
+    ) -> int:
+        """The bound after ``generated_tokens`` tokens (pass the latest bound as ``bound_at_start``)."""
+        q = BoundQuery(
+            prompt_text, prompt_tokens, kind, max_tokens, generated_tokens, generated_text, bound_at_start
+        )
+        return self.bounds([q])[0]
+
+    # ---- many at once ---------------------------------------------------------------------
+    def bounds(self, batch: Sequence[BoundQuery]) -> list[int]:
+        """Bounds for many requests in one forest pass (submission or refinement per query)."""
+        if not batch:
+            return []
+        step = self.params.refine_every_tokens
+        feats = [self._features_of(b) for b in batch]
+        leaves = self.forest.leaves(featurize(feats, self.features))
+        out: list[int] = []
+        for b, row in zip(batch, leaves, strict=True):
+            g = max(0, int(b.generated_tokens))
+            checkpoint = (g // step) * step
+            vals, w = self.forest.distribution(row)
+            out.append(self._finish(b, g, self._quantile_above(vals, w, checkpoint)))
+        return out
+
+    def distribution(self, query: BoundQuery) -> tuple[F64, F64]:
+        """The forest's predicted length distribution for one query: (sorted lengths, weights)."""
+        x = featurize([self._features_of(query)], self.features)
+        return self.forest.distribution(self.forest.leaves(x)[0])
+
+    # ---- helpers --------------------------------------------------------------------------
+    def _features_of(self, b: BoundQuery) -> RequestFeatures:
+        text = b.prompt_text
+        if b.generated_text:
+            text = (text or "") + b.generated_text
+        return RequestFeatures(max(1, int(b.prompt_tokens)), text, b.kind, b.model)
+
+    def _quantile_above(self, vals: F64, w: F64, above: int) -> float:
+        q = self.params.quantile
+        est = conditional_quantile(vals, w, q, float(above))
+        if math.isnan(est):  # the request outlived every similar sample: use all training lengths
+            est = conditional_quantile(*self._marginal, q, float(above))
+        if math.isnan(est):  # ... and every training length: grow geometrically
+            est = max(above * self.params.tail_growth, above + self.params.refine_every_tokens)
+        return est
+
+    @staticmethod
+    def _finish(b: BoundQuery, generated: int, estimate: float) -> int:
+        cap = max(1, int(b.max_tokens))
+        value = max(math.ceil(estimate), generated + 1)
+        if b.bound_at_start is not None:
+            value = max(value, int(b.bound_at_start))
+        return max(min(value, cap), generated, 1)
+
+    # ---- persistence ----------------------------------------------------------------------
+    def save(self, path: Path) -> str:
+        """Write the artefact and its SHA-256 file; returns the digest."""
+        meta = {
+            **self.meta,
+            "features": self.features.model_dump(),
+            "params": self.params.model_dump(),
+        }
+        return artefact.save(path, self.forest.arrays(), meta)
+
+    @classmethod
+    def load(cls, path: Path, expected_sha256: str | None = None) -> OutputBoundEstimator:
+        """Load a verified artefact (raises ArtefactError when the hash does not match)."""
+        arrays, meta = artefact.load(path, expected_sha256)
+        try:
+            forest = ArrayForest.from_arrays(arrays)
+            features = FeatureParams(**meta["features"])
+            params = EstimatorParams(**meta["params"])
+        except (KeyError, TypeError, ValueError) as exc:
+            raise artefact.ArtefactError(f"{path}: malformed artefact ({exc})") from exc
+        extra = {k: v for k, v in meta.items() if k not in ("features", "params", "format")}
+        return cls(forest, features, params, extra)

@@ -1,0 +1,95 @@
+"""Request features for the output-length forest: counts, hashed word n-grams, kind and model id.
+
+Everything here is stateless (a hashing trick, no fitted vocabulary), so an artefact only records
+the feature parameters and the same request always maps to the same vector. Prompt token counts
+come from the caller; :func:`approx_tokens` is a tokenizer-free stand-in where none is known.
+"""
+
+from __future__ import annotations
+
+import itertools
+import re
+import zlib
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+from pydantic import BaseModel, Field
+
+F32 = npt.NDArray[np.float32]
+
+# Request kinds (slo_core.slo.RequestKind values) get a one-hot column each; anything else none.
+KINDS: tuple[str, ...] = ("latency", "deadline", "compound", "best-effort")
+_WORD = re.compile(r"\w+|[^\w\s]")
+
+
+class FeatureParams(BaseModel):
+    """How a request becomes a feature vector (recorded in every artefact)."""
+
+    ngram_features: int = Field(256, ge=8, le=4096, description="hashed word 1-2 gram buckets (count)")
+    model_buckets: int = Field(8, ge=1, le=256, description="hashed model-id buckets (count)")
+    text_chars: int = Field(4000, ge=100, description="characters of text hashed per request (chars)")
+
+
+@dataclass(frozen=True, slots=True)
+class RequestFeatures:
+    """What the forest sees of one request (text optional: the simulator has none)."""
+
+    prompt_tokens: int
+    text: str | None = None
+    kind: str = ""
+    model: str = ""
+
+
+def approx_tokens(text: str) -> int:
+    """Deterministic tokenizer-free token count: words and punctuation, long words in 4-char pieces."""
+    count = 0
+    for piece in _WORD.findall(text):
+        count += max(1, (len(piece) + 3) // 4)
+    return max(1, count)
+
+
+def n_features(p: FeatureParams) -> int:
+    return 6 + len(KINDS) + p.model_buckets + p.ngram_features
+
+
+def _bucket(token: str, n: int) -> int:
+    return zlib.crc32(token.encode("utf-8")) % n
+
+
+def _text_stats(text: str) -> tuple[float, float, float]:
+    n = max(1, len(text))
+    lines = float(text.count("\n") + 1)
+    questions = float(text.count("?"))
+    digits = sum(ch.isdigit() for ch in text) / n
+    return lines, questions, digits
+
+
+def featurize(requests: Sequence[RequestFeatures], p: FeatureParams) -> F32:
+    """Dense float32 matrix (rows = requests) of the features described in the module docstring."""
+    width = n_features(p)
+    out = np.zeros((len(requests), width), dtype=np.float32)
+    kind_at = {k: 6 + i for i, k in enumerate(KINDS)}
+    model_at = 6 + len(KINDS)
+    gram_at = model_at + p.model_buckets
+    for row, r in enumerate(requests):
+        tokens = max(1, int(r.prompt_tokens))
+        out[row, 0] = np.log1p(tokens)
+        out[row, 1] = 1.0 if r.text is not None else 0.0
+        if r.text:
+            text = r.text[: p.text_chars]
+            out[row, 2] = np.log1p(len(r.text))
+            out[row, 3:6] = _text_stats(text)
+            words = [w.lower() for w in _WORD.findall(text)]
+            grams = words + [f"{a} {b}" for a, b in itertools.pairwise(words)]
+            if grams:
+                idx = np.fromiter((_bucket(g, p.ngram_features) for g in grams), dtype=np.int64)
+                counts = np.bincount(idx, minlength=p.ngram_features).astype(np.float32)
+                out[row, gram_at:] = counts / float(np.linalg.norm(counts))
+        column = kind_at.get(r.kind)
+        if column is not None:
+            out[row, column] = 1.0
+        if r.model:
+            out[row, model_at + _bucket(r.model, p.model_buckets)] = 1.0
+    return out

@@ -1,0 +1,133 @@
+"""A quantile regression forest as plain arrays: tree traversal and leaf-sample quantiles in numpy.
+
+Meinshausen's QRF: a query falls into one leaf per tree; every training sample in that leaf gets
+weight 1/(T·|leaf|); the predicted distribution of the output length is the weighted set of those
+samples' lengths, and the q-bound is its weighted q-quantile. Conditioning on "already longer than
+g tokens" keeps only samples > g and renormalizes (JITServe §4.1 refinement without text).
+Holding the forest as arrays (not sklearn objects) lets it be stored without pickle and served
+without scikit-learn.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+F32 = npt.NDArray[np.float32]
+F64 = npt.NDArray[np.float64]
+I32 = npt.NDArray[np.int32]
+I64 = npt.NDArray[np.int64]
+
+
+def weighted_quantile(values: F64, weights: F64, q: float) -> float:
+    """Smallest value v with (weight of values ≤ v) ≥ q · total weight; NaN when there is no weight.
+
+    ``values`` must be sorted ascending.
+    """
+    total = float(weights.sum())
+    if total <= 0.0 or len(values) == 0:
+        return float("nan")
+    cum = np.cumsum(weights)
+    i = int(np.searchsorted(cum, q * total * (1.0 - 1e-12), side="left"))
+    return float(values[min(i, len(values) - 1)])
+
+
+def conditional_quantile(values: F64, weights: F64, q: float, above: float) -> float:
+    """q-quantile of the distribution restricted to values > ``above`` (sorted values); NaN if empty."""
+    start = int(np.searchsorted(values, above, side="right"))
+    return weighted_quantile(values[start:], weights[start:], q)
+
+
+@dataclass(frozen=True)
+class ArrayForest:
+    """Trees flattened into shared arrays; leaves point at slices of ``leaf_values`` (sorted lengths).
+
+    ``left``/``right`` are absolute node indices (−1 at leaves); ``roots`` the first node of each tree;
+    ``leaf_start``/``leaf_count`` index ``leaf_values`` for leaf nodes (0/0 elsewhere).
+    """
+
+    left: I32
+    right: I32
+    feature: I32
+    threshold: F64
+    roots: I32
+    leaf_start: I32
+    leaf_count: I32
+    leaf_values: F32
+    max_depth: int
+
+    @property
+    def n_trees(self) -> int:
+        return len(self.roots)
+
+    def leaves(self, x: F32) -> I64:
+        """Leaf node of every row in every tree, shape (rows, trees)."""
+        nodes = np.broadcast_to(self.roots.astype(np.int64), (x.shape[0], self.n_trees)).copy()
+        rows = np.arange(x.shape[0])[:, None]
+        for _ in range(self.max_depth + 1):
+            left = self.left[nodes]
+            inner = left >= 0
+            if not inner.any():
+                break
+            feat = self.feature[nodes]
+            go_left = x[rows, np.maximum(feat, 0)] <= self.threshold[nodes]
+            nodes = np.where(inner, np.where(go_left, left, self.right[nodes]), nodes)
+        return nodes
+
+    def distribution(self, leaves_row: I64) -> tuple[F64, F64]:
+        """Sorted lengths and their QRF weights for one query's leaves (one per tree)."""
+        starts = self.leaf_start[leaves_row]
+        counts = self.leaf_count[leaves_row]
+        idx = np.concatenate([np.arange(s, s + c) for s, c in zip(starts, counts, strict=True)])
+        vals = self.leaf_values[idx].astype(np.float64)
+        w = np.repeat(1.0 / (self.n_trees * counts.astype(np.float64)), counts)
+        order = np.argsort(vals, kind="stable")
+        return vals[order], w[order]
+
+    def arrays(self) -> dict[str, npt.NDArray[np.generic]]:
+        return {
+            "left": self.left,
+            "right": self.right,
+            "feature": self.feature,
+            "threshold": self.threshold,
+            "roots": self.roots,
+            "leaf_start": self.leaf_start,
+            "leaf_count": self.leaf_count,
+            "leaf_values": self.leaf_values,
+            "max_depth": np.asarray([self.max_depth], dtype=np.int32),
+        }
+
+    @classmethod
+    def from_arrays(cls, a: dict[str, npt.NDArray[np.generic]]) -> ArrayForest:
+        forest = cls(
+            left=np.asarray(a["left"], dtype=np.int32),
+            right=np.asarray(a["right"], dtype=np.int32),
+            feature=np.asarray(a["feature"], dtype=np.int32),
+            threshold=np.asarray(a["threshold"], dtype=np.float64),
+            roots=np.asarray(a["roots"], dtype=np.int32),
+            leaf_start=np.asarray(a["leaf_start"], dtype=np.int32),
+            leaf_count=np.asarray(a["leaf_count"], dtype=np.int32),
+            leaf_values=np.asarray(a["leaf_values"], dtype=np.float32),
+            max_depth=int(np.asarray(a["max_depth"]).reshape(-1)[0]),
+        )
+        forest.check()
+        return forest
+
+    def check(self) -> None:
+        """Reject inconsistent arrays (a corrupt file must fail loudly, never index out of bounds)."""
+        n = len(self.left)
+        same = len(self.right) == len(self.feature) == len(self.threshold) == len(self.leaf_start) == n
+        if not same or len(self.leaf_count) != n or n == 0 or len(self.roots) == 0:
+            raise ValueError("forest arrays have inconsistent lengths")
+        for arr in (self.left, self.right):
+            if arr.min() < -1 or arr.max() >= n:
+                raise ValueError("forest child index out of range")
+        if self.roots.min() < 0 or self.roots.max() >= n:
+            raise ValueError("forest root index out of range")
+        leaf = self.left < 0
+        if (self.leaf_count[leaf] <= 0).any():
+            raise ValueError("forest leaf without samples")
+        if (self.leaf_start + self.leaf_count).max() > len(self.leaf_values) or self.leaf_start.min() < 0:
+            raise ValueError("forest leaf slice out of range")
