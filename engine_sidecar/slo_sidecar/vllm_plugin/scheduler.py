@@ -102,6 +102,7 @@ class SLOScheduler(Scheduler):  # type: ignore[misc]
             self.slo_trace.event(
                 "admit",
                 request_id=data.req_id,
+                key=self._slo_key(data.req_id),
                 step=self.slo_bridge.step,
                 tokens=output.num_scheduled_tokens.get(data.req_id, 0),
             )
@@ -132,6 +133,14 @@ class SLOScheduler(Scheduler):  # type: ignore[misc]
         if self.slo_analyzer is None:
             return {}
         return self.slo_analyzer.bounds_if_fresh(self.slo_settings.stale_after_s)
+
+    def _slo_key(self, request_id: str) -> str:
+        """The sidecar's key of a request (its ``slo_request_key`` tag), else vLLM's id."""
+        if not self.slo_trace.enabled:
+            return request_id
+        request = self.requests.get(request_id)
+        tags = self.slo_bridge.tags(request) if request is not None else None
+        return (tags.request_key if tags else "") or request_id
 
     def _engine_view(self, now_s: float) -> EngineView:
         pool = self.kv_cache_manager.block_pool
@@ -175,6 +184,7 @@ class SLOScheduler(Scheduler):  # type: ignore[misc]
             "decide",
             step=self.slo_bridge.step,
             admit=list(decision.admit),
+            admit_keys=[self._slo_key(rid) for rid in decision.admit],
             preempt=list(decision.preempt),
             reject=list(decision.reject),
         )

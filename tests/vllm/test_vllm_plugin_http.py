@@ -1,0 +1,186 @@
+"""The scheduler plugin inside a real ``vllm serve`` (CPU build), driven over HTTP by the ``openai`` client.
+
+A vLLM OpenAI server is started with ``--scheduler-cls slo_sidecar.vllm_plugin.scheduler.SLOScheduler``
+and one sequence slot, so queued requests are admitted strictly in the order the plugin gives. The
+engine-side trace (``SLOFLEET_ENGINE_TRACE``) shows what the engine did.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("vllm")
+
+import httpx
+import openai
+
+from slo_core.engine_tags import EngineTags
+from slo_core.slo import RequestKind, SLOTargets
+
+pytestmark = pytest.mark.vllm
+
+SCHEDULER_CLS = "slo_sidecar.vllm_plugin.scheduler.SLOScheduler"
+PROMPT = "def add(a, b):\n    return a + b\n"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def wait_healthy(url: str, proc: subprocess.Popen[bytes], log: Path, timeout_s: float = 240.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"server exited with {proc.returncode}:\n{log.read_text()[-4000:]}")
+        try:
+            if httpx.get(f"{url}/health", timeout=1.0).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.5)
+    raise RuntimeError(f"server not healthy after {timeout_s} s:\n{log.read_text()[-4000:]}")
+
+
+@dataclass
+class VLLMServer:
+    url: str
+    trace: Path
+
+    def events(self, kind: str) -> list[dict[str, Any]]:
+        lines = self.trace.read_text().splitlines() if self.trace.exists() else []
+        return [e for e in map(json.loads, lines) if e["event"] == kind]
+
+
+def start_vllm(model: Path, workdir: Path, **env: str) -> tuple[subprocess.Popen[bytes], VLLMServer, Path]:
+    port = free_port()
+    trace = workdir / "engine-trace.jsonl"
+    log = workdir / "vllm.log"
+    child_env = {
+        **os.environ,
+        "TMPDIR": str(workdir),
+        "VLLM_CACHE_ROOT": str(workdir / "cache"),
+        "VLLM_ENABLE_V1_MULTIPROCESSING": "1",
+        "SLOFLEET_ENGINE_TRACE": str(trace),
+        **env,
+    }
+    cmd = [
+        sys.executable, "-m", "vllm.entrypoints.openai.api_server",
+        "--model", str(model), "--served-model-name", "tiny",
+        "--host", "127.0.0.1", "--port", str(port),
+        "--max-model-len", "512", "--enforce-eager", "--kv-cache-memory-bytes", str(64 << 20),
+        "--max-num-seqs", "1", "--scheduler-cls", SCHEDULER_CLS,
+    ]  # fmt: skip
+    with log.open("wb") as fh:
+        proc = subprocess.Popen(cmd, env=child_env, stdout=fh, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_healthy(url, proc, log)
+    except Exception:
+        proc.kill()
+        raise
+    return proc, VLLMServer(url, trace), log
+
+
+def stop(proc: subprocess.Popen[bytes]) -> None:
+    proc.terminate()
+    try:
+        proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+def xargs(deadline_s: float, key: str) -> dict[str, Any]:
+    tags = EngineTags(SLOTargets(RequestKind.DEADLINE, deadline_s=deadline_s), request_key=key)
+    return tags.to_xargs()
+
+
+def complete(client: openai.OpenAI, max_tokens: int, extra_body: dict[str, Any]) -> int:
+    out = client.completions.create(
+        model="tiny", prompt=PROMPT, max_tokens=max_tokens, extra_body={"ignore_eos": True, **extra_body}
+    )
+    assert out.usage is not None
+    return out.usage.completion_tokens
+
+
+def queue_behind_a_blocker(
+    client: openai.OpenAI, server: VLLMServer, deadlines: dict[str, float]
+) -> list[int]:
+    """Occupy the one slot with a long request, queue the others (in the given order), return lengths."""
+    with ThreadPoolExecutor(max_workers=len(deadlines) + 1) as pool:
+        blocker = pool.submit(complete, client, 120, {"vllm_xargs": xargs(1000.0, "blocker")})
+        deadline = time.monotonic() + 30
+        while not server.events("admit") and time.monotonic() < deadline:
+            time.sleep(0.05)
+        futures = []
+        for key, dl in deadlines.items():
+            futures.append(pool.submit(complete, client, 4, {"vllm_xargs": xargs(dl, key)}))
+            time.sleep(0.2)  # distinct arrival order
+        return [blocker.result(timeout=120), *(f.result(timeout=120) for f in futures)]
+
+
+@pytest.fixture(scope="module")
+def edf_server(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[VLLMServer]:
+    proc, server, _ = start_vllm(tiny_model, tmp_path_factory.mktemp("vllm-edf"), SLOFLEET_POLICY="edf")
+    try:
+        yield server
+    finally:
+        stop(proc)
+
+
+def test_served_requests_are_admitted_in_the_policys_order(edf_server: VLLMServer) -> None:
+    client = openai.OpenAI(base_url=f"{edf_server.url}/v1", api_key="unused", max_retries=0)
+    deadlines = {"d40": 40.0, "d10": 10.0, "d30": 30.0, "d20": 20.0}
+    lengths = queue_behind_a_blocker(client, edf_server, deadlines)
+    assert lengths == [120, 4, 4, 4, 4]
+    assert edf_server.events("start")[0]["policy"] == "edf"
+    admitted = [e["key"] for e in edf_server.events("admit")]
+    assert admitted == ["blocker", "d10", "d20", "d30", "d40"]  # arrival order was d40 d10 d30 d20
+    # the engine applied what the policy decided once all four were queued
+    decided = [e["admit_keys"] for e in edf_server.events("decide") if len(e["admit"]) == 4]
+    assert decided and decided[-1] == ["d10", "d20", "d30", "d40"]
+    assert not edf_server.events("degraded")
+
+
+@pytest.fixture(scope="module")
+def degraded_server(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[VLLMServer]:
+    proc, server, _ = start_vllm(
+        tiny_model,
+        tmp_path_factory.mktemp("vllm-degraded"),
+        SLOFLEET_POLICY="edf",
+        SLOFLEET_ANALYZER="127.0.0.1:9",
+        SLOFLEET_STALE_AFTER_S="0.5",
+    )
+    try:
+        yield server
+    finally:
+        stop(proc)
+
+
+def test_unreachable_sidecar_degrades_to_stock_order_without_failing_requests(
+    degraded_server: VLLMServer,
+) -> None:
+    client = openai.OpenAI(base_url=f"{degraded_server.url}/v1", api_key="unused", max_retries=0)
+    deadlines = {"d40": 40.0, "d10": 10.0, "d30": 30.0}
+    lengths = queue_behind_a_blocker(client, degraded_server, deadlines)
+    assert lengths == [120, 4, 4, 4]
+    assert degraded_server.events("degraded")
+    # stock vLLM order: first come, first served
+    assert [e["key"] for e in degraded_server.events("admit")] == ["blocker", "d40", "d10", "d30"]
+    assert not degraded_server.events("decide"), "with the analyzer unreachable the policy is not consulted"
+    metrics = httpx.get(f"{degraded_server.url}/metrics", timeout=5).text
+    assert "vllm:request_success_total" in metrics
