@@ -1,0 +1,92 @@
+"""``slofleet operator``: run the kopf operator (settings from ``SLOFLEET_OPERATOR_*``, flags override)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import threading
+from typing import Any
+
+import kopf
+
+from slo_operator.handlers import build_registry, post_event
+from slo_operator.kubeapi import KubeApi, load_configuration
+from slo_operator.reconcile import Reconciler
+from slo_operator.settings import OperatorSettings
+
+log = logging.getLogger(__name__)
+
+
+async def operate(
+    settings: OperatorSettings,
+    stop_flag: threading.Event | asyncio.Event | None = None,
+    ready_flag: threading.Event | asyncio.Event | None = None,
+) -> None:
+    """Run the operator until ``stop_flag`` is set (or forever)."""
+    api = KubeApi(load_configuration(), settings.field_manager, settings.request_timeout_s)
+    reconciler = Reconciler(api, settings, events=post_event)
+    registry = build_registry(reconciler)
+    log.info("slofleet operator: %s", settings.describe())
+    liveness = f"http://0.0.0.0:{settings.liveness_port}/healthz" if settings.liveness_port else None
+    try:
+        await kopf.operator(
+            registry=registry,
+            standalone=settings.peering is None,
+            peering_name=settings.peering,
+            priority=settings.priority,
+            clusterwide=not settings.namespaces,
+            namespaces=settings.namespaces,
+            liveness_endpoint=liveness,
+            stop_flag=stop_flag,
+            ready_flag=ready_flag,
+        )
+    finally:
+        api.close()
+
+
+def register(parser: argparse.ArgumentParser) -> None:
+    """Run the operator: ModelDeployments and SLOPolicies become SLO-aware vLLM fleets."""
+    parser.add_argument(
+        "--namespace",
+        action="append",
+        dest="namespaces",
+        help="namespace to watch (repeatable; default: SLOFLEET_OPERATOR_NAMESPACES, else all)",
+    )
+    parser.add_argument("--image", help="slofleet image for sidecars and the plugin init container")
+    parser.add_argument("--engine-image", help="default vLLM image of engine pods")
+    peering = parser.add_mutually_exclusive_group()
+    peering.add_argument("--peering", help="kopf peering object for leader election between replicas")
+    peering.add_argument("--standalone", action="store_true", help="no leader election (one replica)")
+    parser.add_argument("--priority", type=int, help="peering priority of this replica")
+    parser.add_argument("--liveness-port", type=int, help="port of /healthz (0 disables it)")
+    parser.add_argument("--drain-s", type=int, help="seconds a terminating engine pod gets to drain")
+    parser.set_defaults(func=run)
+
+
+def settings_from_args(args: argparse.Namespace) -> OperatorSettings:
+    overrides: dict[str, Any] = {
+        "namespaces": tuple(args.namespaces) if args.namespaces else None,
+        "image": args.image,
+        "engine_image": args.engine_image,
+        "peering": args.peering,
+        "priority": args.priority,
+        "drain_s": args.drain_s,
+    }
+    settings = OperatorSettings.from_env(**overrides)
+    changes: dict[str, Any] = {}
+    if args.standalone:
+        changes["peering"] = None
+    if args.liveness_port is not None:
+        changes["liveness_port"] = args.liveness_port or None
+    return settings.model_copy(update=changes) if changes else settings
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        settings = settings_from_args(args)
+    except ValueError as exc:
+        log.error("invalid operator settings: %s", exc)
+        return 2
+    asyncio.run(operate(settings))
+    return 0

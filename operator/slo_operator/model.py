@@ -1,0 +1,112 @@
+"""The operator's view of a ModelDeployment: the fields rendering needs, read from the custom resource body.
+
+``slo_core.crd``'s pydantic model validates the spec (and fills its defaults); this module maps it to the
+plain values the renderer uses, so the renderer stays a pure function of plain data.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from pydantic import ValidationError
+
+from slo_core.crd.deployment import ModelDeploymentSpec
+from slo_core.crd.errors import validation_problems
+
+API_GROUP = "slofleet.io"
+API_VERSION = "v1alpha1"
+MD_PLURAL = "modeldeployments"
+POLICY_PLURAL = "slopolicies"
+
+
+@dataclass(frozen=True)
+class ModelSource:
+    """Where the weights come from: exactly one of a Hugging Face id, a PVC path or a URI."""
+
+    hf_id: str | None = None
+    hf_revision: str | None = None
+    hf_token_secret: str | None = None
+    hf_token_key: str = "token"  # noqa: S105 - the key inside the Secret, not a credential
+    pvc_claim: str | None = None
+    pvc_path: str = ""
+    uri: str | None = None
+
+
+@dataclass(frozen=True)
+class ModelDeploymentView:
+    """Everything the desired children of one ModelDeployment depend on."""
+
+    name: str
+    namespace: str
+    uid: str
+    generation: int
+    served_name: str
+    source: ModelSource
+    policy: str
+    replicas: int = 1
+    gpu_count: int = 1
+    gpu_type: str | None = None
+    gpu_resource: str = "nvidia.com/gpu"
+    node_selector: dict[str, str] = field(default_factory=dict)
+    tolerations: list[dict[str, Any]] = field(default_factory=list)
+    engine_image: str | None = None
+    tensor_parallel_size: int = 1
+    max_model_len: int | None = None
+    dtype: str | None = None
+    kv_cache_fraction: float | None = None
+    max_num_seqs: int | None = None
+    max_num_batched_tokens: int | None = None
+    extra_args: list[str] = field(default_factory=list)
+    sidecar_image: str | None = None
+    sidecar_resources: dict[str, Any] = field(default_factory=dict)
+    context_length: int | None = None
+    gpu_class: str | None = None
+    lora_adapters: list[tuple[str, str]] = field(default_factory=list)  # (name, source)
+
+
+def view(body: dict[str, Any]) -> ModelDeploymentView:
+    """Read a ModelDeployment body into a :class:`ModelDeploymentView` (``ValueError`` on an invalid spec)."""
+    meta = body.get("metadata", {})
+    try:
+        spec = ModelDeploymentSpec.model_validate(body.get("spec") or {})
+    except ValidationError as exc:
+        raise ValueError("; ".join(validation_problems(exc, "spec"))) from None
+    src = spec.model.source
+    token = spec.model.hf_token_secret
+    return ModelDeploymentView(
+        name=meta["name"],
+        namespace=meta.get("namespace") or "default",
+        uid=meta.get("uid", ""),
+        generation=int(meta.get("generation") or 1),
+        served_name=spec.model.served_name,
+        source=ModelSource(
+            hf_id=src.hf_id,
+            hf_revision=src.revision,
+            hf_token_secret=token.name if token else None,
+            hf_token_key=token.key if token else "token",
+            pvc_claim=src.pvc.claim_name if src.pvc else None,
+            pvc_path=src.pvc.path if src.pvc else "",
+            uri=src.uri,
+        ),
+        policy=spec.policy_ref,
+        replicas=spec.replicas.min,
+        gpu_count=spec.gpu.count,
+        gpu_type=spec.gpu.type,
+        gpu_resource=spec.gpu.resource_name,
+        node_selector=dict(spec.gpu.node_selector),
+        tolerations=[t.model_dump(by_alias=True, exclude_none=True) for t in spec.gpu.tolerations],
+        engine_image=spec.engine.image if "image" in spec.engine.model_fields_set else None,
+        tensor_parallel_size=spec.engine.tensor_parallel_size,
+        max_model_len=spec.engine.max_model_len,
+        dtype=spec.engine.dtype,
+        kv_cache_fraction=spec.engine.gpu_memory_utilization,
+        max_num_seqs=spec.engine.max_num_seqs,
+        max_num_batched_tokens=spec.engine.max_num_batched_tokens,
+        extra_args=list(spec.engine.extra_args),
+        sidecar_image=spec.sidecar.image if "image" in spec.sidecar.model_fields_set else None,
+        sidecar_resources=spec.sidecar.resources.model_dump(exclude_defaults=True),
+        context_length=spec.context_tokens(),
+        gpu_class=spec.gpu_class(),
+        lora_adapters=[(a.name, a.source) for a in spec.capabilities.lora_adapters],
+    )

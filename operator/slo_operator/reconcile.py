@@ -1,0 +1,197 @@
+"""Converge one ModelDeployment: read it and its policy, apply its children, write its status.
+
+Every path (the ModelDeployment changed, its policy changed, its Deployment changed) calls
+:meth:`Reconciler.converge`, which reads the current state fresh, so it is idempotent and safe to repeat:
+re-applying unchanged children and re-writing an unchanged status change nothing on the server.
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from slo_operator import render, status
+from slo_operator.kubeapi import ApiError, KubeApi
+from slo_operator.model import API_GROUP, API_VERSION, MD_PLURAL, POLICY_PLURAL, ModelDeploymentView, view
+from slo_operator.policy import PolicyInvalid, policy_config
+from slo_operator.settings import OperatorSettings
+
+log = logging.getLogger(__name__)
+
+GROUP_VERSION = f"{API_GROUP}/{API_VERSION}"
+# (object body, event type Normal/Warning, reason, message)
+EventFn = Callable[[dict[str, Any], str, str, str], None]
+
+
+def utc_now() -> str:
+    return datetime.datetime.now(tz=datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _no_events(_body: dict[str, Any], _type: str, _reason: str, _message: str) -> None:
+    return None
+
+
+class Reconciler:
+    """Converges ModelDeployments and reports SLOPolicy validity; one lock per object."""
+
+    def __init__(
+        self,
+        api: KubeApi,
+        settings: OperatorSettings,
+        events: EventFn = _no_events,
+        clock: Callable[[], str] = utc_now,
+    ) -> None:
+        self.api, self.settings, self.events, self.clock = api, settings, events, clock
+        self._locks: dict[tuple[str, str], threading.Lock] = {}
+        self._guard = threading.Lock()
+
+    def _lock(self, namespace: str, name: str) -> threading.Lock:
+        with self._guard:
+            return self._locks.setdefault((namespace, name), threading.Lock())
+
+    # ------------------------------------------------------------------------------------ policy
+
+    def policy_state(
+        self, namespace: str, name: str
+    ) -> tuple[status.PolicyState, render.PolicyConfig | None]:
+        body = self.api.get(GROUP_VERSION, POLICY_PLURAL, namespace, name)
+        if body is None:
+            message = (
+                f'SLOPolicy "{name}" not found in namespace "{namespace}": create it, or set spec.policyRef '
+                "to an existing SLOPolicy"
+            )
+            return status.PolicyState(False, "PolicyNotFound", message), None
+        if body["metadata"].get("deletionTimestamp"):
+            return status.PolicyState(False, "PolicyNotFound", f'SLOPolicy "{name}" is being deleted'), None
+        try:
+            config = policy_config(body)
+        except PolicyInvalid as exc:
+            return status.PolicyState(False, "PolicyInvalid", f'SLOPolicy "{name}" is invalid: {exc}'), None
+        return status.PolicyState(True), config
+
+    def report_policy(self, body: dict[str, Any], deployments: int) -> None:
+        """Write an SLOPolicy's own status: Ready, or Invalid with every problem in the Degraded condition."""
+        meta = body["metadata"]
+        if meta.get("deletionTimestamp"):
+            return
+        try:
+            policy_config(body)
+            problem = ""
+        except PolicyInvalid as exc:
+            problem = str(exc)
+        generation = int(meta.get("generation") or 1)
+        conds = [
+            ("Ready", "False", "PolicyInvalid", problem) if problem else ("Ready", "True", "PolicyValid", ""),
+            ("Degraded", "True", "PolicyInvalid", problem)
+            if problem
+            else ("Degraded", "False", "AsExpected", ""),
+        ]
+        old = body.get("status") or {}
+        new = {
+            "observedGeneration": generation,
+            "phase": "Invalid" if problem else "Ready",
+            "conditions": status.conditions(conds, old, generation, self.clock()),
+            "deployments": deployments,
+        }
+        if status.same(old, new):
+            return
+        self.api.patch_status(GROUP_VERSION, POLICY_PLURAL, meta["namespace"], meta["name"], new)
+        if old.get("phase") != new["phase"]:
+            if problem:
+                self.events(body, "Warning", "PolicyInvalid", problem[:1000])
+            else:
+                self.events(
+                    body, "Normal", "PolicyValid", "the policy is valid and rendered for its deployments"
+                )
+
+    # -------------------------------------------------------------------------------- deployment
+
+    def converge(self, namespace: str, name: str, apply: bool = True) -> str | None:
+        """Bring one ModelDeployment's children and status up to date; returns its phase (None: gone)."""
+        with self._lock(namespace, name):
+            body = self.api.get(GROUP_VERSION, MD_PLURAL, namespace, name)
+            if body is None or body["metadata"].get("deletionTimestamp"):
+                return None
+            try:
+                md = view(body)
+            except ValueError as exc:
+                return self._write_invalid_spec(body, str(exc))
+            policy, config = self.policy_state(namespace, md.policy)
+            dep = None
+            if config is not None and apply:
+                for obj in render.children(md, config, self.settings):
+                    applied = self.api.apply(obj)
+                    if obj["kind"] == "Deployment":
+                        dep = applied
+            else:  # without a usable policy the existing pods keep their last good configuration
+                dep = self.api.get("apps/v1", "deployments", namespace, name)
+            pods = self._pods(md) if dep is not None else []
+            return self._write_status(body, md, policy, dep, pods)
+
+    def _pods(self, md: ModelDeploymentView) -> list[dict[str, Any]]:
+        selector = ",".join(f"{k}={v}" for k, v in render.selector_labels(md).items())
+        path = f"/api/v1/namespaces/{md.namespace}/pods"
+        return list(self.api.request("GET", path, query=[("labelSelector", selector)]).get("items") or [])
+
+    def _write_status(
+        self,
+        body: dict[str, Any],
+        md: ModelDeploymentView,
+        policy: status.PolicyState,
+        dep: dict[str, Any] | None,
+        pods: list[dict[str, Any]],
+    ) -> str:
+        obs = status.observe(md, policy, dep)
+        old = body.get("status") or {}
+        config_map = render.config_map_name(md) if dep is not None else None
+        new = status.status(md, obs, self.settings, old, self.clock(), pods=pods, config_map=config_map)
+        if not status.same(old, new):
+            self.api.patch_status(GROUP_VERSION, MD_PLURAL, md.namespace, md.name, new)
+            log.info("ModelDeployment %s/%s: phase %s", md.namespace, md.name, new["phase"])
+        if old.get("phase") != new["phase"]:
+            self._announce(body, new)
+        return str(new["phase"])
+
+    def _write_invalid_spec(self, body: dict[str, Any], problem: str) -> str:
+        meta = body["metadata"]
+        generation = int(meta.get("generation") or 1)
+        old = body.get("status") or {}
+        conds = [
+            ("Ready", "False", "InvalidSpec", problem),
+            ("Progressing", "False", "InvalidSpec", problem),
+            ("Degraded", "True", "InvalidSpec", problem),
+        ]
+        new = {
+            **old,
+            "phase": "Failed",
+            "observedGeneration": generation,
+            "conditions": status.conditions(conds, old, generation, self.clock()),
+        }
+        if not status.same(old, new):
+            self.api.patch_status(GROUP_VERSION, MD_PLURAL, meta["namespace"], meta["name"], new)
+        if old.get("phase") != "Failed":
+            self._announce(body, new)
+        return "Failed"
+
+    def _announce(self, body: dict[str, Any], new: dict[str, Any]) -> None:
+        """A Kubernetes Event for a phase transition, with the reason of the condition that explains it."""
+        by_type = {c["type"]: c for c in new["conditions"]}
+        phase = new["phase"]
+        if phase in ("Degraded", "Failed"):
+            cond = by_type["Degraded"]
+            self.events(body, "Warning", cond["reason"], cond["message"][:1000])
+        elif phase == "Ready":
+            self.events(body, "Normal", "Ready", by_type["Ready"]["message"])
+        else:
+            self.events(body, "Normal", phase, by_type.get("Progressing", by_type["Ready"])["message"])
+
+
+def safe(fn: Callable[[], Any], what: str) -> None:
+    """Run ``fn``; log an API refusal instead of raising (for event handlers, which kopf does not retry)."""
+    try:
+        fn()
+    except ApiError as exc:
+        log.warning("%s: %s", what, exc)

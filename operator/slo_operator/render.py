@@ -1,0 +1,175 @@
+"""Pure rendering of what one ModelDeployment becomes: a Deployment, a Service, a ConfigMap and a PDB.
+
+Deterministic functions of plain data (no clock, no I/O), so re-applying them changes nothing and golden
+files pin them. Every child carries the same labels, which the router selects on, and a controller owner
+reference to the ModelDeployment, so deleting it collects them.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from slo_operator import pod
+from slo_operator.model import API_GROUP, API_VERSION, ModelDeploymentView
+from slo_operator.settings import OperatorSettings
+
+MANAGED_BY = "slofleet-operator"
+ENGINE_NAME = "slofleet-engine"
+MD_LABEL = "slofleet.io/model-deployment"
+POLICY_LABEL = "slofleet.io/policy"
+
+
+@dataclass(frozen=True)
+class PolicyConfig:
+    """An SLOPolicy ready for the pods: the sidecar's config file and the engine plugin's policy."""
+
+    name: str
+    text: str
+    engine_policy: str
+    engine_params: dict[str, Any] = field(default_factory=dict)
+
+
+def selector_labels(md: ModelDeploymentView) -> dict[str, str]:
+    """The labels that select the engine pods of one ModelDeployment (the router uses them too)."""
+    return {"app.kubernetes.io/name": ENGINE_NAME, MD_LABEL: md.name}
+
+
+def pod_labels(md: ModelDeploymentView) -> dict[str, str]:
+    """Labels of the engine pods (no policy name: switching policies must not restart vLLM)."""
+    return {
+        **selector_labels(md),
+        "app.kubernetes.io/instance": md.name,
+        "app.kubernetes.io/component": "engine",
+        "app.kubernetes.io/part-of": "slofleet",
+        "app.kubernetes.io/managed-by": MANAGED_BY,
+    }
+
+
+def labels(md: ModelDeploymentView) -> dict[str, str]:
+    """Labels of the children: the pods' labels plus the policy they follow."""
+    return {**pod_labels(md), POLICY_LABEL: md.policy}
+
+
+def owner_reference(md: ModelDeploymentView) -> dict[str, Any]:
+    return {
+        "apiVersion": f"{API_GROUP}/{API_VERSION}",
+        "kind": "ModelDeployment",
+        "name": md.name,
+        "uid": md.uid,
+        "controller": True,
+        "blockOwnerDeletion": True,
+    }
+
+
+def _meta(md: ModelDeploymentView, name: str, annotations: dict[str, str] | None = None) -> dict[str, Any]:
+    meta: dict[str, Any] = {
+        "name": name,
+        "namespace": md.namespace,
+        "labels": labels(md),
+        "ownerReferences": [owner_reference(md)],
+    }
+    if annotations:
+        meta["annotations"] = annotations
+    return meta
+
+
+def config_map_name(md: ModelDeploymentView) -> str:
+    return f"{md.name}-policy"
+
+
+def pod_annotations(md: ModelDeploymentView, settings: OperatorSettings) -> dict[str, str]:
+    """What the router reads about a pod besides its labels: ports, served model and capabilities."""
+    notes = {
+        "slofleet.io/served-model": md.served_name,
+        "slofleet.io/http-port": str(settings.sidecar_http_port),
+        "slofleet.io/grpc-port": str(settings.sidecar_grpc_port),
+    }
+    context = md.context_length or md.max_model_len
+    if context:
+        notes["slofleet.io/context-length"] = str(context)
+    if md.gpu_class or md.gpu_type:
+        notes["slofleet.io/gpu-class"] = str(md.gpu_class or md.gpu_type)
+    if md.lora_adapters:
+        notes["slofleet.io/lora-adapters"] = ",".join(name for name, _ in md.lora_adapters)
+    return notes
+
+
+def deployment(md: ModelDeploymentView, settings: OperatorSettings) -> dict[str, Any]:
+    """The engine Deployment. Rolls one pod at a time without surging, since GPUs are the scarce resource."""
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": _meta(md, md.name),
+        "spec": {
+            "replicas": md.replicas,
+            "selector": {"matchLabels": selector_labels(md)},
+            "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1}},
+            "progressDeadlineSeconds": 1800,
+            "revisionHistoryLimit": 3,
+            "template": {
+                "metadata": {"labels": pod_labels(md), "annotations": pod_annotations(md, settings)},
+                "spec": pod.pod_spec(md, settings, config_map_name(md)),
+            },
+        },
+    }
+
+
+def service(md: ModelDeploymentView, settings: OperatorSettings) -> dict[str, Any]:
+    """The pods' Service: the sidecar's HTTP front door and its gRPC state stream."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": _meta(md, md.name),
+        "spec": {
+            "type": "ClusterIP",
+            "selector": selector_labels(md),
+            "ports": [
+                {"name": "http", "port": settings.sidecar_http_port, "targetPort": "http", "protocol": "TCP"},
+                {
+                    "name": "grpc",
+                    "port": settings.sidecar_grpc_port,
+                    "targetPort": "grpc",
+                    "protocol": "TCP",
+                    "appProtocol": "kubernetes.io/h2c",
+                },
+            ],
+        },
+    }
+
+
+def config_map(md: ModelDeploymentView, policy: PolicyConfig) -> dict[str, Any]:
+    """The rendered policy: the sidecar's hot-reloaded file and the engine plugin's policy and parameters."""
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": _meta(md, config_map_name(md)),
+        "data": {
+            pod.POLICY_FILE: policy.text,
+            pod.ENGINE_POLICY_KEY: policy.engine_policy,
+            pod.ENGINE_PARAMS_KEY: json.dumps(policy.engine_params, sort_keys=True, separators=(",", ":")),
+        },
+    }
+
+
+def pod_disruption_budget(md: ModelDeploymentView) -> dict[str, Any]:
+    """At most one engine pod voluntarily evicted at a time (a single replica can still be drained)."""
+    return {
+        "apiVersion": "policy/v1",
+        "kind": "PodDisruptionBudget",
+        "metadata": _meta(md, md.name),
+        "spec": {"maxUnavailable": 1, "selector": {"matchLabels": selector_labels(md)}},
+    }
+
+
+def children(
+    md: ModelDeploymentView, policy: PolicyConfig, settings: OperatorSettings
+) -> list[dict[str, Any]]:
+    """Every object the ModelDeployment owns, in apply order (the ConfigMap before the pods that mount it)."""
+    return [
+        config_map(md, policy),
+        service(md, settings),
+        pod_disruption_budget(md),
+        deployment(md, settings),
+    ]

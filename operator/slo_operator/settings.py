@@ -1,0 +1,85 @@
+"""Operator settings: from ``SLOFLEET_OPERATOR_*`` environment variables, overridden by command-line flags.
+
+Nothing here is secret; :meth:`OperatorSettings.describe` is what the operator logs at startup.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+from collections.abc import Mapping
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+DEFAULT_IMAGE = "ghcr.io/slofleet/slofleet:0.1.0"
+DEFAULT_ENGINE_IMAGE = "vllm/vllm-openai:v0.32.0"  # the scheduler plugin is pinned to vLLM 0.32
+ENV_PREFIX = "SLOFLEET_OPERATOR_"
+
+
+class OperatorSettings(BaseModel):
+    """Everything the operator needs besides the objects it watches."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    namespaces: tuple[str, ...] = Field(
+        default=(), description="namespaces to watch; empty means every namespace (cluster-wide)"
+    )
+    image: str = Field(
+        default=DEFAULT_IMAGE,
+        description="the slofleet image of sidecars and the plugin-copying init container (a ModelDeployment "
+        "may override the sidecar's)",
+    )
+    engine_image: str = Field(
+        default=DEFAULT_ENGINE_IMAGE,
+        description="the vLLM image of engine pods (a ModelDeployment may override)",
+    )
+    image_pull_policy: str = Field(
+        default="IfNotPresent", description="pull policy of the slofleet containers"
+    )
+    field_manager: str = Field(default="slofleet-operator", description="server-side apply field manager")
+    peering: str | None = Field(
+        default=None, description="kopf peering object for leader election; None runs standalone"
+    )
+    priority: int = Field(
+        default_factory=lambda: random.randint(1, 1_000_000),
+        description="peering priority; distinct per replica so exactly one replica is active",
+    )
+    liveness_port: int | None = Field(
+        default=8080, description="port of the liveness endpoint (/healthz); None disables it"
+    )
+    sidecar_http_port: int = Field(default=8000, description="sidecar HTTP port (the pod's front door)")
+    sidecar_grpc_port: int = Field(
+        default=50051, description="sidecar gRPC port (state stream for the router)"
+    )
+    engine_port: int = Field(default=8001, description="vLLM's OpenAI server port inside the pod")
+    drain_s: int = Field(
+        default=120,
+        description="seconds a terminating pod gets to drain in-flight requests before it is killed",
+    )
+    request_timeout_s: float = Field(default=30.0, description="timeout of every Kubernetes API call")
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> OperatorSettings:
+        """Settings from ``SLOFLEET_OPERATOR_<FIELD>`` variables (namespaces comma-separated), then overrides.
+
+        ``ValueError`` (pydantic's) names the field when a value does not parse.
+        """
+        env = os.environ if environ is None else environ
+        values: dict[str, Any] = {}
+        for name in cls.model_fields:
+            raw = env.get(ENV_PREFIX + name.upper())
+            if raw is None or raw == "":
+                continue
+            if name == "namespaces":
+                values[name] = tuple(ns.strip() for ns in raw.split(",") if ns.strip())
+            else:
+                values[name] = raw
+        values.update({k: v for k, v in overrides.items() if v is not None})
+        return cls.model_validate(values)
+
+    def describe(self) -> str:
+        """A one-line summary for the startup log (no secrets exist in settings)."""
+        scope = ",".join(self.namespaces) if self.namespaces else "cluster-wide"
+        peering = f"peering={self.peering} priority={self.priority}" if self.peering else "standalone"
+        return f"scope={scope} image={self.image} {peering} field_manager={self.field_manager}"
