@@ -8,7 +8,7 @@ and the pydantic validators state the same cross-field rules side by side.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
@@ -36,6 +36,15 @@ class CRDModel(BaseModel):
         alias_generator=to_camel,
         validate_default=False,
     )
+
+
+def list_map(*keys: str) -> dict[str, Any]:
+    """``json_schema_extra`` of a list of objects keyed (and made unique) by ``keys`` (server-side apply)."""
+    return {"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": list(keys)}
+
+
+LIST_SET: dict[str, Any] = {"x-kubernetes-list-type": "set"}
+ShortName = Annotated[str, Field(min_length=1, max_length=NAME_MAX_CHARS)]
 
 
 def Name(description: str) -> Any:

@@ -8,7 +8,7 @@ LoRA adapters).
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import ConfigDict, Field, model_validator
 
@@ -16,6 +16,7 @@ from slo_core.crd.common import CRDModel, Name, ObjectMeta, SecretKeyRef, cel
 from slo_core.crd.status import ModelDeploymentStatus
 
 Quantity = int | str
+Arg = Annotated[str, Field(max_length=4096)]
 
 
 class PVCSource(CRDModel):
@@ -149,7 +150,7 @@ class EngineSpec(CRDModel):
     )
     max_num_seqs: int | None = Field(None, ge=1, description="most requests in one batch (requests)")
     max_num_batched_tokens: int | None = Field(None, ge=1, description="most tokens in one step (tokens)")
-    extra_args: list[str] = Field(
+    extra_args: list[Arg] = Field(
         default_factory=list, max_length=64, description="further vLLM command-line arguments, verbatim"
     )
 
@@ -201,7 +202,7 @@ class ModelDeploymentSpec(CRDModel):
     model_config = ConfigDict(
         json_schema_extra=cel(
             (
-                "self.engine.tensorParallelSize <= self.gpu.count",
+                "!has(self.engine) || self.engine.tensorParallelSize <= self.gpu.count",
                 "engine.tensorParallelSize must not exceed gpu.count",
             )
         )

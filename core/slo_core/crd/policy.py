@@ -10,11 +10,11 @@ that must exist elsewhere in the spec, policy names and parameters) are checked 
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import ConfigDict, Field, model_validator
 
-from slo_core.crd.common import CRDModel, Name, ObjectMeta, SecretKeyRef, cel
+from slo_core.crd.common import LIST_SET, CRDModel, Name, ObjectMeta, SecretKeyRef, ShortName, cel, list_map
 from slo_core.crd.status import SLOPolicyStatus
 from slo_core.gain import GainParams
 from slo_core.slo import PriorityClass, RequestKind, SLOTier
@@ -24,6 +24,7 @@ MAX_TIERS = 32
 MAX_TENANTS = 256
 MAX_STAGES = 32
 
+StageShare = Annotated[float, Field(gt=0, le=1)]
 TierKind = Literal["latency", "deadline", "compound", "best-effort"]
 
 
@@ -78,7 +79,7 @@ class TierSpec(CRDModel):
     priority_class: str = Field(
         ..., min_length=1, max_length=63, description="name of one of spec.priorityClasses"
     )
-    stage_deadline_share: list[float] | None = Field(
+    stage_deadline_share: list[StageShare] | None = Field(
         None,
         min_length=1,
         max_length=MAX_STAGES,
@@ -122,10 +123,11 @@ class TenantSpec(CRDModel):
             "(usable only where the router does not require keys)"
         ),
     )
-    allowed_tiers: list[str] = Field(
+    allowed_tiers: list[ShortName] = Field(
         ...,
         min_length=1,
         max_length=MAX_TIERS,
+        json_schema_extra=LIST_SET,
         description="names of spec.tiers this tenant may ask for",
     )
     default_tier: str | None = Field(
@@ -208,14 +210,23 @@ class SLOPolicySpec(CRDModel):
     )
 
     priority_classes: list[PriorityClassSpec] = Field(
-        ..., min_length=1, max_length=MAX_PRIORITY_CLASSES, description="priority classes and their weights"
+        ...,
+        min_length=1,
+        max_length=MAX_PRIORITY_CLASSES,
+        json_schema_extra=list_map("name"),
+        description="priority classes and their weights",
     )
-    tiers: list[TierSpec] = Field(..., min_length=1, max_length=MAX_TIERS, description="SLO tiers")
+    tiers: list[TierSpec] = Field(
+        ..., min_length=1, max_length=MAX_TIERS, json_schema_extra=list_map("name"), description="SLO tiers"
+    )
     default_tier: str = Field(
         ..., min_length=1, max_length=63, description="tier of requests that name none (one of spec.tiers)"
     )
     tenants: list[TenantSpec] = Field(
-        default_factory=list, max_length=MAX_TENANTS, description="tenants allowed to send requests"
+        default_factory=list,
+        max_length=MAX_TENANTS,
+        json_schema_extra=list_map("name"),
+        description="tenants allowed to send requests",
     )
     admission: AdmissionSpec = Field(default_factory=AdmissionSpec, description="admission control")
     goodput: GoodputSpec = Field(default_factory=GoodputSpec, description="goodput function to maximize")

@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from slo_core.crd.common import Condition, CRDModel
+from slo_core.crd.common import Condition, CRDModel, list_map
 
 PolicyPhase = Literal["Pending", "Ready", "Invalid"]
 DeploymentPhase = Literal["Pending", "Progressing", "Ready", "Degraded", "Failed"]
@@ -22,7 +22,10 @@ class SLOPolicyStatus(CRDModel):
         None, description="Ready: accepted and rendered; Invalid: see the Degraded condition's message"
     )
     conditions: list[Condition] = Field(
-        default_factory=list, max_length=8, description="Ready / Progressing / Degraded conditions"
+        default_factory=list,
+        max_length=8,
+        json_schema_extra=list_map("type"),
+        description="Ready / Progressing / Degraded conditions",
     )
     deployments: int | None = Field(None, ge=0, description="number of ModelDeployments that reference it")
 
@@ -56,10 +59,16 @@ class ModelDeploymentStatus(CRDModel):
         None, ge=0, description="pods running the current spec and policy (replicas)"
     )
     endpoints: list[EndpointStatus] = Field(
-        default_factory=list, max_length=1024, description="serving pods and their sidecar addresses"
+        default_factory=list,
+        max_length=1024,
+        json_schema_extra=list_map("pod"),
+        description="serving pods and their sidecar addresses",
     )
     conditions: list[Condition] = Field(
-        default_factory=list, max_length=8, description="Ready / Progressing / Degraded conditions"
+        default_factory=list,
+        max_length=8,
+        json_schema_extra=list_map("type"),
+        description="Ready / Progressing / Degraded conditions",
     )
     policy_config_map: str | None = Field(
         None, max_length=253, description="name of the ConfigMap holding the rendered SLOPolicy"
