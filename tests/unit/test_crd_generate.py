@@ -1,4 +1,4 @@
-"""The committed CRDs are exactly what the models render, Kubernetes accepts them, and `slofleet crds` works."""
+"""The committed CRDs are what the models render, Kubernetes accepts them, and `slofleet crds` works."""
 
 from __future__ import annotations
 
@@ -54,7 +54,9 @@ def _nodes(node: dict[str, Any], path: str = "") -> list[tuple[str, dict[str, An
     return out
 
 
-@pytest.mark.parametrize("crd", [slopolicy_crd(), modeldeployment_crd()], ids=["SLOPolicy", "ModelDeployment"])
+@pytest.mark.parametrize(
+    "crd", [slopolicy_crd(), modeldeployment_crd()], ids=["SLOPolicy", "ModelDeployment"]
+)
 def test_schemas_are_structural_and_documented(crd: dict[str, Any]) -> None:
     schema = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
     for path, node in _nodes(schema["properties"]["spec"], ".spec") + _nodes(
@@ -74,6 +76,10 @@ def test_schemas_are_structural_and_documented(crd: dict[str, Any]) -> None:
             assert node["default"] in node["enum"], path
 
 
+def _columns(crd: dict[str, Any]) -> dict[str, str]:
+    return {c["name"]: c["jsonPath"] for c in crd["spec"]["versions"][0]["additionalPrinterColumns"]}
+
+
 def test_crds_carry_names_columns_status_and_cel_rules() -> None:
     policy, deployment = slopolicy_crd(), modeldeployment_crd()
     assert policy["spec"]["names"]["shortNames"] == ["slo"]
@@ -82,12 +88,12 @@ def test_crds_carry_names_columns_status_and_cel_rules() -> None:
         version = crd["spec"]["versions"][0]
         assert version["subresources"] == {"status": {}}
         assert crd["spec"]["scope"] == "Namespaced"
-    md_columns = {c["name"]: c["jsonPath"] for c in deployment["spec"]["versions"][0]["additionalPrinterColumns"]}
+    md_columns = _columns(deployment)
     assert md_columns["Phase"] == ".status.phase"
     assert md_columns["Ready"] == ".status.readyReplicas"
     assert md_columns["Model"] == ".spec.model.servedName"
     assert md_columns["Policy"] == ".spec.policyRef"
-    slo_columns = {c["name"]: c["jsonPath"] for c in policy["spec"]["versions"][0]["additionalPrinterColumns"]}
+    slo_columns = _columns(policy)
     assert slo_columns["Tiers"] == ".spec.tiers[*].name"
     assert slo_columns["Default"] == ".spec.defaultTier"
     spec = policy["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
@@ -106,7 +112,9 @@ def main(argv: list[str]) -> int:
     return code
 
 
-def test_cli_check_reports_drift_and_write_fixes_it(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_cli_check_reports_drift_and_write_fixes_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     assert main(["crds", "--check", "--root", str(tmp_path)]) == 1
     assert "stale: crds/slopolicies.slofleet.io.yaml" in capsys.readouterr().err
     assert main(["crds", "--root", str(tmp_path)]) == 0
