@@ -1,7 +1,8 @@
 """Build a seeded workload (a list of Jobs) from a WorkloadSpec: arrivals, kinds, SLOs, priorities.
 
-Arrivals replay a trace with its times scaled to the target rate (``arrival="trace"``; a trace
-shorter than the run is replayed again after itself) or follow a Poisson process at the target
+Arrivals replay a trace with its times scaled to the target rate (``arrival="trace"``: the first
+rate × duration requests, stretched to the duration; a trace shorter than that is replayed again
+after itself) or follow a Poisson process at the target
 rate with lengths drawn from the trace (``arrival="poisson"``). Each arrival becomes a latency,
 deadline or compound request by the ``mix`` ratio (JITServe §6.1 default 1:1:1): single requests
 keep the trace's lengths, compound ones draw a DAG (slo_core.workloads.dags). SLOs are JITServe
@@ -100,14 +101,16 @@ def _arrivals(spec: WorkloadSpec, trace: Trace, rng: np.random.Generator) -> tup
     natural = trace.rate_rps
     if natural <= 0:
         raise ValueError(f"trace {trace.name!r} needs at least two distinct arrival times")
-    scale = (spec.rps / natural) if spec.rps else 1.0
-    base = trace.arrival_s / scale
-    period = (trace.span_s + 1.0 / natural) / scale
-    reps = int(spec.duration_s // period) + 1
-    times = np.concatenate([base + k * period for k in range(reps)])
-    rows = np.tile(np.arange(n), reps)
-    keep = times < spec.duration_s
-    return times[keep], rows[keep]
+    # the first N = rps·duration requests (the trace repeated after itself if it is shorter), their
+    # times stretched so that request N would arrive exactly at the end: the run has the target rate
+    # and the trace's burst shape
+    count = max(1, round((spec.rps or natural) * spec.duration_s))
+    period = trace.span_s + 1.0 / natural
+    idx = np.arange(count + 1)
+    rows = idx % n
+    raw = trace.arrival_s[rows] + (idx // n) * period
+    times = raw[:count] * (spec.duration_s / raw[count]) if raw[count] > 0 else raw[:count]
+    return times, rows[:count]
 
 
 def build_workload(spec: WorkloadSpec) -> list[Job]:
