@@ -345,6 +345,10 @@ def _retry_hint_s(view: RequestView) -> float:
 
 async def models(request: Request) -> Response:
     state: RouterState = request.app.state.router
+    try:
+        _authenticate(state, request)
+    except APIError as err:
+        return error_response(err)
     names: dict[str, str] = dict(state.catalog)
     for ep in state.endpoints.values():
         for name in (*ep.spec.models, *ep.spec.lora_adapters):

@@ -28,6 +28,7 @@ class RouterConfig:
     max_retries: int = 2
     affinity: tuple[str, ...] = ()
     tier_gpu_classes: dict[str, frozenset[str]] = field(default_factory=dict)
+    key_secrets: dict[str, tuple[str, str]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.default_tier not in self.tiers:
@@ -50,29 +51,35 @@ class RouterConfig:
 
 
 def from_policy(spec: Any, *, require_keys: bool = True) -> RouterConfig:
-    """Build the router config from an ``SLOPolicySpec`` (slo_core.crd)."""
+    """Build the router config from an ``SLOPolicySpec`` (slo_core.crd.policy).
+
+    ``admission.onOverload: best-effort`` moves requests no pod can serve in time to the policy's
+    best-effort tier; ``reject`` answers them 503.
+    """
     tiers = spec.tiers_runtime()
     tenants = {
         t.name: Tenant(
             name=t.name,
-            allowed_tiers=tuple(t.allowed_tiers),
+            allowed_tiers=tuple(t.allowed_tiers) or (t.default_tier or spec.default_tier,),
             default_tier=t.default_tier or spec.default_tier,
-            requests_per_s=getattr(t, "requests_per_second", None),
-            tokens_per_s=getattr(t, "tokens_per_second", None),
+            requests_per_s=t.requests_per_second,
+            tokens_per_s=t.tokens_per_second,
         )
         for t in spec.tenants
     }
-    routing = spec.routing
-    overload = getattr(getattr(spec, "admission", None), "on_overload", "reject")
+    key_secrets = {
+        t.name: (t.api_keys_secret.name, t.api_keys_secret.key) for t in spec.tenants if t.api_keys_secret
+    }
     best_effort = next((n for n, t in tiers.items() if t.kind is RequestKind.BEST_EFFORT), None)
     return RouterConfig(
         tiers=tiers,
         default_tier=spec.default_tier,
         tenants=tenants,
-        routing_policy=routing.name,
-        routing_params=dict(routing.params or {}),
+        routing_policy=spec.routing.name,
+        routing_params=dict(spec.routing.params or {}),
         goodput=spec.goodput.name,
         require_keys=require_keys,
-        overload_to_best_effort=str(overload) in ("best-effort", "best_effort") and best_effort is not None,
+        overload_to_best_effort=spec.admission.on_overload == "best-effort" and best_effort is not None,
         best_effort_tier=best_effort,
+        key_secrets=key_secrets,
     )

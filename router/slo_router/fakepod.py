@@ -202,37 +202,76 @@ def _bind(port: int) -> socket.socket:
     return sock
 
 
+class ServedApp:
+    """Any ASGI app served by uvicorn on a loopback port inside the current event loop."""
+
+    def __init__(self, app: Any, port: int = 0) -> None:
+        self.app = app
+        self._sock = _bind(port)
+        self.port = self._sock.getsockname()[1]
+        self._server: uvicorn.Server | None = None
+        self._task: asyncio.Task[None] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    async def start(self) -> None:
+        config = uvicorn.Config(self.app, log_level="warning", lifespan="auto", timeout_graceful_shutdown=1)
+        self._server = uvicorn.Server(config)
+        self._task = asyncio.create_task(self._server.serve(sockets=[self._sock]))
+        while not self._server.started:
+            if self._task.done():
+                self._task.result()
+            await asyncio.sleep(0.01)
+
+    async def stop(self, *, abort: bool = False) -> None:
+        """Stop; with ``abort`` open connections are cut at once (a crash, as clients see it)."""
+        if self._server is not None and self._task is not None:
+            self._server.should_exit = True
+            if abort:
+                self._server.force_exit = True
+                for conn in list(getattr(self._server.server_state, "connections", ())):
+                    conn.transport.abort()
+            await asyncio.wait({self._task}, timeout=5)
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+            self._server = None
+        self._sock.close()
+
+    async def __aenter__(self) -> ServedApp:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+
 class RunningPod:
     """A fake pod served on loopback inside the current event loop (``async with``)."""
 
     def __init__(self, pod: FakePod, http_port: int = 0, grpc_port: int = 0) -> None:
         self.pod = pod
-        self._sock = _bind(http_port)
-        self.http_port = self._sock.getsockname()[1]
+        self._http = ServedApp(pod.app(), http_port)
+        self.http_port = self._http.port
         self._grpc_port_wanted = grpc_port
         self.grpc_port = 0
-        self._server: uvicorn.Server | None = None
-        self._task: asyncio.Task[None] | None = None
         self._grpc: Any = None
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.http_port}"
+        return self._http.url
 
     @property
     def grpc_target(self) -> str:
         return f"127.0.0.1:{self.grpc_port}"
 
     async def __aenter__(self) -> RunningPod:
-        config = uvicorn.Config(self.pod.app(), log_level="warning", lifespan="off")
-        self._server = uvicorn.Server(config)
-        self._task = asyncio.create_task(self._server.serve(sockets=[self._sock]))
         self._grpc = grpc.aio.server()
         slofleet_pb2_grpc.add_StateServicer_to_server(_StateServicer(self.pod), self._grpc)
         self.grpc_port = self._grpc.add_insecure_port(f"127.0.0.1:{self._grpc_port_wanted}")
         await self._grpc.start()
-        while not self._server.started:
-            await asyncio.sleep(0.01)
+        await self._http.start()
         return self
 
     async def kill(self) -> None:
@@ -240,14 +279,7 @@ class RunningPod:
         if self._grpc is not None:
             await self._grpc.stop(grace=None)
             self._grpc = None
-        if self._server is not None and self._task is not None:
-            self._server.should_exit = self._server.force_exit = True
-            for conn in list(getattr(self._server.server_state, "connections", ())):
-                conn.transport.abort()
-            await asyncio.wait({self._task}, timeout=5)
-            self._task.cancel()
-            self._server = None
-        self._sock.close()
+        await self._http.stop(abort=True)
 
     async def __aexit__(self, *exc: object) -> None:
         await self.kill()

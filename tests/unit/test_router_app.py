@@ -210,5 +210,5 @@ async def test_stream_failure_after_first_byte_ends_with_an_error_event() -> Non
 
 async def test_models_are_listed_from_endpoints() -> None:
     client, _, _ = make(ok_completion)
-    r = await client.get("/v1/models")
+    r = await client.get("/v1/models", headers=auth("k-acme"))
     assert [m["id"] for m in r.json()["data"]] == ["m"]

@@ -155,4 +155,4 @@ async def test_sent_requests_are_forgotten_when_they_finish() -> None:
     r = await client.get("/metrics")
     assert 'slofleet_router_chosen_total{endpoint="a"} 1.0' in r.text
     assert "slofleet_router_dispatch_seconds_count" in r.text
-    assert json.loads((await client.get("/v1/models")).text)["data"][0]["id"] == "m"
+    assert json.loads((await client.get("/v1/models", headers=H)).text)["data"][0]["id"] == "m"

@@ -1,0 +1,106 @@
+"""``slofleet router``: run the fleet's OpenAI-compatible front door."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import logging
+from typing import Any
+
+from slo_router.app import build_state, create_app
+from slo_router.config import AFFINITIES, RouterConfig, from_policy
+from slo_router.discovery import apply_specs, load_endpoints_file, watch_static_file
+from slo_router.tenants import KeyStore, load_keys_file
+
+log = logging.getLogger(__name__)
+
+
+def register(parser: argparse.ArgumentParser) -> None:
+    """Run the router: tiers, tenants and gain-based dispatch over the fleet's sidecars."""
+    parser.add_argument("--host", default="127.0.0.1", help="address to listen on")
+    parser.add_argument("--port", type=int, default=8000, help="port to listen on")
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--endpoints", help="YAML file of endpoints (re-read when it changes)")
+    source.add_argument("--kubernetes", action="store_true", help="discover pods of ModelDeployments")
+    parser.add_argument("--policy-file", help="SLOPolicy YAML (tiers, tenants, routing policy)")
+    parser.add_argument("--keys-file", help="local API keys: 'tenants: {NAME: [KEY, ...]}'")
+    parser.add_argument("--routing-policy", help="override the SLOPolicy's routing policy name")
+    parser.add_argument(
+        "--affinity",
+        default="",
+        help=f"comma-separated affinity scorers to apply after the policy: {', '.join(sorted(AFFINITIES))}",
+    )
+    parser.add_argument(
+        "--namespace", default=None, help="with --kubernetes: namespace to watch (default: all)"
+    )
+    parser.set_defaults(func=run)
+
+
+def load_config(args: argparse.Namespace) -> tuple[RouterConfig, str]:
+    """The router config and the namespace of the policy's Secrets."""
+    require_keys = bool(args.keys_file) or bool(args.kubernetes)
+    namespace = args.namespace or "default"
+    if args.policy_file:
+        from slo_core.crd.loads import load_policy
+
+        policy = load_policy(args.policy_file)
+        config = from_policy(policy.spec, require_keys=require_keys)
+        namespace = args.namespace or policy.metadata.namespace or "default"
+    else:
+        config = RouterConfig.single_tier()
+    if args.routing_policy:
+        config = dataclasses.replace(config, routing_policy=args.routing_policy, routing_params={})
+    affinity = tuple(a.strip() for a in args.affinity.split(",") if a.strip())
+    if affinity:
+        config = dataclasses.replace(config, affinity=affinity)
+    return config, namespace
+
+
+def run(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    try:
+        config, secrets_namespace = load_config(args)
+        file_keys = load_keys_file(args.keys_file) if args.keys_file else {}
+    except (ValueError, OSError) as exc:
+        log.error("%s", exc)
+        return 2
+    endpoints: dict[str, Any] = {}
+    background = []
+    if args.endpoints:
+        try:
+            apply_specs(endpoints, load_endpoints_file(args.endpoints))
+        except ValueError as exc:
+            log.error("%s", exc)
+            return 2
+        path = args.endpoints
+        background.append(lambda state: watch_static_file(path, state.endpoints))
+    else:
+        from slo_router.kube import watch_kubernetes
+
+        namespace = args.namespace
+
+        def kube(state: Any) -> Any:
+            return watch_kubernetes(
+                state, namespace=namespace, secrets_namespace=secrets_namespace, file_keys=file_keys
+            )
+
+        background.append(kube)
+    from slo_router.statefeed import follow_states
+
+    background.append(follow_states)
+    try:
+        state = build_state(config, KeyStore(file_keys), endpoints)
+    except ValueError as exc:  # e.g. an unknown routing policy or parameter
+        log.error("%s", exc)
+        return 2
+    app = create_app(state, background=background)
+    log.info(
+        "router on http://%s:%d (policy %s, %d endpoints)",
+        args.host,
+        args.port,
+        config.routing_policy,
+        len(endpoints),
+    )
+    uvicorn.run(app, host=args.host, port=args.port, log_level="warning", timeout_graceful_shutdown=10)
+    return 0
