@@ -1,0 +1,70 @@
+"""Shipped performance profiles: ``load_profile(name_or_path)`` and ``list_profiles()``.
+
+Each profile is one JSON file under ``slo_core/data/profiles`` written by ``bench/fit_perf.py``: the
+:class:`~slo_core.perf.model.PerfProfile` fields at the top level and a ``provenance`` object (source
+files, method, fitting residuals, how the KV-cache capacity was derived) that loading ignores.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import fields
+from pathlib import Path
+from typing import Any
+
+from slo_core.data import DATA_DIR
+from slo_core.perf.model import PerfProfile
+
+PROFILES_DIR = DATA_DIR / "profiles"
+_FIELDS = tuple(f.name for f in fields(PerfProfile))
+_REQUIRED = tuple(f for f in _FIELDS if f != "source")
+
+
+def list_profiles() -> list[str]:
+    """Names of the shipped profiles, sorted (e.g. ``h100-llama3-8b-tp1``)."""
+    return sorted(p.stem for p in PROFILES_DIR.glob("*.json"))
+
+
+def profile_document(name_or_path: str | Path) -> dict[str, Any]:
+    """The whole JSON document of a shipped profile name or a path to a profile file."""
+    path = _resolve(name_or_path)
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"profile file {path} is not valid JSON: {exc}") from exc
+    if not isinstance(doc, dict):
+        raise ValueError(f"profile file {path} must hold a JSON object")
+    return doc
+
+
+def load_profile(name_or_path: str | Path) -> PerfProfile:
+    """A shipped profile by name, or a profile JSON file by path.
+
+    Raises ValueError naming the valid profiles when ``name_or_path`` is neither, and when the file
+    lacks a field; FileNotFoundError when a path-like argument names no file.
+    """
+    doc = profile_document(name_or_path)
+    missing = [f for f in _REQUIRED if f not in doc]
+    if missing:
+        raise ValueError(f"profile {str(name_or_path)!r} lacks field(s) {', '.join(missing)}")
+    values = {f: doc[f] for f in _FIELDS if f in doc}
+    for f in ("tensor_parallel", "kv_cache_tokens", "max_model_len"):
+        values[f] = int(values[f])
+    for f in ("t_c_ms", "floor_ms", "a_ms_per_token", "b_ms_per_token_ctx", "d_ms_per_kv_token"):
+        values[f] = float(values[f])
+        if values[f] < 0:
+            raise ValueError(f"profile {str(name_or_path)!r}: {f} must be non-negative, got {values[f]}")
+    return PerfProfile(**values)
+
+
+def _resolve(name_or_path: str | Path) -> Path:
+    text = str(name_or_path)
+    if isinstance(name_or_path, Path) or text.endswith(".json") or "/" in text or "\\" in text:
+        path = Path(text).expanduser()
+        if not path.is_file():
+            raise FileNotFoundError(f"no profile file at {path}")
+        return path
+    path = PROFILES_DIR / f"{text}.json"
+    if not path.is_file():
+        raise ValueError(f"unknown performance profile {text!r}; valid names: {', '.join(list_profiles())}")
+    return path
