@@ -1,0 +1,38 @@
+"""The shipped 70B profiles reproduce Splitwise's measured iteration times (and the committed table)."""
+
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+
+import pytest
+
+from slo_core.perf import list_profiles, load_profile
+from slo_core.perf.fidelity import profile_mape, splitwise_configs
+from slo_core.perf.profiles import profile_document
+
+TABLE = Path(__file__).resolve().parents[2] / "bench" / "results" / "perf_fidelity.csv"
+SPLITWISE_PROFILES = [n for n in list_profiles() if "splitwise" in profile_document(n)["provenance"]]
+
+
+def _committed() -> dict[str, dict[str, str]]:
+    with TABLE.open(newline="") as fh:
+        return {row["profile"]: row for row in csv.DictReader(fh)}
+
+
+def test_tp4_and_tp8_profiles_are_scored() -> None:
+    assert {"h100-llama2-70b-tp4", "h100-llama2-70b-tp8", "a100-llama2-70b-tp4"} <= set(SPLITWISE_PROFILES)
+    assert set(SPLITWISE_PROFILES) == set(_committed())
+
+
+@pytest.mark.parametrize("name", SPLITWISE_PROFILES)
+def test_mape_within_target_and_matches_committed_table(name: str) -> None:
+    sw = profile_document(name)["provenance"]["splitwise"]
+    configs = splitwise_configs(sw["model"], sw["hardware"], sw["tensor_parallel"])
+    mape = profile_mape(load_profile(name), configs)
+    assert mape["all"] <= 15.0
+    assert mape["token"] <= 15.0
+    row = _committed()[name]
+    assert int(row["settings"]) == len(configs)
+    for key in ("prompt", "token", "all"):
+        assert mape[key] == pytest.approx(float(row[f"{key}_mape_pct"]), abs=0.01)
