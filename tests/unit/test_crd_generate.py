@@ -115,6 +115,8 @@ def main(argv: list[str]) -> int:
 def test_cli_check_reports_drift_and_write_fixes_it(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
+    (tmp_path / "charts/slofleet").mkdir(parents=True)
+    (tmp_path / "charts/slofleet/Chart.yaml").write_text("name: slofleet\n")
     assert main(["crds", "--check", "--root", str(tmp_path)]) == 1
     assert "stale: crds/slopolicies.slofleet.io.yaml" in capsys.readouterr().err
     assert main(["crds", "--root", str(tmp_path)]) == 0
@@ -136,3 +138,18 @@ def test_chart_copy_is_byte_identical() -> None:
     for name in CRD_FILES:
         assert (ROOT / "charts/slofleet/crds" / name).read_bytes() == (ROOT / "crds" / name).read_bytes()
     assert sorted(p.name for p in (ROOT / "charts/slofleet/crds").iterdir()) == sorted(CRD_FILES)
+
+
+def test_outside_a_checkout_only_crds_are_written(tmp_path: Path) -> None:
+    assert main(["crds", "--root", str(tmp_path)]) == 0
+    assert sorted(p.name for p in (tmp_path / "crds").iterdir()) == sorted(CRD_FILES)
+    assert not (tmp_path / "charts").exists()
+
+
+def test_stdout_is_a_stream_kubectl_can_apply(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["crds", "--stdout"]) == 0
+    docs = list(yaml.safe_load_all(capsys.readouterr().out))
+    names = [d["metadata"]["name"] for d in docs]
+    assert names == ["slopolicies.slofleet.io", "modeldeployments.slofleet.io"]
+    for doc in docs:
+        kubernetes_validate.validate(doc, "1.32.0", strict=True)

@@ -8,19 +8,24 @@ from pathlib import Path
 
 
 def register(parser: argparse.ArgumentParser) -> None:
-    """Generate crds/ and the chart's crds/ from the CRD models (--check: fail on drift)."""
+    """Generate crds/ (and the chart's crds/) from the CRD models; --check fails on drift."""
     parser.add_argument(
         "--root", default=".", help="repository root holding crds/ and charts/slofleet/crds/ (default: .)"
     )
-    parser.add_argument(
-        "--check", action="store_true", help="write nothing; exit 1 when the committed files differ"
+    mode = parser.add_mutually_exclusive_group()
+    mode.add_argument("--check", action="store_true", help="write nothing; exit 1 when the files differ")
+    mode.add_argument(
+        "--stdout", action="store_true", help="print both CRDs as one YAML stream (for kubectl apply -f -)"
     )
     parser.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    from slo_core.crd.generate import drift, write
+    from slo_core.crd.generate import drift, rendered, write
 
+    if args.stdout:
+        sys.stdout.write("---\n".join(rendered().values()))
+        return 0
     root = Path(args.root)
     if args.check:
         stale = drift(root)

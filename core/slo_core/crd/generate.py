@@ -23,6 +23,7 @@ HEADER = (
     "# Regenerate with: slofleet crds\n"
 )
 OUTPUT_DIRS = ("crds", "charts/slofleet/crds")
+CHART = "charts/slofleet/Chart.yaml"
 
 
 def _column(name: str, type_: str, path: str, description: str, priority: int = 0) -> dict[str, Any]:
@@ -151,10 +152,15 @@ def rendered() -> dict[str, str]:
     return out
 
 
+def output_dirs(root: Path) -> list[str]:
+    """Where the CRDs go under ``root``: crds/, and the chart's crds/ when the chart is there."""
+    return [d for d in OUTPUT_DIRS if d == "crds" or (root / CHART).is_file()]
+
+
 def drift(root: Path) -> list[str]:
     """Paths (relative to ``root``) whose content differs from what the models render."""
     stale: list[str] = []
-    for folder in OUTPUT_DIRS:
+    for folder in output_dirs(root):
         for name, text in rendered().items():
             path = root / folder / name
             if not path.is_file() or path.read_text(encoding="utf-8") != text:
@@ -165,7 +171,7 @@ def drift(root: Path) -> list[str]:
 def write(root: Path) -> list[str]:
     """Write every CRD to each output folder; returns the paths written (relative to ``root``)."""
     written: list[str] = []
-    for folder in OUTPUT_DIRS:
+    for folder in output_dirs(root):
         (root / folder).mkdir(parents=True, exist_ok=True)
         for name, text in rendered().items():
             (root / folder / name).write_text(text, encoding="utf-8")
