@@ -22,6 +22,7 @@ from slo_operator.render import MANAGED_BY
 log = logging.getLogger(__name__)
 
 RETRY_DELAY_S = 10.0
+MANAGED_LABELS = {"app.kubernetes.io/managed-by": MANAGED_BY}
 
 
 def post_event(body: dict[str, Any], type_: str, reason: str, message: str) -> None:
@@ -71,20 +72,20 @@ def build_registry(reconciler: Reconciler) -> kopf.OperatorRegistry:
 
     kopf.on.login(registry=registry)(login)
 
-    @kopf.index(API_GROUP, API_VERSION, MD_PLURAL, registry=registry)
+    @kopf.index(API_GROUP, API_VERSION, MD_PLURAL, id="md_by_policy", registry=registry)
     def md_by_policy(namespace: str, name: str, spec: Any, **_: Any) -> dict[tuple[str, str], str]:
         return {(namespace, str(spec.get("policyRef") or "default")): name}
 
-    @kopf.on.resume(API_GROUP, API_VERSION, MD_PLURAL, registry=registry)
-    @kopf.on.create(API_GROUP, API_VERSION, MD_PLURAL, registry=registry)
-    @kopf.on.update(API_GROUP, API_VERSION, MD_PLURAL, registry=registry)
+    @kopf.on.resume(API_GROUP, API_VERSION, MD_PLURAL, id="converge", registry=registry)
+    @kopf.on.create(API_GROUP, API_VERSION, MD_PLURAL, id="converge", registry=registry)
+    @kopf.on.update(API_GROUP, API_VERSION, MD_PLURAL, id="converge", registry=registry)
     def model_deployment(namespace: str, name: str, **_: Any) -> None:
         try:
             reconciler.converge(namespace, name)
         except ApiError as exc:
             raise kopf.TemporaryError(str(exc), delay=RETRY_DELAY_S) from exc
 
-    @kopf.on.event(API_GROUP, API_VERSION, POLICY_PLURAL, registry=registry)
+    @kopf.on.event(API_GROUP, API_VERSION, POLICY_PLURAL, id="slo_policy", registry=registry)
     def slo_policy(
         event: Any, body: Any, namespace: str, name: str, md_by_policy: kopf.Index, **_: Any
     ) -> None:

@@ -160,6 +160,10 @@ def _to_jsonschema(schema: Any) -> Any:
         out["type"] = [out["type"], "null"]
     if schema.get("x-kubernetes-preserve-unknown-fields") and "properties" not in schema:
         out.pop("additionalProperties", None)
+    # OpenAPI 3.0 states exclusive bounds as booleans beside minimum/maximum; Draft 7 as the bound itself.
+    for flag, bound in (("exclusiveMinimum", "minimum"), ("exclusiveMaximum", "maximum")):
+        if isinstance(out.get(flag), bool) and out.pop(flag) and bound in out:
+            out[flag] = out.pop(bound)
     return out
 
 

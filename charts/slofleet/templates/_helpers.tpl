@@ -1,0 +1,58 @@
+{{/* Names, labels and the image shared by every template. */}}
+
+{{- define "slofleet.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/* <release>-slofleet, or the release name when it already contains the chart name; 40 characters
+leave room for the -operator / -router suffixes within the 63-character label limit. */}}
+{{- define "slofleet.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 40 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 40 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 40 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{- define "slofleet.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "slofleet.labels" -}}
+helm.sh/chart: {{ include "slofleet.chart" . }}
+app.kubernetes.io/name: {{ include "slofleet.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/part-of: slofleet
+{{- end }}
+
+{{/* Selector labels of one component (operator or router): pass (list $ "operator"). */}}
+{{- define "slofleet.selectorLabels" -}}
+{{- $root := index . 0 }}
+app.kubernetes.io/name: {{ include "slofleet.name" $root }}
+app.kubernetes.io/instance: {{ $root.Release.Name }}
+app.kubernetes.io/component: {{ index . 1 }}
+{{- end }}
+
+{{- define "slofleet.image" -}}
+{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) }}
+{{- end }}
+
+{{- define "slofleet.operatorServiceAccount" -}}
+{{- default (printf "%s-operator" (include "slofleet.fullname" .)) .Values.operator.serviceAccount.name }}
+{{- end }}
+
+{{- define "slofleet.routerServiceAccount" -}}
+{{- default (printf "%s-router" (include "slofleet.fullname" .)) .Values.router.serviceAccount.name }}
+{{- end }}
+
+{{/* The kopf peering object (leader election) when the operator runs more than one replica. */}}
+{{- define "slofleet.peeringName" -}}
+{{- printf "%s-operator" (include "slofleet.fullname" .) }}
+{{- end }}

@@ -1,0 +1,244 @@
+"""The operator (kopf) against the emulated API server, driven by the real kubectl as a user would.
+
+One emulated cluster per module; each test starts its own operator (a few hundred milliseconds) under
+its own ServiceAccount-like user, so the audit log tells its requests apart from kubectl's.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import helm_python as helm
+import pytest
+import yaml
+from kube import rbac
+from kube.harness import Cluster, OperatorThread
+
+from slo_operator.cli import operate
+from slo_operator.settings import OperatorSettings
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLES = ROOT / "examples"
+OPERATOR_TOKEN = "operator-token"
+OPERATOR_USER = "system:serviceaccount:slofleet:slofleet-operator"
+NS = "llm"
+RBAC_TEMPLATE = "slofleet/templates/operator-rbac.yaml"
+CHILDREN = [
+    ("deployment", "llama-8b"),
+    ("service", "llama-8b"),
+    ("configmap", "llama-8b-policy"),
+    ("pdb", "llama-8b"),
+]
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    with Cluster(tmp_path_factory.mktemp("kube"), users={OPERATOR_TOKEN: OPERATOR_USER}) as c:
+        c.kubectl("apply", "--server-side", "-f", str(ROOT / "crds"))
+        c.kubectl("apply", "-f", "-", stdin=f"apiVersion: v1\nkind: Namespace\nmetadata:\n  name: {NS}\n")
+        yield c
+
+
+@pytest.fixture
+def operator(cluster: Cluster, monkeypatch: pytest.MonkeyPatch) -> Iterator[OperatorThread]:
+    monkeypatch.setenv("KUBECONFIG", str(cluster.kubeconfig(OPERATOR_TOKEN, "operator")))
+    thread = start_operator()
+    yield thread
+    thread.stop()
+    cluster.kubectl("delete", "md,slo", "--all", "-n", NS, "--wait=false")
+
+
+def start_operator() -> OperatorThread:
+    settings = OperatorSettings(liveness_port=None, priority=1, request_timeout_s=10)
+    return OperatorThread(lambda stop, ready: operate(settings, stop_flag=stop, ready_flag=ready)).start()
+
+
+def apply_example(cluster: Cluster, name: str, edit: dict | None = None) -> dict:
+    doc = yaml.safe_load((EXAMPLES / name).read_text())
+    for key, value in (edit or {}).items():
+        doc["spec"][key] = value
+    cluster.kubectl("apply", "-f", "-", stdin=yaml.safe_dump(doc))
+    return doc
+
+
+def md_status(cluster: Cluster, name: str = "llama-8b") -> dict:
+    obj = cluster.get("md", name, NS)
+    return (obj or {}).get("status") or {}
+
+
+def condition(status: dict, ctype: str) -> dict:
+    return next((c for c in status.get("conditions", []) if c["type"] == ctype), {})
+
+
+def wait_phase(cluster: Cluster, phase: str, name: str = "llama-8b", timeout_s: float = 15) -> dict:
+    return cluster.wait_for(
+        lambda: (s := md_status(cluster, name)).get("phase") == phase and s, timeout_s, phase
+    )
+
+
+def set_ready(cluster: Cluster, name: str, replicas: int) -> None:
+    """What the Deployment controller and kubelet would do once the pods pass their readiness probes."""
+    dep = cluster.get("deployment", name, NS)
+    assert dep is not None
+    status = {
+        "observedGeneration": dep["metadata"]["generation"],
+        "replicas": replicas,
+        "readyReplicas": replicas,
+        "updatedReplicas": replicas,
+        "availableReplicas": replicas,
+    }
+    cluster.kubectl(
+        "patch",
+        "deployment",
+        name,
+        "-n",
+        NS,
+        "--subresource=status",
+        "--type=merge",
+        "-p",
+        json.dumps({"status": status}),
+    )
+
+
+def test_examples_become_owned_children_and_the_deployment_becomes_ready(cluster: Cluster, operator) -> None:
+    apply_example(cluster, "slopolicy-chat-agent.yaml")
+    apply_example(cluster, "modeldeployment-llama-8b-h100.yaml")
+    status = wait_phase(cluster, "Progressing")
+    md = cluster.get("md", "llama-8b", NS)
+    for kind, name in CHILDREN:
+        child = cluster.get(kind, name, NS)
+        assert child is not None, f"{kind}/{name} missing"
+        (ref,) = child["metadata"]["ownerReferences"]
+        assert (ref["kind"], ref["name"], ref["uid"]) == (
+            "ModelDeployment",
+            "llama-8b",
+            md["metadata"]["uid"],
+        )
+    assert condition(status, "Progressing")["reason"] == "RollingOut"
+    assert status["observedGeneration"] == md["metadata"]["generation"]
+    assert status["policyConfigMap"] == "llama-8b-policy"
+
+    set_ready(cluster, "llama-8b", 1)
+    status = wait_phase(cluster, "Ready")
+    assert status["readyReplicas"] == 1 and condition(status, "Ready")["status"] == "True"
+    table = cluster.kubectl("get", "md", "-n", NS)
+    assert "Ready" in table.splitlines()[1] and "llama-3.1-8b-instruct" in table
+    events = cluster.wait_for(
+        lambda: (
+            "Ready" in (out := cluster.kubectl("get", "events", "-n", NS, "-o", "json")) and json.loads(out)
+        ),
+        what="a Ready event",
+    )
+    assert any(e["reason"] == "Ready" and e["involvedObject"]["name"] == "llama-8b" for e in events["items"])
+
+
+def test_policy_edit_rerenders_the_config_map_and_leaves_vllm_alone(cluster: Cluster, operator) -> None:
+    apply_example(cluster, "slopolicy-chat-agent.yaml")
+    apply_example(cluster, "modeldeployment-llama-8b-h100.yaml")
+    cluster.wait_for(lambda: cluster.get("configmap", "llama-8b-policy", NS), what="the policy ConfigMap")
+    generation = cluster.get("deployment", "llama-8b", NS)["metadata"]["generation"]
+
+    patch = [{"op": "replace", "path": "/spec/tiers/0/ttftS", "value": 2.5}]
+    cluster.kubectl("patch", "slo", "chat-agent", "-n", NS, "--type=json", "-p", json.dumps(patch))
+    data = cluster.wait_for(
+        lambda: (
+            "ttftS: 2.5" in (d := cluster.get("configmap", "llama-8b-policy", NS)["data"])["policy.yaml"]
+            and d
+        ),
+        what="the edited policy in the ConfigMap",
+    )
+    assert "deep-research" in data["policy.yaml"]
+    assert cluster.get("deployment", "llama-8b", NS)["metadata"]["generation"] == generation
+
+
+def test_missing_or_invalid_policy_degrades_with_a_reason_and_recovers(cluster: Cluster, operator) -> None:
+    apply_example(cluster, "modeldeployment-llama-8b-h100.yaml")
+    status = wait_phase(cluster, "Degraded")
+    degraded = condition(status, "Degraded")
+    assert degraded["reason"] == "PolicyNotFound" and '"chat-agent" not found' in degraded["message"]
+    assert cluster.get("deployment", "llama-8b", NS) is None
+
+    apply_example(cluster, "slopolicy-chat-agent.yaml")
+    wait_phase(cluster, "Progressing")
+    assert cluster.get("deployment", "llama-8b", NS) is not None
+
+    # Valid for the schema, wrong for the registry: only the operator's semantic check can tell.
+    apply_example(cluster, "slopolicy-chat-agent.yaml", {"scheduling": {"name": "no-such-policy"}})
+    status = wait_phase(cluster, "Degraded")
+    assert condition(status, "Degraded")["reason"] == "PolicyInvalid"
+    assert "no-such-policy" in condition(status, "Degraded")["message"]
+    policy = cluster.wait_for(
+        lambda: (p := cluster.get("slo", "chat-agent", NS))["status"].get("phase") == "Invalid" and p
+    )
+    assert "no-such-policy" in condition(policy["status"], "Degraded")["message"]
+
+    apply_example(cluster, "slopolicy-chat-agent.yaml")
+    wait_phase(cluster, "Progressing")
+
+
+def test_deleting_the_model_deployment_collects_its_children(cluster: Cluster, operator) -> None:
+    apply_example(cluster, "slopolicy-chat-agent.yaml")
+    apply_example(cluster, "modeldeployment-llama-8b-h100.yaml")
+    wait_phase(cluster, "Progressing")
+    cluster.kubectl("delete", "md", "llama-8b", "-n", NS)
+    for kind, name in CHILDREN:
+        assert cluster.get(kind, name, NS) is None, f"{kind}/{name} survived its owner"
+
+
+def test_a_restarted_operator_converges_without_duplicates(cluster: Cluster, operator) -> None:
+    apply_example(cluster, "slopolicy-chat-agent.yaml")
+    apply_example(cluster, "modeldeployment-llama-8b-h100.yaml")
+    wait_phase(cluster, "Progressing")
+    operator.stop()
+    # While it is down: a child is lost, the policy changes, and the pods become ready.
+    cluster.kubectl("delete", "service", "llama-8b", "-n", NS)
+    apply_example(cluster, "slopolicy-chat-agent.yaml", {"fairness": 0.3})
+    set_ready(cluster, "llama-8b", 1)
+
+    restarted = start_operator()
+    try:
+        wait_phase(cluster, "Ready")
+        cluster.wait_for(lambda: cluster.get("service", "llama-8b", NS), what="the Service re-created")
+        cluster.wait_for(
+            lambda: "fairness: 0.3" in cluster.get("configmap", "llama-8b-policy", NS)["data"]["policy.yaml"],
+            what="the policy edit made while the operator was down",
+        )
+        selector = "slofleet.io/model-deployment=llama-8b"
+        for kind in ("deployments", "services", "configmaps", "poddisruptionbudgets"):
+            names = cluster.kubectl("get", kind, "-n", NS, "-l", selector, "-o", "name").split()
+            assert len(names) == 1, f"{kind}: {names}"
+    finally:
+        restarted.stop()
+
+
+def chart_operator_rules(values: dict | None = None) -> list[dict]:
+    """The operator's ClusterRole as the real Helm library renders the chart."""
+    chart = helm.Chart.load(str(ROOT / "charts" / "slofleet"))
+    docs = yaml.safe_load_all(
+        chart.render(values or {}, name="slofleet", namespace="slofleet")[RBAC_TEMPLATE]
+    )
+    (role,) = [d for d in docs if d and d["kind"] == "ClusterRole"]
+    return role["rules"]
+
+
+def test_zz_every_request_of_the_operator_is_allowed_by_the_chart_and_no_more(
+    cluster: Cluster, operator
+) -> None:
+    """Runs last so it sees every earlier test's requests too; its own scenario covers every handler."""
+    apply_example(cluster, "modeldeployment-llama-8b-h100.yaml")
+    wait_phase(cluster, "Degraded")
+    apply_example(cluster, "slopolicy-chat-agent.yaml")
+    wait_phase(cluster, "Progressing")
+    set_ready(cluster, "llama-8b", 1)
+    wait_phase(cluster, "Ready")
+    cluster.kubectl("delete", "md", "llama-8b", "-n", NS)
+
+    records = [r for r in cluster.call(lambda: list(cluster.emulator.audit)) if r.user == OPERATOR_USER]
+    rules = chart_operator_rules()
+    assert not rbac.wildcards(rules)
+    assert rbac.denied(records, rules) == [], "the chart's ClusterRole lacks permissions the operator uses"
+    assert rbac.unused(records, rules) == [], (
+        "the chart's ClusterRole grants permissions the operator never uses"
+    )

@@ -1,0 +1,52 @@
+"""RBAC as the real API server would apply it, for the emulator's audit log (which does not enforce it).
+
+``denied`` lists every recorded request that a set of PolicyRules would refuse; ``unused`` lists the
+granted (group, resource, verb) triples no request needed, so a role can be held to least privilege.
+A server-side apply that created its object (201) needs ``create`` as well as ``patch``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from kube.emulator import AuditRecord
+
+
+def needed(record: AuditRecord) -> list[tuple[str, str, str]]:
+    """The (apiGroup, resource[/subresource], verb) permissions one request needs."""
+    resource = f"{record.resource}/{record.subresource}" if record.subresource else record.resource
+    verbs = [record.verb]
+    if record.verb == "patch" and record.code == 201:
+        verbs.append("create")
+    return [(record.group, resource, verb) for verb in verbs]
+
+
+def granted(rules: Iterable[dict[str, Any]]) -> set[tuple[str, str, str]]:
+    out = set()
+    for rule in rules:
+        for group in rule.get("apiGroups", []):
+            for resource in rule.get("resources", []):
+                for verb in rule.get("verbs", []):
+                    out.add((group, resource, verb))
+    return out
+
+
+def wildcards(rules: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Rules that use ``*`` anywhere (least privilege forbids them)."""
+    return [r for r in rules if any("*" in r.get(k, []) for k in ("apiGroups", "resources", "verbs"))]
+
+
+def denied(records: Iterable[AuditRecord], rules: Iterable[dict[str, Any]]) -> list[tuple[str, str, str]]:
+    allowed = granted(rules)
+    missing: list[tuple[str, str, str]] = []
+    for record in records:
+        for need in needed(record):
+            if need not in allowed and need not in missing:
+                missing.append(need)
+    return missing
+
+
+def unused(records: Iterable[AuditRecord], rules: Iterable[dict[str, Any]]) -> list[tuple[str, str, str]]:
+    used = {need for record in records for need in needed(record)}
+    return sorted(granted(rules) - used)
