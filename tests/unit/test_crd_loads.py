@@ -250,3 +250,14 @@ def test_deployment_round_trips_through_its_document(tmp_path: Path) -> None:
     path = tmp_path / "md.yaml"
     path.write_text(yaml.safe_dump(md.model_dump(mode="json", by_alias=True, exclude_none=True)))
     assert load_deployment(path) == md
+
+
+def test_every_registered_policy_can_be_named_in_a_policy_with_default_params() -> None:
+    from slo_core.crd.models import PolicyRef
+    from slo_core.policies.registry import ENGINE_POLICIES, ROUTER_POLICIES
+
+    spec = load_policy(POLICY_FILE).spec
+    for name in ENGINE_POLICIES:
+        assert spec.model_copy(update={"scheduling": PolicyRef(name=name)}).validate_semantics() == [], name
+    for name in ROUTER_POLICIES:
+        assert spec.model_copy(update={"routing": PolicyRef(name=name)}).validate_semantics() == [], name
