@@ -1,0 +1,221 @@
+"""The sidecar's HTTP front: OpenAI-compatible completions and chat (streaming or not), health, metrics.
+
+The status of an answer is decided at the request's first event: a token (200, then the stream or
+the whole body), or an error (4xx/5xx, OpenAI-shaped, with Retry-After on 429/503). A request that has
+not produced its first token within its maximum wait gets 503; a client that disconnects while its
+request waits or streams cancels it (and the upstream request with it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator, Callable
+from contextlib import AbstractAsyncContextManager
+from typing import Any
+
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+from starlette.types import Receive, Scope, Send
+
+from slo_sidecar.errors import APIError, error_event, error_response, overloaded
+from slo_sidecar.front import CHAT, COMPLETION
+from slo_sidecar.job import Event, Job
+from slo_sidecar.service import Sidecar
+from slo_sidecar.streaming import full_response, sse, usage_chunk
+
+_POLL_S = 0.25
+
+
+class _ClientGone(Exception):
+    pass
+
+
+async def _next_event(job: Job, request: Request, until_s: float, sc: Sidecar) -> Event | None:
+    """The job's next event; None when ``until_s`` passes first; raises _ClientGone on disconnect."""
+    while True:
+        left = until_s - sc.now()
+        if left <= 0:
+            return None
+        try:
+            return await asyncio.wait_for(job.events.get(), timeout=min(_POLL_S, left))
+        except TimeoutError:
+            if await request.is_disconnected():
+                raise _ClientGone from None
+
+
+class _JobStream(StreamingResponse):
+    """A streaming answer whose end (normal, error or disconnect) always ends its job exactly once."""
+
+    def __init__(self, sc: Sidecar, job: Job, task: asyncio.Task[None], first: Event) -> None:
+        self.sc, self.job, self.task, self.status = sc, job, task, "aborted"
+        super().__init__(self._events(first), media_type="text/event-stream")
+
+    async def _events(self, event: Event) -> AsyncIterator[bytes]:
+        job, sc = self.job, self.sc
+        deadline = job.live.arrival_s + sc.knobs.request_timeout_s
+        while True:
+            kind, payload = event
+            if kind == "chunk":
+                yield sse(payload)
+            elif kind == "done":
+                if job.parsed.include_usage:
+                    yield sse(usage_chunk(job))
+                self.status = "ok"
+                yield b"data: [DONE]\n\n"
+                return
+            else:
+                self.status = "error"
+                yield error_event(payload)
+                return
+            try:
+                event = await asyncio.wait_for(job.events.get(), timeout=max(0.0, deadline - sc.now()))
+            except TimeoutError:
+                self.status = "error"
+                yield error_event(
+                    APIError(
+                        504,
+                        "the request ran past its time limit",
+                        kind="timeout_error",
+                        code="request_timeout",
+                    )
+                )
+                return
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self.task.cancel()
+            await asyncio.gather(self.task, return_exceptions=True)
+            self.sc.end(self.job, self.status)
+
+
+async def _serve(sc: Sidecar, request: Request, job: Job) -> Response:
+    task = asyncio.create_task(sc.generate(job))
+    sc.scheduler.submit(job)
+    status, err = "aborted", None
+    try:
+        event = await _next_event(job, request, job.live.arrival_s + job.live.max_wait_s, sc)
+        if event is None:
+            status, err = (
+                "rejected",
+                overloaded(
+                    f"not started within the maximum wait of {job.live.max_wait_s:g} s; retry later",
+                    "wait_exceeded",
+                    sc.scheduler.retry_after_s(),
+                ),
+            )
+            return error_response(err)
+        if event[0] == "error":
+            err = event[1]
+            status = "rejected" if err.status in (429, 503) and not job.live.started else "error"
+            return error_response(err)
+        if job.parsed.stream:
+            stream = _JobStream(sc, job, task, event)
+            task = None  # type: ignore[assignment]  # the stream owns it now
+            return stream
+        deadline = job.live.arrival_s + sc.knobs.request_timeout_s
+        while event is not None and event[0] == "chunk":
+            event = await _next_event(job, request, deadline, sc)
+        if event is None:
+            status, err = (
+                "error",
+                APIError(
+                    504, "the request ran past its time limit", kind="timeout_error", code="request_timeout"
+                ),
+            )
+            return error_response(err)
+        if event[0] == "error":
+            status, err = "error", event[1]
+            return error_response(err)
+        status = "ok"
+        return JSONResponse(full_response(job))
+    except _ClientGone:
+        return Response(status_code=499)
+    finally:
+        if task is not None:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+            sc.end(job, status, err)
+
+
+def _handler(endpoint: str) -> Callable[[Request], Any]:
+    async def handle(request: Request) -> Response:
+        sc: Sidecar = request.app.state.sidecar
+        try:
+            raw = await request.body()
+            try:
+                body = json.loads(raw)
+            except (ValueError, UnicodeDecodeError) as exc:
+                raise APIError(400, f"request body is not valid JSON ({exc})", code="invalid_json") from None
+            job = await sc.accept(request.headers, body, endpoint)
+        except APIError as err:
+            sc.note_reject(err)
+            return error_response(err)
+        return await _serve(sc, request, job)
+
+    return handle
+
+
+async def models(request: Request) -> Response:
+    sc: Sidecar = request.app.state.sidecar
+    names = sc.engine.models or ([sc.knobs.model_name] if sc.knobs.model_name else [])
+    data = [{"id": n, "object": "model", "created": 0, "owned_by": "slofleet"} for n in names]
+    return JSONResponse({"object": "list", "data": data})
+
+
+async def health(request: Request) -> Response:
+    """Alive: 200 while the process serves; says what is wrong with the config or the engine."""
+    sc: Sidecar = request.app.state.sidecar
+    return JSONResponse(
+        {
+            "status": "ok",
+            "mode": sc.knobs.mode,
+            "policy": sc.config.policy_name,
+            "config_digest": sc.config.digest,
+            "config_error": sc.config_error or None,
+            "engine_healthy": sc.engine.healthy,
+            "engine_error": sc.engine.error or None,
+            "predictor": sc.estimator_source,
+            "draining": sc.draining,
+            "in_flight": len(sc.jobs),
+            "history_rows": sc.history.total_rows,
+        }
+    )
+
+
+async def ready(request: Request) -> Response:
+    """Ready to take traffic: the engine answers and the pod is not draining."""
+    sc: Sidecar = request.app.state.sidecar
+    ok = sc.engine.healthy and not sc.draining
+    reason = "draining" if sc.draining else (sc.engine.error or "")
+    return JSONResponse({"ready": ok, "reason": reason or None}, status_code=200 if ok else 503)
+
+
+async def metrics(request: Request) -> Response:
+    sc: Sidecar = request.app.state.sidecar
+    sc.update_gauges()
+    return Response(generate_latest(sc.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+
+def create_app(
+    sc: Sidecar, lifespan: Callable[[Starlette], AbstractAsyncContextManager[None]] | None = None
+) -> Starlette:
+    """App factory: the sidecar core is built by the caller and shared by every handler."""
+    app = Starlette(
+        routes=[
+            Route("/v1/chat/completions", _handler(CHAT), methods=["POST"]),
+            Route("/v1/completions", _handler(COMPLETION), methods=["POST"]),
+            Route("/v1/models", models, methods=["GET"]),
+            Route("/health", health, methods=["GET"]),
+            Route("/ready", ready, methods=["GET"]),
+            Route("/metrics", metrics, methods=["GET"]),
+        ],
+        lifespan=lifespan,
+    )
+    app.state.sidecar = sc
+    return app

@@ -1,0 +1,154 @@
+"""The sidecar's runtime config: the SLOPolicy it serves (tiers, admission, goodput, policy) plus its knobs.
+
+The policy part comes from a mounted file rendered from the SLOPolicy (``kind: SLOPolicy`` manifest or a
+bare spec, camelCase keys). It is parsed with ``slo_core.crd.loads.load_policy`` when available and
+validated completely (tiers resolvable, policy name known and its parameters accepted) before it
+replaces the running config: a bad file never takes effect. Process knobs (capacity, limits) are
+command-line flags (:class:`SidecarKnobs`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field
+
+from slo_core.gain import GainParams, goodput_function
+from slo_core.policies.base import EnginePolicy
+from slo_core.policies.registry import make_engine_policy
+from slo_core.slo import PriorityClass, RequestKind, SLOTier
+
+log = logging.getLogger(__name__)
+
+
+class SidecarKnobs(BaseModel):
+    """Process settings of one sidecar (command-line flags), with units."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    mode: str = Field(
+        "proxy", pattern="^(proxy|engine)$", description="proxy: hold and release; engine: tags"
+    )
+    max_running: int = Field(64, ge=1, description="proxy mode: most requests in the engine at once")
+    max_queue: int = Field(1024, ge=1, description="most requests waiting in the sidecar (503 beyond)")
+    tier_max_inflight: int | None = Field(None, ge=1, description="per-tier concurrent requests (429 beyond)")
+    max_prompt_tokens: int = Field(8192, ge=1, description="longest prompt accepted (tokens)")
+    max_context_tokens: int = Field(32768, ge=1, description="prompt plus max_tokens limit (tokens)")
+    default_max_tokens: int = Field(256, ge=1, description="max_tokens when the client gives none (tokens)")
+    refine_every_tokens: int = Field(50, ge=1, description="re-estimate the length bound every N tokens")
+    frame_s: float = Field(0.02, gt=0, description="proxy mode: scheduling frame length (seconds)")
+    kv_cache_tokens: int = Field(262144, ge=1, description="engine KV capacity shown to the policy (tokens)")
+    max_batched_tokens: int = Field(8192, ge=1, description="engine token budget per step (tokens)")
+    engine_priority: bool = Field(
+        False, description="send vLLM 'priority' (engine runs --scheduling-policy priority)"
+    )
+    request_timeout_s: float = Field(600.0, gt=0, description="longest a request may take in total (seconds)")
+    upstream_read_timeout_s: float = Field(
+        60.0, gt=0, description="longest silence from the engine (seconds)"
+    )
+    checkpoint_every_s: float = Field(30.0, gt=0, description="state checkpoint interval (seconds)")
+    history_size: int = Field(20000, ge=1, description="completed-request records kept")
+    drain_timeout_s: float = Field(
+        30.0, ge=0, description="SIGTERM: longest wait for in-flight requests (seconds)"
+    )
+    model_name: str = Field("", description="model name when the engine reports none")
+    pod: str = Field("", description="pod identity in state snapshots (default host:port)")
+    profile: str = Field("", description="performance profile name reported to routers")
+
+
+@dataclass(frozen=True)
+class PolicyConfig:
+    """The validated SLO half of the config (what hot reload replaces)."""
+
+    tiers: dict[str, SLOTier]
+    default_tier: str
+    max_wait_s: float = 30.0
+    goodput: str = "token"
+    gain_params: GainParams = field(default_factory=GainParams)
+    policy_name: str = "fcfs"
+    policy_params: dict[str, Any] = field(default_factory=dict)
+    digest: str = ""
+
+    def make_policy(self) -> EnginePolicy:
+        return make_engine_policy(self.policy_name, self.policy_params)
+
+    @staticmethod
+    def default() -> PolicyConfig:
+        """One latency tier and FCFS: what a sidecar runs without a policy file."""
+        tier = SLOTier("standard", RequestKind.LATENCY, PriorityClass("default", 1.0), ttft_s=5.0, tbt_s=0.5)
+        return PolicyConfig(tiers={"standard": tier}, default_tier="standard")
+
+
+class ConfigError(ValueError):
+    """The policy file cannot be used; the message says what to fix."""
+
+
+def _spec_dict(doc: Any) -> dict[str, Any]:
+    if not isinstance(doc, dict):
+        raise ConfigError("the policy file must hold a YAML mapping (an SLOPolicy or its spec)")
+    if doc.get("kind") == "SLOPolicy" or "spec" in doc:
+        spec = doc.get("spec")
+        if not isinstance(spec, dict):
+            raise ConfigError("SLOPolicy.spec must be a mapping")
+        return spec
+    return doc
+
+
+def _parse_with_models(spec: dict[str, Any]) -> Any:
+    from slo_core.crd.policy import SLOPolicySpec
+
+    return SLOPolicySpec.model_validate(spec)
+
+
+def _load_spec(path: Path, text: str) -> Any:
+    """The parsed SLOPolicySpec (via H1's loader when present, else the pydantic models directly)."""
+    try:
+        from slo_core.crd.loads import load_policy
+    except ImportError:
+        load_policy = None
+    if load_policy is not None:
+        obj = load_policy(path)
+        return getattr(obj, "spec", obj)
+    return _parse_with_models(_spec_dict(yaml.safe_load(text)))
+
+
+def parse_policy_file(path: Path) -> PolicyConfig:
+    """Read and fully validate ``path``; raises :class:`ConfigError` saying what is wrong."""
+    try:
+        raw = path.read_bytes()
+    except OSError as exc:
+        raise ConfigError(f"cannot read {path}: {exc.strerror or exc}") from None
+    try:
+        spec = _load_spec(path, raw.decode("utf-8"))
+        tiers = spec.tiers_runtime()
+        if spec.default_tier not in tiers:
+            raise ConfigError(f"defaultTier {spec.default_tier!r} is not one of the tiers {sorted(tiers)}")
+        goodput = spec.goodput
+        gain_params = GainParams(**goodput.model_dump(exclude={"name"}))
+        goodput_function(goodput.name)
+        cfg = PolicyConfig(
+            tiers=tiers,
+            default_tier=spec.default_tier,
+            max_wait_s=float(spec.admission.max_wait_s),
+            goodput=goodput.name,
+            gain_params=gain_params,
+            policy_name=spec.scheduling.name,
+            policy_params=dict(spec.scheduling.params or {}),
+            digest=hashlib.sha256(raw).hexdigest()[:16],
+        )
+        cfg.make_policy()  # unknown policy names and parameters fail here, not at the first request
+    except ConfigError:
+        raise
+    except Exception as exc:  # pydantic, YAML, policy factories: all mean "this file is not usable"
+        raise ConfigError(f"{path}: {_first_line(exc)}") from None
+    return cfg
+
+
+def _first_line(exc: Exception) -> str:
+    text = str(exc).strip()
+    return " ".join(text.splitlines()[:4]) if text else type(exc).__name__

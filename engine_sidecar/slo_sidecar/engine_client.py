@@ -1,0 +1,140 @@
+"""Talking to the engine (vLLM's OpenAI API or engine-sim): streamed generation, health and load probes.
+
+Every call has a timeout. Generation always streams upstream (``stream_options.include_usage``) so the
+sidecar sees each token's time, whatever the client asked for. Leaving :func:`stream_chunks` early
+(cancellation, preemption) closes the connection, which makes the engine abort the request.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
+
+log = logging.getLogger(__name__)
+
+
+class EngineUnavailable(Exception):
+    """The engine failed (connection, 5xx, 429, a broken stream); the message says how."""
+
+
+class EngineRejected(Exception):
+    """The engine refused the request as invalid (4xx): the client has to change it."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+def _error_message(raw: bytes) -> str:
+    try:
+        doc = json.loads(raw)
+    except ValueError:
+        return raw[:200].decode("utf-8", "replace")
+    err = doc.get("error") if isinstance(doc, dict) else None
+    if isinstance(err, dict):
+        return str(err.get("message", err))
+    if isinstance(doc, dict) and "message" in doc:
+        return str(doc["message"])
+    return str(err or doc)[:200]
+
+
+async def stream_chunks(
+    client: httpx.AsyncClient,
+    url: str,
+    body: dict[str, Any],
+    headers: dict[str, str],
+    read_timeout_s: float,
+) -> AsyncIterator[dict[str, Any]]:
+    """Yield the engine's SSE chunks as JSON objects until ``[DONE]``; failures raise, never hang."""
+    timeout = httpx.Timeout(read_timeout_s, connect=2.0, write=10.0, pool=10.0)
+    try:
+        async with client.stream("POST", url, json=body, headers=headers, timeout=timeout) as resp:
+            if resp.status_code != 200:
+                message = _error_message(await resp.aread())
+                if 400 <= resp.status_code < 500 and resp.status_code not in (408, 429):
+                    raise EngineRejected(resp.status_code, message)
+                raise EngineUnavailable(f"engine answered {resp.status_code}: {message}")
+            async for line in resp.aiter_lines():
+                if not line.startswith("data:"):
+                    continue
+                payload = line[5:].strip()
+                if payload == "[DONE]":
+                    return
+                try:
+                    chunk = json.loads(payload)
+                except ValueError:
+                    raise EngineUnavailable("engine sent a malformed stream event") from None
+                if not isinstance(chunk, dict):
+                    raise EngineUnavailable("engine sent a malformed stream event")
+                if "error" in chunk:
+                    raise EngineUnavailable(f"engine failed: {_error_message(payload.encode())}")
+                yield chunk
+    except httpx.TimeoutException as exc:
+        raise EngineUnavailable(f"engine timed out ({type(exc).__name__})") from None
+    except httpx.HTTPError as exc:
+        raise EngineUnavailable(f"engine connection failed ({type(exc).__name__})") from None
+    raise EngineUnavailable("engine closed the stream before it finished")
+
+
+@dataclass
+class EngineStatus:
+    """The last probe of the engine (health, load, served models)."""
+
+    healthy: bool = False
+    waiting: int = 0
+    running: int = 0
+    kv_usage: float = 0.0
+    models: list[str] = field(default_factory=list)
+    max_model_len: int = 0
+    error: str = "not probed yet"
+
+
+_GAUGES = {
+    "vllm:num_requests_waiting": "waiting",
+    "vllm:num_requests_running": "running",
+    "vllm:kv_cache_usage_perc": "kv_usage",
+}
+
+
+async def probe(
+    client: httpx.AsyncClient, base_url: str, status: EngineStatus, timeout_s: float = 2.0
+) -> None:
+    """Refresh ``status`` from ``/health``, ``/metrics`` and (once) ``/v1/models``."""
+    try:
+        resp = await client.get(base_url + "/health", timeout=timeout_s)
+        status.healthy = resp.status_code == 200
+        status.error = "" if status.healthy else f"engine /health answered {resp.status_code}"
+        if not status.healthy:
+            return
+        if not status.models:
+            models = (await client.get(base_url + "/v1/models", timeout=timeout_s)).json()
+            data = models.get("data", []) if isinstance(models, dict) else []
+            status.models = [str(m.get("id")) for m in data if isinstance(m, dict)]
+            lens = [int(m.get("max_model_len") or 0) for m in data if isinstance(m, dict)]
+            status.max_model_len = max(lens, default=0)
+        metrics = await client.get(base_url + "/metrics", timeout=timeout_s)
+        if metrics.status_code == 200:
+            _read_load(metrics.text, status)
+    except (httpx.HTTPError, ValueError) as exc:
+        status.healthy = False
+        status.error = f"engine unreachable ({type(exc).__name__})"
+
+
+def _read_load(text: str, status: EngineStatus) -> None:
+    seen: dict[str, float] = {}
+    try:
+        for family in text_string_to_metric_families(text):
+            attr = _GAUGES.get(family.name)
+            if attr is not None:
+                seen[attr] = sum(s.value for s in family.samples)
+    except ValueError:
+        return
+    status.waiting = int(seen.get("waiting", 0))
+    status.running = int(seen.get("running", 0))
+    status.kv_usage = float(seen.get("kv_usage", 0.0))

@@ -1,0 +1,136 @@
+"""Validation of an OpenAI completions / chat body: what the sidecar needs from it, 400s saying what to fix.
+
+Prompt tokens are counted without a tokenizer (word pieces of at most 8 characters and single
+punctuation marks, plus BOS; chat adds 4 per message and 3 for the reply header): close to
+engine-sim's rule, an estimate for a real model. The engine's usage replaces it once it answers.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from slo_core.request_slo import strip_slo_fields
+from slo_sidecar.errors import APIError
+
+_PIECE = re.compile(r"\w{1,8}|[^\w\s]")
+CHAT = "chat"
+COMPLETION = "completion"
+
+
+@dataclass
+class ParsedBody:
+    """The parts of a client body the sidecar acts on, and the body to forward (SLO fields removed)."""
+
+    endpoint: str
+    model: str
+    prompt_text: str
+    prompt_tokens: int
+    max_tokens: int
+    stream: bool
+    include_usage: bool
+    resumable: bool
+    forward: dict[str, Any]
+
+
+def count_tokens(text: str) -> int:
+    return len(_PIECE.findall(text))
+
+
+def _bad(message: str, param: str) -> APIError:
+    return APIError(400, message, param=param, code="invalid_request")
+
+
+def _content_text(content: Any, where: str) -> str:
+    if content is None or isinstance(content, str):
+        return content or ""
+    if isinstance(content, list):
+        parts = []
+        for part in content:
+            if (
+                not isinstance(part, dict)
+                or part.get("type") != "text"
+                or not isinstance(part.get("text"), str)
+            ):
+                raise _bad(f"{where}: content parts must be {{'type': 'text', 'text': '...'}} objects", where)
+            parts.append(part["text"])
+        return "\n".join(parts)
+    raise _bad(f"{where}: content must be a string or a list of text parts", where)
+
+
+def _chat_prompt(body: dict[str, Any]) -> tuple[str, int]:
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise _bad("'messages' must be a non-empty list of {'role': ..., 'content': ...} objects", "messages")
+    texts: list[str] = []
+    for i, m in enumerate(messages):
+        if not isinstance(m, dict) or not isinstance(m.get("role"), str):
+            raise _bad(f"messages[{i}] must be an object with a string 'role'", f"messages[{i}]")
+        texts.append(_content_text(m.get("content"), f"messages[{i}].content"))
+    text = "\n".join(texts)
+    return text, 1 + sum(count_tokens(t) + 4 for t in texts) + 3
+
+
+def _completion_prompt(body: dict[str, Any]) -> tuple[str, int, bool]:
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
+        prompt = prompt[0]
+    if isinstance(prompt, str):
+        return prompt, 1 + count_tokens(prompt), True
+    if (
+        isinstance(prompt, list)
+        and prompt
+        and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt)
+    ):
+        return "", len(prompt), False  # token ids: served, but never preempted (no text to resume from)
+    if isinstance(prompt, list) and len(prompt) > 1:
+        raise _bad("send one prompt per request (batched prompts are not supported)", "prompt")
+    raise _bad("'prompt' must be a string or a list of token ids", "prompt")
+
+
+def _positive_int(body: dict[str, Any], name: str) -> int | None:
+    value = body.get(name)
+    if value is None:
+        return None
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise _bad(f"'{name}' must be a positive integer, got {value!r}", name)
+    return value
+
+
+def parse_body(body: Any, endpoint: str, default_max_tokens: int) -> ParsedBody:
+    """Check the OpenAI fields the sidecar depends on; everything else is the engine's to judge."""
+    if not isinstance(body, dict):
+        raise _bad("request body must be a JSON object", "body")
+    model = body.get("model")
+    if not isinstance(model, str) or not model:
+        raise _bad("'model' is required and must be a non-empty string", "model")
+    stream = body.get("stream", False)
+    if not isinstance(stream, bool):
+        raise _bad(f"'stream' must be true or false, got {stream!r}", "stream")
+    n = body.get("n")
+    if n not in (None, 1):
+        raise _bad("'n' must be 1 (ask for several completions with several requests)", "n")
+    options = body.get("stream_options")
+    if options is not None and not isinstance(options, dict):
+        raise _bad("'stream_options' must be an object such as {'include_usage': true}", "stream_options")
+    include_usage = bool((options or {}).get("include_usage", False))
+    if endpoint == CHAT:
+        text, tokens = _chat_prompt(body)
+        resumable = True
+    else:
+        text, tokens, resumable = _completion_prompt(body)
+    max_tokens = _positive_int(body, "max_tokens") or _positive_int(body, "max_completion_tokens")
+    forward = strip_slo_fields(body)
+    forward.pop("max_completion_tokens", None)
+    return ParsedBody(
+        endpoint=endpoint,
+        model=model,
+        prompt_text=text,
+        prompt_tokens=tokens,
+        max_tokens=max_tokens or default_max_tokens,
+        stream=stream,
+        include_usage=include_usage,
+        resumable=resumable,
+        forward=forward,
+    )

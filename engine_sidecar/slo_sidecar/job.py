@@ -1,0 +1,72 @@
+"""A request's journey through the sidecar: queue, release, upstream attempts, events to the HTTP handler.
+
+The generation runs in its own task and talks to the handler only through ``events`` (``chunk``,
+``done``, ``error``), so the handler decides the HTTP status at the first event and a client
+disconnect cancels exactly one task (which closes the upstream connection: the engine aborts).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from slo_sidecar.errors import APIError
+from slo_sidecar.front import ParsedBody
+from slo_sidecar.tracker import LiveRequest
+
+Event = tuple[str, Any]
+
+
+@dataclass
+class Job:
+    """One accepted request with its scheduling state."""
+
+    live: LiveRequest
+    parsed: ParsedBody
+    created_unix_s: int = field(default_factory=lambda: int(time.time()))
+    events: asyncio.Queue[Event] = field(default_factory=asyncio.Queue)
+    released: asyncio.Event = field(default_factory=asyncio.Event)
+    rejection: APIError | None = None
+    engine_priority: int | None = None
+    attempt_task: asyncio.Task[str] | None = None
+    preempting: bool = False
+    attempts: int = 0
+    finish_reason: str | None = None
+    engine_prompt_tokens: int | None = None
+    terminal: bool = False
+
+    @property
+    def request_id(self) -> str:
+        return self.live.request_id
+
+    def reject(self, err: APIError) -> None:
+        """Admission control refused it while it waited: the generation task raises ``err``."""
+        self.rejection = err
+        self.released.set()
+
+    def release(self, priority: int | None) -> None:
+        self.engine_priority = priority
+        self.live.phase = "prefill"
+        self.released.set()
+
+    def preempt(self) -> bool:
+        """Abort the upstream attempt; the request waits again and resumes as a continuation."""
+        if not self.parsed.resumable or self.terminal:
+            return False
+        self.released.clear()
+        self.live.phase = "waiting"
+        self.live.preemptions += 1
+        task = self.attempt_task
+        if task is not None and not task.done():
+            self.preempting = True
+            task.cancel()
+        return True
+
+    def emit(self, kind: str, payload: Any = None) -> None:
+        if kind in ("done", "error"):
+            if self.terminal:
+                return
+            self.terminal = True
+        self.events.put_nowait((kind, payload))

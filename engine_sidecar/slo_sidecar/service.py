@@ -1,0 +1,294 @@
+"""The sidecar's core, without HTTP: admission, the generation task of each request, and accounting.
+
+:meth:`Sidecar.accept` validates a request and admits it (or raises an :class:`APIError`: 400 with what
+to fix, 429 over a tier's concurrency limit, 503 when draining, the engine is down or the queue is
+full). :meth:`Sidecar.generate` runs one request's upstream attempts; :meth:`Sidecar.end` accounts
+for it exactly once, whatever happened.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import Counter
+from collections.abc import Mapping
+from typing import Any
+
+import httpx
+
+from slo_core.engine_tags import EngineTags
+from slo_core.request_slo import SLOParamError, parse_slo
+from slo_sidecar.analyzer import LengthEstimator
+from slo_sidecar.config import PolicyConfig, SidecarKnobs
+from slo_sidecar.engine_client import EngineRejected, EngineStatus, EngineUnavailable
+from slo_sidecar.errors import APIError, overloaded
+from slo_sidecar.front import CHAT, parse_body
+from slo_sidecar.history import History
+from slo_sidecar.job import Job
+from slo_sidecar.metrics import SidecarMetrics
+from slo_sidecar.scheduling import Scheduler
+from slo_sidecar.streaming import run_attempt
+from slo_sidecar.tracker import Tracker
+
+log = logging.getLogger(__name__)
+
+
+class Sidecar:
+    """Everything one sidecar process shares, built once and passed to the HTTP and gRPC fronts."""
+
+    def __init__(
+        self,
+        *,
+        knobs: SidecarKnobs,
+        config: PolicyConfig,
+        engine_url: str,
+        estimator: LengthEstimator,
+        estimator_source: str = "",
+        metrics: SidecarMetrics | None = None,
+    ) -> None:
+        self.knobs = knobs
+        self.config = config
+        self.engine_url = engine_url.rstrip("/")
+        self.estimator = estimator
+        self.estimator_source = estimator_source
+        self.metrics = metrics or SidecarMetrics()
+        self.history = History(knobs.history_size)
+        self.tracker = Tracker(self.history)
+        self.scheduler = Scheduler(
+            config.make_policy(),
+            self.metrics,
+            mode=knobs.mode,
+            max_running=knobs.max_running,
+            frame_s=knobs.frame_s,
+            kv_cache_tokens=knobs.kv_cache_tokens,
+            max_batched_tokens=knobs.max_batched_tokens,
+            engine_priority=knobs.engine_priority,
+        )
+        self.engine = EngineStatus()
+        self.client: httpx.AsyncClient | None = None
+        self.jobs: dict[str, Job] = {}
+        self.tier_inflight: Counter[str] = Counter()
+        self.draining = False
+        self.config_error = ""
+        self._background: set[asyncio.Task[Any]] = set()
+
+    # ---- admission ---------------------------------------------------------------------------
+    async def accept(self, headers: Mapping[str, str], body: Any, endpoint: str) -> Job:
+        k, cfg = self.knobs, self.config
+        parsed = parse_body(body, endpoint, k.default_max_tokens)
+        try:
+            slo = parse_slo(headers, body)
+        except SLOParamError as exc:
+            raise APIError(400, str(exc), param=exc.param, code="invalid_slo") from None
+        tier_name = slo.tier or cfg.default_tier
+        tier = cfg.tiers.get(tier_name)
+        if tier is None:
+            raise APIError(
+                400,
+                f"unknown SLO tier {tier_name!r}; choose one of: {', '.join(sorted(cfg.tiers))}",
+                param="tier",
+                code="invalid_slo",
+            )
+        try:
+            targets = tier.targets(ttft_s=slo.ttft_s, tbt_s=slo.tbt_s, deadline_s=slo.deadline_s)
+        except ValueError as exc:
+            raise APIError(400, f"tier {tier_name!r}: {exc}", param="slo", code="invalid_slo") from None
+        self._check_size(parsed.prompt_tokens, parsed.max_tokens)
+        self._check_capacity(tier_name)
+        bound = await asyncio.to_thread(
+            self.estimator.bound,
+            parsed.prompt_text or None,
+            parsed.prompt_tokens,
+            targets.kind.value,
+            parsed.max_tokens,
+        )
+        max_wait = min(slo.max_wait_s or cfg.max_wait_s, cfg.max_wait_s)
+        live = self.tracker.new_request(
+            tier=tier,
+            targets=targets,
+            prompt_text=parsed.prompt_text,
+            prompt_tokens=parsed.prompt_tokens,
+            max_tokens=parsed.max_tokens,
+            max_wait_s=max_wait,
+            bound=int(bound),
+            program_id=slo.program_id,
+            stage=slo.stage,
+            stated_stages=slo.stages,
+        )
+        job = Job(live, parsed)
+        self.jobs[live.request_id] = job
+        self.tier_inflight[tier_name] += 1
+        return job
+
+    def _check_size(self, prompt_tokens: int, max_tokens: int) -> None:
+        k = self.knobs
+        if prompt_tokens > k.max_prompt_tokens:
+            raise APIError(
+                400,
+                f"the prompt is about {prompt_tokens} tokens; this server accepts at most "
+                f"{k.max_prompt_tokens}: shorten the prompt",
+                param="prompt",
+                code="context_length_exceeded",
+            )
+        limit = min(k.max_context_tokens, self.engine.max_model_len or k.max_context_tokens)
+        if prompt_tokens + max_tokens > limit:
+            raise APIError(
+                400,
+                f"prompt (about {prompt_tokens} tokens) plus max_tokens ({max_tokens}) exceeds the "
+                f"context limit of {limit} tokens: lower max_tokens or shorten the prompt",
+                param="max_tokens",
+                code="context_length_exceeded",
+            )
+
+    def _check_capacity(self, tier: str) -> None:
+        k, s = self.knobs, self.scheduler
+        if self.draining:
+            raise overloaded("this pod is shutting down; send the request to another replica", "draining", 1)
+        if not self.engine.healthy:
+            raise overloaded(f"the engine is not available ({self.engine.error})", "engine_unavailable", 2)
+        limit = k.tier_max_inflight
+        if limit is not None and self.tier_inflight[tier] >= limit:
+            raise APIError(
+                429,
+                f"tier {tier!r} already has {limit} requests in flight on this pod; retry later",
+                kind="rate_limit_error",
+                code="tier_limit",
+                retry_after_s=1,
+            )
+        queued = len(s.waiting) if k.mode == "proxy" else max(0, len(s.running) - k.max_running)
+        if queued >= k.max_queue:
+            raise overloaded(
+                f"{queued} requests are already waiting on this pod", "queue_full", s.retry_after_s()
+            )
+
+    # ---- generation --------------------------------------------------------------------------
+    def upstream_body(self, job: Job) -> dict[str, Any]:
+        """The body of the next attempt: a continuation (prompt + generated text) after a preemption."""
+        live, parsed = job.live, job.parsed
+        body = dict(parsed.forward)
+        body["stream"] = True
+        body["stream_options"] = {"include_usage": True}
+        done = live.generated_tokens
+        body["max_tokens"] = max(1, live.max_tokens - done)
+        if done:
+            text = "".join(live.generated_text)
+            if parsed.endpoint == CHAT:
+                body["messages"] = [*parsed.forward["messages"], {"role": "assistant", "content": text}]
+                body["add_generation_prompt"] = False
+                body["continue_final_message"] = True
+            else:
+                body["prompt"] = live.prompt_text + text
+        if job.engine_priority is not None:
+            body["priority"] = job.engine_priority
+        if self.knobs.mode == "engine":
+            tags = EngineTags(
+                targets=live.targets,
+                request_key=live.request_id,
+                deadline_at_s=self.tracker.unix(live.deadline_at_s)
+                if live.deadline_at_s is not None
+                else None,
+                output_bound=live.bound,
+                program_id=live.program_id,
+                stage=live.stage,
+            )
+            body["vllm_xargs"] = {**(parsed.forward.get("vllm_xargs") or {}), **tags.to_xargs()}
+        return body
+
+    async def generate(self, job: Job) -> None:
+        """Attempts until the request completes; preemption sends it back to wait. Emits done/error."""
+        try:
+            while True:
+                await job.released.wait()
+                if job.rejection is not None:
+                    raise job.rejection
+                job.attempts += 1
+                job.preempting = False
+                job.attempt_task = asyncio.create_task(run_attempt(self, job, self.upstream_body(job)))
+                try:
+                    await job.attempt_task
+                    break
+                except asyncio.CancelledError:
+                    task = asyncio.current_task()
+                    if job.preempting and not (task is not None and task.cancelling()):
+                        continue
+                    raise
+            job.emit("done")
+        except APIError as err:
+            job.emit("error", err)
+        except EngineRejected as exc:
+            job.emit(
+                "error",
+                APIError(exc.status, f"the engine rejected the request: {exc}", code="engine_rejected"),
+            )
+        except EngineUnavailable as exc:
+            log.warning("request %s: %s", job.request_id, exc)
+            job.emit("error", overloaded(f"the engine failed: {exc}", "engine_failed", 2))
+        finally:
+            if job.attempt_task is not None and not job.attempt_task.done():
+                job.attempt_task.cancel()
+            self.scheduler.forget(job)
+
+    def refine_later(self, job: Job) -> None:
+        """Re-estimate the bound off the event loop every ``refine_every_tokens`` tokens."""
+        live = job.live
+        if live.generated_tokens - live.last_refined_tokens < self.knobs.refine_every_tokens:
+            return
+        live.last_refined_tokens = live.generated_tokens
+
+        async def refine() -> None:
+            value = await asyncio.to_thread(
+                self.estimator.refine,
+                live.bound,
+                live.prompt_text or None,
+                live.prompt_tokens,
+                live.generated_tokens,
+                "".join(live.generated_text),
+                live.targets.kind.value,
+                live.max_tokens,
+            )
+            live.bound = max(int(value), min(live.max_tokens, live.generated_tokens + 1))
+
+        task = asyncio.create_task(refine())
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    # ---- accounting --------------------------------------------------------------------------
+    def note_reject(self, err: APIError, tier: str = "-", pclass: str = "-") -> None:
+        self.metrics.rejects.labels(tier, pclass, err.code or str(err.status)).inc()
+
+    def end(self, job: Job, status: str, err: APIError | None = None) -> None:
+        """Account for a request that ended: ok, error, aborted (client gone) or rejected (admission)."""
+        if self.jobs.pop(job.request_id, None) is None:
+            return
+        live, m = job.live, self.metrics
+        tier, pclass = live.tier.name, live.targets.priority_class
+        self.tier_inflight[tier] -= 1
+        outcome = self.tracker.outcome(live, status == "ok", self.config.goodput, self.config.gain_params)
+        m.requests.labels(tier, pclass, status).inc()
+        m.goodput_earned.labels(tier, pclass).inc(outcome.earned)
+        m.goodput_lost.labels(tier, pclass).inc(max(0.0, outcome.ideal - outcome.earned))
+        m.output_tokens.labels(tier, pclass).inc(live.generated_tokens)
+        if status == "rejected" and err is not None:
+            self.note_reject(err, tier, pclass)
+        if status != "aborted":
+            m.slo_result(tier, pclass, outcome.met_slo)
+        if status == "ok" and live.started:
+            m.ttft.labels(tier, pclass).observe(live.ttft_s())
+            if live.generated_tokens > 1:
+                m.tbt.labels(tier, pclass).observe(live.mean_tbt_s())
+            m.e2e.labels(tier, pclass).observe(live.token_times_s[-1] - live.arrival_s)
+            m.bound_ratio.labels(tier, pclass).observe(live.bound_at_arrival / max(1, live.generated_tokens))
+        self.tracker.finish(live, outcome, status)
+
+    def update_gauges(self) -> None:
+        m = self.metrics
+        for gauge in (m.queue_depth, m.running):
+            gauge.clear()
+        for gauge, jobs in ((m.queue_depth, self.scheduler.waiting), (m.running, self.scheduler.running)):
+            counts = Counter((j.live.tier.name, j.live.targets.priority_class) for j in jobs)
+            for (tier, pclass), n in counts.items():
+                gauge.labels(tier, pclass).set(n)
+
+    def now(self) -> float:
+        return time.monotonic()

@@ -1,0 +1,117 @@
+"""One upstream attempt of a request, and the chunks and bodies the client receives.
+
+Each engine chunk is stamped with the sidecar's response id (stable across preemptions), its tokens
+are timestamped in the tracker, and it is handed to the HTTP handler. Usage is the sidecar's own sum
+over attempts: the prompt as the client sent it, every completion token of every attempt.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import TYPE_CHECKING, Any
+
+from slo_sidecar.engine_client import stream_chunks
+from slo_sidecar.front import CHAT
+from slo_sidecar.job import Job
+
+if TYPE_CHECKING:
+    from slo_sidecar.service import Sidecar
+
+
+def _choice_text(choice: dict[str, Any], chat: bool) -> str:
+    if chat:
+        delta = choice.get("delta") or {}
+        return str(delta.get("content") or "") if isinstance(delta, dict) else ""
+    return str(choice.get("text") or "")
+
+
+async def run_attempt(sc: Sidecar, job: Job, body: dict[str, Any]) -> str:
+    """Stream one attempt to its end; raises EngineUnavailable/EngineRejected; cancellation aborts it."""
+    live, chat = job.live, job.parsed.endpoint == CHAT
+    path = "/v1/chat/completions" if chat else "/v1/completions"
+    headers = {"x-request-id": f"{live.request_id}-{job.attempts}"}
+    counted = 0
+    usage: dict[str, Any] | None = None
+    client = sc.client
+    assert client is not None
+    async for chunk in stream_chunks(
+        client, sc.engine_url + path, body, headers, sc.knobs.upstream_read_timeout_s
+    ):
+        now = sc.now()
+        choices = chunk.get("choices") or []
+        if isinstance(chunk.get("usage"), dict):
+            usage = chunk["usage"]
+        if not choices:
+            continue
+        choice = choices[0] if isinstance(choices[0], dict) else {}
+        text = _choice_text(choice, chat)
+        if choice.get("finish_reason"):
+            job.finish_reason = str(choice["finish_reason"])
+        if text:
+            counted += 1
+            sc.tracker.record_tokens(live, 1, text, now)
+            sc.refine_later(job)
+        elif job.attempts > 1 and not choice.get("finish_reason"):
+            continue  # a continuation's opening role chunk: the client already has one
+        if chat and job.attempts > 1 and isinstance(choice.get("delta"), dict):
+            choice["delta"].pop("role", None)
+        chunk["id"] = "cmpl-" + live.request_id if not chat else "chatcmpl-" + live.request_id
+        chunk.pop("usage", None)
+        job.emit("chunk", chunk)
+    if usage is not None:
+        _settle_usage(sc, job, usage, counted)
+    return "done"
+
+
+def _settle_usage(sc: Sidecar, job: Job, usage: dict[str, Any], counted: int) -> None:
+    """Chunks may carry several tokens (or none): the engine's count of this attempt is the truth."""
+    live = job.live
+    engine_tokens = int(usage.get("completion_tokens") or 0)
+    if engine_tokens > counted:
+        sc.tracker.record_tokens(
+            live, engine_tokens - counted, "", live.token_times_s[-1] if live.started else sc.now()
+        )
+    elif engine_tokens < counted:
+        del live.token_times_s[len(live.token_times_s) - (counted - engine_tokens) :]
+    if job.attempts == 1 and usage.get("prompt_tokens"):
+        job.engine_prompt_tokens = int(usage["prompt_tokens"])
+        live.prompt_tokens = job.engine_prompt_tokens
+
+
+def usage_of(job: Job) -> dict[str, int]:
+    prompt = job.engine_prompt_tokens or job.live.prompt_tokens
+    out = job.live.generated_tokens
+    return {"prompt_tokens": prompt, "completion_tokens": out, "total_tokens": prompt + out}
+
+
+def sse(obj: dict[str, Any]) -> bytes:
+    return b"data: " + json.dumps(obj, separators=(",", ":")).encode() + b"\n\n"
+
+
+def usage_chunk(job: Job) -> dict[str, Any]:
+    chat = job.parsed.endpoint == CHAT
+    return {
+        "id": ("chatcmpl-" if chat else "cmpl-") + job.request_id,
+        "object": "chat.completion.chunk" if chat else "text_completion",
+        "created": job.created_unix_s,
+        "model": job.parsed.model,
+        "choices": [],
+        "usage": usage_of(job),
+    }
+
+
+def full_response(job: Job) -> dict[str, Any]:
+    """The non-streaming answer assembled from the streamed attempts."""
+    text = "".join(job.live.generated_text)
+    common = {"created": job.created_unix_s, "model": job.parsed.model, "usage": usage_of(job)}
+    if job.parsed.endpoint == CHAT:
+        message = {"role": "assistant", "content": text}
+        choice = {"index": 0, "message": message, "logprobs": None, "finish_reason": job.finish_reason}
+        return {
+            "id": "chatcmpl-" + job.request_id,
+            "object": "chat.completion",
+            "choices": [choice],
+            **common,
+        }
+    choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": job.finish_reason}
+    return {"id": "cmpl-" + job.request_id, "object": "text_completion", "choices": [choice], **common}
