@@ -1,0 +1,119 @@
+"""Autellix PLAS (Luo et al. 2025; a JITServe §6.1 baseline): program-level least attained service.
+
+A call's priority is the service its whole program has attained so far (tokens prefilled once plus
+tokens generated, over all its calls), discretized into multi-level queues: queue 0 holds programs
+below ``base_quantum_tokens``, queue k those below base·growth^k, the last queue everything above.
+Calls are admitted and batched by (queue, program arrival, arrival); a call waiting longer than
+``starvation_s`` is promoted to queue 0 (anti-starvation). When a waiting call of a better queue
+cannot get a sequence slot or the KV blocks of its prompt, running calls of strictly worse queues
+are preempted (worst queue first, latest arrival first), at most ``max_preemptions`` per frame.
+Single requests are programs of one call. Service is counted in tokens, not seconds.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Sequence
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from slo_core.policies.base import BaseEnginePolicy, Decision, EngineView, RequestView
+
+
+class AutellixPLASParams(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    base_quantum_tokens: int = Field(2048, ge=1, description="attained service that ends queue 0 (tokens)")
+    quantum_growth: float = Field(2.0, gt=1, description="each queue's limit over the previous one's (ratio)")
+    num_queues: int = Field(8, ge=1, description="number of priority queues")
+    starvation_s: float = Field(60.0, gt=0, description="waiting longer than this promotes to queue 0 (s)")
+    max_preemptions: int = Field(8, ge=0, description="most running calls preempted per frame")
+    frame_steps: int = Field(32, ge=1, description="engine steps between re-prioritizations (steps)")
+
+
+class AutellixPLAS(BaseEnginePolicy):
+    """PLAS with multi-level queues, anti-starvation and bounded preemption."""
+
+    name = "autellix"
+
+    def __init__(self, **params: Any) -> None:
+        self.params = AutellixPLASParams.model_validate(params)
+        self.frame_steps = self.params.frame_steps
+        self._log_growth = math.log(self.params.quantum_growth)
+
+    def queue(self, r: RequestView, now_s: float) -> int:
+        """The priority queue of ``r`` (0 is served first)."""
+        p = self.params
+        if r.waiting_since_s is not None and now_s - r.waiting_since_s > p.starvation_s:
+            return 0
+        attained = r.program_attained_tokens
+        if attained < p.base_quantum_tokens:
+            return 0
+        level = int(math.log(attained / p.base_quantum_tokens) / self._log_growth) + 1
+        return min(p.num_queues - 1, level)
+
+    def _key(self, r: RequestView, now_s: float) -> tuple[int, float, float]:
+        program_arrival = r.program_arrival_s if r.program_arrival_s is not None else r.arrival_s
+        return (self.queue(r, now_s), program_arrival, r.arrival_s)
+
+    def decide(
+        self,
+        waiting: Sequence[RequestView],
+        running: Sequence[RequestView],
+        engine: EngineView,
+        rng: random.Random,
+    ) -> Decision:
+        now = engine.now_s
+        wkeys = [self._key(r, now) for r in waiting]
+        rkeys = [self._key(r, now) for r in running]
+        victims = self._victims(waiting, wkeys, running, rkeys, engine)
+        victim_ids = {running[i].request_id for i in victims}
+        pool = [(wkeys[i], 0, i, waiting[i].request_id) for i in range(len(waiting))]
+        pool += [(rkeys[i], 1, i, running[i].request_id) for i in victims]
+        pool.sort()
+        run_order = sorted(
+            (rkeys[i], i, running[i].request_id)
+            for i in range(len(running))
+            if running[i].request_id not in victim_ids
+        )
+        return Decision(
+            admit=tuple(item[3] for item in pool),
+            preempt=tuple(running[i].request_id for i in victims),
+            running_order=tuple(item[2] for item in run_order),
+            reason=f"plas preempt={len(victims)}",
+        )
+
+    def _victims(
+        self,
+        waiting: Sequence[RequestView],
+        wkeys: list[tuple[int, float, float]],
+        running: Sequence[RequestView],
+        rkeys: list[tuple[int, float, float]],
+        engine: EngineView,
+    ) -> list[int]:
+        """Running calls to preempt so better-queued waiting calls fit (indices into ``running``)."""
+        if self.params.max_preemptions == 0 or not waiting or not running:
+            return []
+        seats = engine.max_num_seqs - len(running)
+        blocks = engine.kv_blocks_free
+        bs = engine.block_size
+        # worst first: highest queue, then latest program arrival, then latest arrival
+        candidates = sorted(range(len(running)), key=lambda i: rkeys[i], reverse=True)
+        victims: list[int] = []
+        for wi in sorted(range(len(waiting)), key=lambda i: wkeys[i]):
+            w = waiting[wi]
+            need = -(-(w.prompt_tokens + w.generated_tokens) // bs)
+            while (seats < 1 or blocks < need) and candidates and len(victims) < self.params.max_preemptions:
+                if rkeys[candidates[0]][0] <= wkeys[wi][0]:
+                    return victims
+                v = candidates.pop(0)
+                victims.append(v)
+                seats += 1
+                blocks += -(-running[v].computed_tokens // bs)
+            if seats < 1 or blocks < need:
+                return victims
+            seats -= 1
+            blocks -= need
+        return victims
