@@ -92,3 +92,16 @@ def test_time_grows_with_work(name: str) -> None:
     # an 8B decode step on one GPU takes milliseconds, a 70B one tens of milliseconds
     lo, hi = (0.004, 0.02) if "8b" in name else (0.015, 0.08)
     assert lo < _decode_s(p, 1, 512) < hi
+
+
+def test_shapes_match_the_published_model_sizes() -> None:
+    from slo_core.perf.shapes import LLAMA2_70B, LLAMA3_8B, kv_capacity
+
+    assert LLAMA3_8B.params() == pytest.approx(8.03e9, rel=0.005)
+    assert LLAMA2_70B.params() == pytest.approx(68.98e9, rel=0.005)
+    assert LLAMA3_8B.kv_bytes_per_token() == 128 * 1024  # 32 layers × 8 KV heads × 128 × K,V × bf16
+    assert LLAMA2_70B.kv_bytes_per_token() == 320 * 1024
+    tp4, _ = kv_capacity(LLAMA2_70B, "h100", 4)
+    tp8, _ = kv_capacity(LLAMA2_70B, "h100", 8)
+    assert tp8 > 2 * tp4  # the weights' share shrinks as the cache grows
+    assert load_profile("h100-llama2-70b-tp8").kv_cache_tokens == tp8

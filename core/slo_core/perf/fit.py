@@ -118,3 +118,15 @@ def fit_points(
 def ape(predicted_ms: FloatArray, measured_ms: FloatArray) -> FloatArray:
     """Absolute percentage errors (%)."""
     return np.asarray(100.0 * np.abs(predicted_ms - measured_ms) / measured_ms, dtype=np.float64)
+
+
+def residual_stats(fit: Fit, pts: Points) -> dict[str, float]:
+    """Points, MAPE and max APE (%), RMSE (ms) of ``fit`` on ``pts``."""
+    pred = fit.predict_ms(pts)
+    err = ape(pred, pts.time_ms)
+    return {
+        "points": len(pts),
+        "mape_pct": round(float(err.mean()), 3),
+        "max_ape_pct": round(float(err.max()), 3),
+        "rmse_ms": round(float(np.sqrt(np.mean((pred - pts.time_ms) ** 2))), 4),
+    }
