@@ -11,10 +11,11 @@ Model (slo_core.perf.model): T = t_c + max(floor, a·N) + b·Σ(chunk·ctx) + d�
   Meta-Llama-3-8B (A100, TP1) give t_c, a and the knee; the attention terms come from Vidur's A100
   attention profile (Llama-2-70B TP2: 32 query / 4 KV heads per GPU, per layer), b scaled by query
   heads (32/32) and d by KV heads (8/4), times 32 layers.
-* Llama-3-8B on H100 TP1 (in no shared data set; derived): linear ops and prefill from our own H100
-  measurement of the exact shape (bench/gpu/results/h100_llama3_8b_measured.csv, GPU kernel time);
-  attention b and d from our H100 one-layer attention timing (h100_attention_measured.csv). Checked
-  against a Vidur transfer (H100 Llama-2-7B linear ops × the A100 Llama-3-8B / Llama-2-7B ratio).
+* Llama-3-8B on H100 TP1 (in no shared data set; derived): linear ops transferred from Vidur's H100
+  Llama-2-7B kernels by the A100 Llama-3-8B / Llama-2-7B ratio at each token count (the same stack as
+  the A100 profile); attention b, d and the decode constant from our one-layer H100 attention timing
+  (bench/gpu/results/h100_attention_measured.csv, bench/gpu/measure_attention_h100.py). Checked
+  against our whole-model H100 measurement of the exact shape (h100_llama3_8b_measured.csv).
 * Both 8B profiles are GPU kernel time; the CPU-side per-step overhead of vLLM with CUDA graphs is in
   no shipped data and is added as ``--cpu-overhead-ms`` (an assumption, recorded in the JSON).
 
