@@ -11,23 +11,44 @@ from typing import Any
 import kopf
 
 from slo_operator.handlers import build_registry, post_event
-from slo_operator.kubeapi import KubeApi, load_configuration
+from slo_operator.kubeapi import ApiError, KubeApi, load_configuration
 from slo_operator.reconcile import Reconciler
 from slo_operator.settings import OperatorSettings
 
 log = logging.getLogger(__name__)
 
 
+def ensure_peering(api: KubeApi, settings: OperatorSettings) -> None:
+    """Create the kopf peering object(s) replicas elect a leader through, unless they exist already."""
+    if settings.peering is None:
+        return
+    body = {"metadata": {"name": settings.peering}}
+    if settings.namespaces:
+        targets = [
+            (f"/apis/kopf.dev/v1/namespaces/{ns}/kopfpeerings", "KopfPeering") for ns in settings.namespaces
+        ]
+    else:
+        targets = [("/apis/kopf.dev/v1/clusterkopfpeerings", "ClusterKopfPeering")]
+    for where, kind in targets:
+        try:
+            api.request("POST", where, {"apiVersion": "kopf.dev/v1", "kind": kind, **body})
+        except ApiError as err:
+            if err.code != 409:  # 409: another replica created it first
+                raise
+
+
 async def operate(
     settings: OperatorSettings,
     stop_flag: threading.Event | asyncio.Event | None = None,
     ready_flag: threading.Event | asyncio.Event | None = None,
+    kubeconfig: str | None = None,
 ) -> None:
-    """Run the operator until ``stop_flag`` is set (or forever)."""
-    api = KubeApi(load_configuration(), settings.field_manager, settings.request_timeout_s)
+    """Run the operator until ``stop_flag`` is set (or forever); credentials as :func:`load_configuration`."""
+    api = KubeApi(load_configuration(kubeconfig), settings.field_manager, settings.request_timeout_s)
     reconciler = Reconciler(api, settings, events=post_event)
-    registry = build_registry(reconciler)
+    registry = build_registry(reconciler, kubeconfig)
     log.info("slofleet operator: %s", settings.describe())
+    await asyncio.to_thread(ensure_peering, api, settings)
     liveness = f"http://0.0.0.0:{settings.liveness_port}/healthz" if settings.liveness_port else None
     try:
         await kopf.operator(

@@ -30,9 +30,9 @@ def post_event(body: dict[str, Any], type_: str, reason: str, message: str) -> N
     kopf.event(kopf.Body(body), type=type_, reason=reason, message=message)  # type: ignore[arg-type]
 
 
-def login(**_: Any) -> kopf.ConnectionInfo:
-    """kopf's credentials from the same place as the operator's own client (in-cluster or $KUBECONFIG)."""
-    cfg = load_configuration()
+def login(kubeconfig: str | None) -> kopf.ConnectionInfo:
+    """kopf's credentials from the same place as the operator's own client (in-cluster or a kubeconfig)."""
+    cfg = load_configuration(kubeconfig)
     header = cfg.get_api_key_with_prefix("BearerToken") or cfg.get_api_key_with_prefix("authorization")
     parts = header.split(" ", 1) if header else []
     scheme, token = (parts[0], parts[1]) if len(parts) == 2 else (None, parts[0] if parts else None)
@@ -54,7 +54,7 @@ def _owner(body: dict[str, Any]) -> str | None:
     return None
 
 
-def build_registry(reconciler: Reconciler) -> kopf.OperatorRegistry:
+def build_registry(reconciler: Reconciler, kubeconfig: str | None = None) -> kopf.OperatorRegistry:
     """A fresh registry with every handler of the operator bound to ``reconciler``."""
     registry = kopf.OperatorRegistry()
     seen_policies: dict[tuple[str, str], int] = {}
@@ -70,7 +70,9 @@ def build_registry(reconciler: Reconciler) -> kopf.OperatorRegistry:
         settings.networking.request_timeout = reconciler.settings.request_timeout_s
         settings.watching.server_timeout = 300
 
-    kopf.on.login(registry=registry)(login)
+    @kopf.on.login(registry=registry)
+    def credentials(**_: Any) -> kopf.ConnectionInfo:
+        return login(kubeconfig)
 
     @kopf.index(API_GROUP, API_VERSION, MD_PLURAL, id="md_by_policy", registry=registry)
     def md_by_policy(namespace: str, name: str, spec: Any, **_: Any) -> dict[tuple[str, str], str]:

@@ -33,13 +33,14 @@ class ApiError(Exception):
         self.code, self.reason, self.message = code, reason, message
 
 
-def load_configuration() -> client.Configuration:
-    """In-cluster credentials when running in a pod, else ``$KUBECONFIG`` (read now, not at import)."""
+def load_configuration(kubeconfig: str | None = None) -> client.Configuration:
+    """Credentials from ``kubeconfig``, else in-cluster ones in a pod, else ``$KUBECONFIG`` (read now)."""
     cfg = client.Configuration()
-    if os.environ.get("KUBERNETES_SERVICE_HOST"):
+    if kubeconfig is None and os.environ.get("KUBERNETES_SERVICE_HOST"):
         config.load_incluster_config(client_configuration=cfg)
     else:
-        config.load_kube_config(config_file=os.environ.get("KUBECONFIG"), client_configuration=cfg)
+        path = kubeconfig or os.environ.get("KUBECONFIG")
+        config.load_kube_config(config_file=path, client_configuration=cfg)
     return cfg
 
 

@@ -23,8 +23,8 @@ ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples"
 OPERATOR_TOKEN = "operator-token"
 OPERATOR_USER = "system:serviceaccount:slofleet:slofleet-operator"
+LEADER, STANDBY = "leader-token", "standby-token"  # two replicas electing a leader by kopf peering
 NS = "llm"
-RBAC_TEMPLATE = "slofleet/templates/operator-rbac.yaml"
 CHILDREN = [
     ("deployment", "llama-8b"),
     ("service", "llama-8b"),
@@ -35,24 +35,29 @@ CHILDREN = [
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    with Cluster(tmp_path_factory.mktemp("kube"), users={OPERATOR_TOKEN: OPERATOR_USER}) as c:
+    users = {OPERATOR_TOKEN: OPERATOR_USER, LEADER: "leader", STANDBY: "standby"}
+    with Cluster(tmp_path_factory.mktemp("kube"), users=users) as c:
         c.kubectl("apply", "--server-side", "-f", str(ROOT / "crds"))
         c.kubectl("apply", "-f", "-", stdin=f"apiVersion: v1\nkind: Namespace\nmetadata:\n  name: {NS}\n")
         yield c
 
 
 @pytest.fixture
-def operator(cluster: Cluster, monkeypatch: pytest.MonkeyPatch) -> Iterator[OperatorThread]:
-    monkeypatch.setenv("KUBECONFIG", str(cluster.kubeconfig(OPERATOR_TOKEN, "operator")))
-    thread = start_operator()
+def operator(cluster: Cluster) -> Iterator[OperatorThread]:
+    thread = start_operator(cluster)
     yield thread
     thread.stop()
     cluster.kubectl("delete", "md,slo", "--all", "-n", NS, "--wait=false")
 
 
-def start_operator() -> OperatorThread:
-    settings = OperatorSettings(liveness_port=None, priority=1, request_timeout_s=10)
-    return OperatorThread(lambda stop, ready: operate(settings, stop_flag=stop, ready_flag=ready)).start()
+def start_operator(cluster: Cluster, token: str = OPERATOR_TOKEN, **settings: object) -> OperatorThread:
+    config = str(cluster.kubeconfig(token, token))
+    options = OperatorSettings(liveness_port=None, priority=1, request_timeout_s=10).model_copy(
+        update=settings
+    )
+    return OperatorThread(
+        lambda stop, ready: operate(options, stop_flag=stop, ready_flag=ready, kubeconfig=config)
+    ).start()
 
 
 def apply_example(cluster: Cluster, name: str, edit: dict | None = None) -> dict:
@@ -197,7 +202,7 @@ def test_a_restarted_operator_converges_without_duplicates(cluster: Cluster, ope
     apply_example(cluster, "slopolicy-chat-agent.yaml", {"fairness": 0.3})
     set_ready(cluster, "llama-8b", 1)
 
-    restarted = start_operator()
+    restarted = start_operator(cluster)
     try:
         wait_phase(cluster, "Ready")
         cluster.wait_for(lambda: cluster.get("service", "llama-8b", NS), what="the Service re-created")
@@ -213,14 +218,51 @@ def test_a_restarted_operator_converges_without_duplicates(cluster: Cluster, ope
         restarted.stop()
 
 
-def chart_operator_rules(values: dict | None = None) -> list[dict]:
-    """The operator's ClusterRole as the real Helm library renders the chart."""
+def chart_docs(template: str, values: dict | None = None) -> list[dict]:
+    """One template of the chart as the real Helm library renders it."""
     chart = helm.Chart.load(str(ROOT / "charts" / "slofleet"))
-    docs = yaml.safe_load_all(
-        chart.render(values or {}, name="slofleet", namespace="slofleet")[RBAC_TEMPLATE]
-    )
-    (role,) = [d for d in docs if d and d["kind"] == "ClusterRole"]
+    rendered = chart.render(values or {}, name="slofleet", namespace="slofleet")
+    return [d for d in yaml.safe_load_all(rendered[f"slofleet/templates/{template}"]) if d]
+
+
+def chart_operator_rules(values: dict | None = None) -> list[dict]:
+    (role,) = [d for d in chart_docs("operator-rbac.yaml", values) if d["kind"] == "ClusterRole"]
     return role["rules"]
+
+
+def writes(cluster: Cluster, user: str) -> list:
+    """The user's requests that change slofleet objects or their children (not reads, not peering)."""
+    records = cluster.call(lambda: list(cluster.emulator.audit))
+    return [r for r in records if r.user == user and r.verb in ("create", "patch") and r.group != "kopf.dev"]
+
+
+def test_with_peering_one_replica_acts_and_the_standby_takes_over(cluster: Cluster) -> None:
+    replicas = {"operator": {"replicas": 2}}
+    (peering_crd,) = chart_docs("operator-peering.yaml", replicas)
+    cluster.kubectl("apply", "-f", "-", stdin=yaml.safe_dump(peering_crd))
+    peering = {"peering": "slofleet-operator"}
+    leader = start_operator(cluster, LEADER, priority=20, **peering)
+    standby = start_operator(cluster, STANDBY, priority=10, **peering)
+    try:
+        apply_example(cluster, "slopolicy-chat-agent.yaml")
+        apply_example(cluster, "modeldeployment-llama-8b-h100.yaml")
+        wait_phase(cluster, "Progressing")
+        assert writes(cluster, "leader") and not writes(cluster, "standby")
+        leader.stop()
+        apply_example(cluster, "slopolicy-chat-agent.yaml", {"fairness": 0.4})
+        cluster.wait_for(
+            lambda: "fairness: 0.4" in cluster.get("configmap", "llama-8b-policy", NS)["data"]["policy.yaml"],
+            what="the standby taking over",
+        )
+        assert writes(cluster, "standby")
+    finally:
+        leader.stop()
+        standby.stop()
+        cluster.kubectl("delete", "md,slo", "--all", "-n", NS, "--wait=false")
+    records = [
+        r for r in cluster.call(lambda: list(cluster.emulator.audit)) if r.user in ("leader", "standby")
+    ]
+    assert rbac.denied(records, chart_operator_rules(replicas)) == []
 
 
 def test_zz_every_request_of_the_operator_is_allowed_by_the_chart_and_no_more(
