@@ -1,0 +1,119 @@
+"""Output-length bounds: quantile formulas, learning from prompts, refinement invariants, shipped model."""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from slo_core.predict import BoundQuery, OutputBoundEstimator, load_estimator
+from slo_core.predict.forest import conditional_quantile, weighted_quantile
+from slo_core.predict.training import LengthRow, shipped_rows, split, train_estimator
+
+
+def synthetic_rows(n: int, seed: int) -> list[LengthRow]:
+    """'brief' prompts answer in ~20 tokens, 'essay' prompts in ~400."""
+    rng = random.Random(seed)
+    rows = []
+    for i in range(n):
+        long = i % 2 == 0
+        topic = rng.choice(["cats", "rivers", "markets", "stars"])
+        prompt = f"write an essay about {topic}" if long else f"brief answer: what are {topic}?"
+        out = int(rng.gauss(400, 60)) if long else int(rng.gauss(20, 4))
+        rows.append(LengthRow(f"s{seed}-{i}", prompt, len(prompt.split()), max(1, out), "latency"))
+    return rows
+
+
+@pytest.fixture(scope="module")
+def est() -> OutputBoundEstimator:
+    return train_estimator(synthetic_rows(300, 0), n_trees=10, min_samples_leaf=5)
+
+
+def test_weighted_quantile_small_cases() -> None:
+    v = np.array([1.0, 2.0, 3.0, 4.0])
+    w = np.ones(4)
+    assert weighted_quantile(v, w, 0.5) == 2.0
+    assert weighted_quantile(v, w, 0.75) == 3.0
+    assert weighted_quantile(v, w, 0.95) == 4.0
+    assert weighted_quantile(v, np.array([0.1, 0.1, 0.1, 0.7]), 0.3) == 3.0
+    # conditioning on "longer than 2" keeps {3, 4}
+    assert conditional_quantile(v, w, 0.5, 2.0) == 3.0
+    assert np.isnan(conditional_quantile(v, w, 0.5, 4.0))
+
+
+def test_bounds_follow_the_prompt_and_cover_held_out_lengths(est: OutputBoundEstimator) -> None:
+    short = est.bound("brief answer: what are cats?", 5, "latency", 4096)
+    long = est.bound("write an essay about cats", 5, "latency", 4096)
+    assert short < 60 < 350 < long
+    held = synthetic_rows(200, 1)
+    bounds = est.bounds([BoundQuery(r.prompt, r.prompt_tokens, r.kind, 4096) for r in held])
+    coverage = np.mean([r.output_tokens <= b for r, b in zip(held, bounds, strict=True)])
+    assert coverage >= 0.9
+
+
+def test_bound_is_capped_by_max_tokens(est: OutputBoundEstimator) -> None:
+    assert est.bound("write an essay about stars", 5, "latency", 100) == 100
+
+
+def test_refinement_loosens_once_generation_passes_the_bound(est: OutputBoundEstimator) -> None:
+    prompt = "brief answer: what are rivers?"
+    b0 = est.bound(prompt, 5, "latency", 4096)
+    assert est.refine(b0, prompt, 5, 10, None, "latency", 4096) == b0  # before the first checkpoint
+    passed = est.refine(b0, prompt, 5, 120, None, "latency", 4096)
+    assert passed > 120 >= b0
+    # with generated text, the estimate is re-featurized and still honours the invariants
+    text = est.refine(b0, prompt, 5, 120, " and so on" * 30, "latency", 4096)
+    assert text > 120
+
+
+def test_batch_equals_single_calls(est: OutputBoundEstimator) -> None:
+    qs = [
+        BoundQuery("write an essay about markets", 6, "latency", 4096),
+        BoundQuery(None, 40, "deadline", 300),
+        BoundQuery("brief answer: what are stars?", 5, "latency", 4096, 60, None, 25),
+    ]
+    single = [
+        est.bound(qs[0].prompt_text, 6, "latency", 4096),
+        est.bound(None, 40, "deadline", 300),
+        est.refine(25, qs[2].prompt_text, 5, 60, None, "latency", 4096),
+    ]
+    assert est.bounds(qs) == single
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    prompt_tokens=st.integers(1, 5000),
+    max_tokens=st.integers(1, 5000),
+    start=st.integers(1, 6000),
+    gens=st.lists(st.integers(0, 5000), min_size=1, max_size=5),
+    text=st.one_of(st.none(), st.text(max_size=40)),
+)
+def test_refined_bounds_never_below_generated_and_only_loosen(
+    est: OutputBoundEstimator,
+    prompt_tokens: int,
+    max_tokens: int,
+    start: int,
+    gens: list[int],
+    text: str | None,
+) -> None:
+    previous = start
+    for g in sorted(min(g, max_tokens) for g in gens):
+        b = est.refine(previous, text, prompt_tokens, g, text, "latency", max_tokens)
+        assert b >= g
+        assert b <= max_tokens
+        assert b > g or g == max_tokens
+        assert b >= min(previous, max_tokens)
+        previous = b
+
+
+def test_shipped_artefact_covers_the_held_back_split() -> None:
+    est = load_estimator()
+    held = split(shipped_rows())[1][::8]  # ~300 rows, deterministic
+    bounds = est.bounds([BoundQuery(r.prompt, r.prompt_tokens, r.kind, 4096) for r in held])
+    coverage = np.mean([min(r.output_tokens, 4096) <= b for r, b in zip(held, bounds, strict=True)])
+    assert coverage >= 0.9
+    ratio = np.median([b / min(r.output_tokens, 4096) for r, b in zip(held, bounds, strict=True)])
+    assert ratio < 4.0  # tighter than a blanket cap (max_tokens / median length ≈ 30)
