@@ -105,3 +105,21 @@ def test_shapes_match_the_published_model_sizes() -> None:
     tp8, _ = kv_capacity(LLAMA2_70B, "h100", 8)
     assert tp8 > 2 * tp4  # the weights' share shrinks as the cache grows
     assert load_profile("h100-llama2-70b-tp8").kv_cache_tokens == tp8
+
+
+@pytest.mark.parametrize(
+    ("alias", "name"),
+    [
+        ("h100/llama-3-8b", "h100-llama3-8b-tp1"),
+        ("H100-Llama-3-8B", "h100-llama3-8b-tp1"),
+        ("a100/llama-2-70b-tp4", "a100-llama2-70b-tp4"),
+        ("h100-llama2-70b-tp8", "h100-llama2-70b-tp8"),
+    ],
+)
+def test_aliases_resolve_to_shipped_profiles(alias: str, name: str) -> None:
+    assert load_profile(alias).name == name
+
+
+def test_unknown_alias_is_a_value_error() -> None:
+    with pytest.raises(ValueError, match="valid names"):
+        load_profile("h100/llama-2-70b")  # no TP1 70B profile

@@ -8,6 +8,7 @@ files, method, fitting residuals, how the KV-cache capacity was derived) that lo
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import fields
 from pathlib import Path
 from typing import Any
@@ -40,8 +41,9 @@ def profile_document(name_or_path: str | Path) -> dict[str, Any]:
 def load_profile(name_or_path: str | Path) -> PerfProfile:
     """A shipped profile by name, or a profile JSON file by path.
 
-    Raises ValueError naming the valid profiles when ``name_or_path`` is neither, and when the file
-    lacks a field; FileNotFoundError when a path-like argument names no file.
+    Aliases such as ``h100/llama-3-8b`` resolve to the shipped name (:func:`canonical_name`). Raises
+    ValueError naming the valid profiles when ``name_or_path`` is none of these, and when the file
+    lacks a field; FileNotFoundError when a ``.json`` path names no file.
     """
     doc = profile_document(name_or_path)
     missing = [f for f in _REQUIRED if f not in doc]
@@ -57,14 +59,24 @@ def load_profile(name_or_path: str | Path) -> PerfProfile:
     return PerfProfile(**values)
 
 
+def canonical_name(alias: str) -> str:
+    """``h100/llama-3-8b`` or ``H100-Llama-3-8B-TP1`` → ``h100-llama3-8b-tp1`` (TP1 unless stated)."""
+    name = re.sub(r"[/_\s]+", "-", alias.strip().lower())
+    name = re.sub(r"llama-(\d)", r"llama\1", name)
+    if not re.search(r"-tp\d+$", name):
+        name += "-tp1"
+    return name
+
+
 def _resolve(name_or_path: str | Path) -> Path:
     text = str(name_or_path)
-    if isinstance(name_or_path, Path) or text.endswith(".json") or "/" in text or "\\" in text:
-        path = Path(text).expanduser()
-        if not path.is_file():
-            raise FileNotFoundError(f"no profile file at {path}")
-        return path
-    path = PROFILES_DIR / f"{text}.json"
-    if not path.is_file():
-        raise ValueError(f"unknown performance profile {text!r}; valid names: {', '.join(list_profiles())}")
-    return path
+    as_path = Path(text).expanduser()
+    if as_path.is_file():
+        return as_path
+    for candidate in (text, canonical_name(text)):
+        shipped = PROFILES_DIR / f"{candidate}.json"
+        if shipped.is_file():
+            return shipped
+    if isinstance(name_or_path, Path) or text.endswith(".json"):
+        raise FileNotFoundError(f"no profile file at {as_path}")
+    raise ValueError(f"unknown performance profile {text!r}; valid names: {', '.join(list_profiles())}")
