@@ -242,6 +242,7 @@ async def _serve(state: RouterState, request: Request, labels: list[str]) -> Res
             gpu_classes=state.config.tier_gpu_classes.get(tier, frozenset()),
             affinity=affinity,
             sessions=state.sessions,
+            shuffle=state.config.shuffle_ties,
         )
         state.metrics.dispatch_seconds.labels(state.policy.name).observe(time.perf_counter() - t0)
         if result.infeasible and not tried:
@@ -322,6 +323,7 @@ def _on_infeasible(
             now_s=state.clock(),
             rng=state.rng,
             gpu_classes=cfg.tier_gpu_classes.get(be, frozenset()),
+            shuffle=cfg.shuffle_ties,
         )
         return be, view, again
     if cfg.reject_infeasible:

@@ -11,6 +11,8 @@ honest early 503 or moves it to the best-effort tier (SLOs-Serve §4.2's backup 
 Affinity (optional) keeps a session, or requests sharing a prompt prefix, on one pod as long as that
 pod is among the policy's candidates (Δ_p ≥ α·Δ_max, or any survivor for policies without scores).
 The prefix pod is chosen by rendezvous hashing, so router replicas agree without talking.
+Survivors are offered to the policy in a random order (the injected rng), so a policy's ties (GoRouting's
+argmin over equally idle pods) do not send every request to the first pod listed.
 """
 
 from __future__ import annotations
@@ -158,11 +160,14 @@ def dispatch(
     affinity: Affinity | None = None,
     sessions: SessionTable | None = None,
     affinity_alpha: float = 0.9,
+    shuffle: bool = True,
 ) -> DispatchResult:
     survivors, filtered = _filter(request, model, endpoints, exclude, gpu_classes)
     if not survivors:
         reason = _no_survivor_reason(filtered, model, request)
         return DispatchResult(None, RouteDecision(None, reason=reason, retry_after_s=1.0), filtered)
+    if shuffle:  # policies break ties by order: without this every router herds onto the first pod
+        rng.shuffle(survivors)
     views = [ep.replica_view(now_s) for ep in survivors]
     decision = policy.route(request, views, now_s, rng)
     if decision.replica_id is None:

@@ -47,7 +47,7 @@ def config(**kw: Any) -> RouterConfig:
         "acme": Tenant("acme", ("chat-gold", "batch"), "chat-gold"),
         "free": Tenant("free", ("batch",), "batch", requests_per_s=1.0),
     }
-    return RouterConfig(tiers=TIERS, default_tier="batch", tenants=tenants, **kw)
+    return RouterConfig(tiers=TIERS, default_tier="batch", tenants=tenants, shuffle_ties=False, **kw)
 
 
 def make(
