@@ -136,6 +136,27 @@ def _engine_container(md: ModelDeploymentView, settings: OperatorSettings, confi
     }
 
 
+def sidecar_args(md: ModelDeploymentView, settings: OperatorSettings) -> list[str]:
+    """``slofleet sidecar`` in engine mode: SLO tags travel in ``vllm_xargs`` to the in-engine scheduler,
+    which asks this sidecar's gRPC analyzer for bounds; it drains for the pod's drain time on SIGTERM."""
+    args = [
+        "sidecar",
+        "--host=0.0.0.0",
+        f"--port={settings.sidecar_http_port}",
+        f"--engine-url=http://127.0.0.1:{settings.engine_port}",
+        "--mode=engine",
+        f"--policy-file={POLICY_DIR}/{POLICY_FILE}",
+        f"--grpc-port={settings.sidecar_grpc_port}",
+        f"--state-dir={STATE_DIR}",
+        f"--model-name={md.served_name}",
+        "--pod=$(POD_NAME)",
+        f"--drain-timeout-s={float(settings.drain_s)}",
+    ]
+    if md.context_length:
+        args.append(f"--max-context-tokens={md.context_length}")
+    return args
+
+
 def _sidecar_container(md: ModelDeploymentView, settings: OperatorSettings) -> dict[str, Any]:
     resources = md.sidecar_resources or {
         "requests": {"cpu": "1", "memory": "2Gi"},
@@ -145,15 +166,8 @@ def _sidecar_container(md: ModelDeploymentView, settings: OperatorSettings) -> d
         "name": "sidecar",
         "image": md.sidecar_image or settings.image,
         "imagePullPolicy": settings.image_pull_policy,
-        "args": [
-            "sidecar",
-            "--host=0.0.0.0",
-            f"--port={settings.sidecar_http_port}",
-            f"--engine-url=http://127.0.0.1:{settings.engine_port}",
-            f"--policy-file={POLICY_DIR}/{POLICY_FILE}",
-            f"--grpc-port={settings.sidecar_grpc_port}",
-            f"--state-dir={STATE_DIR}",
-        ],
+        "args": sidecar_args(md, settings),
+        "env": [{"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}],
         "ports": [
             {"name": "http", "containerPort": settings.sidecar_http_port, "protocol": "TCP"},
             {"name": "grpc", "containerPort": settings.sidecar_grpc_port, "protocol": "TCP"},

@@ -156,3 +156,17 @@ def test_invalid_model_deployment_spec_names_the_field() -> None:
     body["spec"]["engine"]["tensorParallelSize"] = 2
     with pytest.raises(ValueError, match="tensorParallelSize"):
         model.view(body)
+
+
+def test_sidecar_arguments_are_accepted_by_the_sidecar_command() -> None:
+    import argparse
+
+    from slo_sidecar.cli import register
+
+    parser = argparse.ArgumentParser()
+    register(parser)
+    sidecar = rendered("modeldeployment-llama-8b-h100.yaml")[3]["spec"]["template"]["spec"]["containers"][1]
+    assert sidecar["args"][0] == "sidecar"
+    args = parser.parse_args(sidecar["args"][1:])
+    assert args.mode == "engine" and args.grpc_port == SETTINGS.sidecar_grpc_port
+    assert args.drain_timeout_s == SETTINGS.drain_s and args.model_name == "llama-3.1-8b-instruct"
