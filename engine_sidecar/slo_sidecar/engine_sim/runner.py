@@ -1,0 +1,339 @@
+"""Drives the bench's engine simulator in real time: one asyncio task plans a step, sleeps for the
+performance model's duration of it, completes it and hands each request its new tokens.
+
+Arrivals and aborts queue up while a step runs and are applied between steps (as vLLM's engine core
+does), so a client disconnect takes the request out of the engine, and frees its KV blocks, at the
+next step boundary. The engine clock is Unix time (``time.time()``, like vLLM's ``arrival_time``),
+so absolute deadlines in the SLO tags need no translation; ``--speedup`` makes the simulated GPU
+faster instead of bending the clock.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from slo_core.engine_tags import EngineTags
+from slo_core.policies.registry import make_engine_policy
+from slo_core.sim.engine import SimEngine
+from slo_core.sim.engine_types import EngineConfig
+from slo_core.sim.outcomes import Feedback
+from slo_core.sim.request import REJECTED, ProgramState, SimRequest
+from slo_core.slo import RequestKind, SLOTargets
+
+from .policy_hook import GuardedPolicy, observes_feedback
+from .settings import EngineSimSettings, resolve_profile, sped_up
+
+log = logging.getLogger(__name__)
+
+BEST_EFFORT = SLOTargets(RequestKind.BEST_EFFORT)
+MAX_PROGRAMS = 4096
+# one output event: (new tokens, time of the step that made them, finish reason or None)
+Event = tuple[int, float, str | None]
+
+
+@dataclass(frozen=True)
+class Submission:
+    """One request as the engine sees it (token counts already resolved by the API layer)."""
+
+    request_id: str
+    prompt_tokens: int
+    output_tokens: int
+    max_tokens: int
+    tags: EngineTags | None = None
+    priority: int = 0
+
+
+@dataclass
+class Handle:
+    """A live request's mailbox: the engine task puts events, the HTTP handler reads them."""
+
+    sub: Submission
+    sim: SimRequest
+    events: asyncio.Queue[Event] = field(default_factory=asyncio.Queue)
+    seen_tokens: int = 0
+    first_token_s: float | None = None
+    last_token_s: float | None = None
+    finish_reason: str | None = None
+
+    @property
+    def request_id(self) -> str:
+        return self.sub.request_id
+
+
+class EngineRunner:
+    """One simulated engine served in real time (see the module docstring)."""
+
+    def __init__(self, settings: EngineSimSettings, *, clock: Callable[[], float] = time.time) -> None:
+        self.settings = settings
+        self.clock = clock
+        self.profile = sped_up(resolve_profile(settings.profile), settings.speedup)
+        self.model_name = settings.model or self.profile.model
+        inner = make_engine_policy(settings.policy, settings.policy_params)
+        self.analyzer: Any = None
+        if settings.analyzer:
+            from slo_sidecar.vllm_plugin.analyzer_client import AnalyzerClient
+
+            self.analyzer = AnalyzerClient(settings.analyzer, interval_s=settings.analyzer_interval_s)
+        self.policy = GuardedPolicy(inner, analyzer_fresh=self._analyzer_fresh if self.analyzer else None)
+        config = EngineConfig(
+            max_num_seqs=settings.max_num_seqs,
+            max_num_batched_tokens=settings.max_num_batched_tokens,
+            block_size=settings.block_size,
+            kv_cache_tokens=settings.kv_cache_tokens,
+            max_model_len=settings.max_model_len,
+            idle_poll_s=0.005,
+        )
+        self.engine = SimEngine(
+            "engine-sim",
+            self.profile,
+            self.policy,
+            config,
+            rng=random.Random(settings.seed),
+            feedback=Feedback() if observes_feedback(inner) else None,
+        )
+        self.max_model_len = self.engine.max_model_len
+        self.live: dict[str, Handle] = {}
+        self._inbox: list[Handle] = []
+        self._aborts: set[str] = set()
+        self._programs: OrderedDict[str, ProgramState] = OrderedDict()
+        self._priority: dict[str, int] = {}
+        self._bounds_seen: object = None
+        self._wake: asyncio.Event | None = None
+        self._task: asyncio.Task[None] | None = None
+        # objects with on_tokens(h, n, t) (called before h is updated) and on_finish(h, reason, t)
+        self.listeners: list[Any] = []
+        self.aborted = 0
+        self.rejected = 0
+
+    # ---- lifecycle --------------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        self._wake = asyncio.Event()
+        self._task = asyncio.create_task(self._loop(), name="engine-sim-loop")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+        now = self.clock()
+        for h in list(self.live.values()):
+            self._finish(h, "abort", now)
+        if self.analyzer is not None:
+            self.analyzer.close()
+
+    # ---- requests in and out ----------------------------------------------------------------------
+
+    def submit(self, sub: Submission) -> Handle:
+        """Queue a request for the next step boundary; read its tokens from ``handle.events``."""
+        if sub.request_id in self.live:
+            raise ValueError(f"request id {sub.request_id!r} is already running")
+        now = self.clock()
+        sim = self._sim_request(sub, now)
+        h = Handle(sub, sim)
+        self.live[sub.request_id] = h
+        self._inbox.append(h)
+        if sub.priority:
+            self._priority[sub.request_id] = sub.priority
+        self._kick()
+        return h
+
+    def abort(self, request_id: str) -> None:
+        """Take a request out of the engine at the next step boundary (client gone)."""
+        if request_id in self.live:
+            self._aborts.add(request_id)
+            self._kick()
+
+    def _kick(self) -> None:
+        if self._wake is not None:
+            self._wake.set()
+
+    def _sim_request(self, sub: Submission, now: float) -> SimRequest:
+        tags = sub.tags
+        targets = tags.targets if tags else BEST_EFFORT
+        deadline_at = tags.deadline_at_s if tags else None
+        if deadline_at is None and targets.kind is not RequestKind.LATENCY:
+            deadline_at = now + targets.effective_deadline_s
+        program = self._program(tags, targets, now) if tags and tags.program_id else None
+        r = SimRequest(
+            sub.request_id,
+            now,
+            targets,
+            sub.prompt_tokens,
+            output_tokens=sub.output_tokens,
+            max_tokens=sub.max_tokens,
+            deadline_at_s=deadline_at,
+            output_bound=tags.output_bound if tags else None,
+            tier=targets.priority_class,
+            tenant=tags.tenant if tags else "default",
+            program=program,
+            stage=tags.stage if tags else None,
+        )
+        if program is not None:
+            program.calls.append(r)
+        return r
+
+    def _program(self, tags: EngineTags, targets: SLOTargets, now: float) -> ProgramState | None:
+        """The compound program a call belongs to (as far as this engine has seen it)."""
+        pid = tags.program_id or ""
+        p = self._programs.get(pid)
+        if p is None:
+            try:
+                p = ProgramState(pid, now, targets, (), tier=targets.priority_class, tenant=tags.tenant)
+            except ValueError:  # a latency SLO has no program deadline
+                return None
+            if tags.deadline_at_s is not None:
+                p.deadline_at_s = max(p.deadline_at_s, tags.deadline_at_s)
+            self._programs[pid] = p
+            while len(self._programs) > MAX_PROGRAMS:
+                self._programs.popitem(last=False)
+        else:
+            self._programs.move_to_end(pid)
+            p.calls = [c for c in p.calls if c.request_id in self.live]
+        return p
+
+    # ---- the engine task --------------------------------------------------------------------------
+
+    async def _loop(self) -> None:
+        assert self._wake is not None
+        engine = self.engine
+        while True:
+            now = self.clock()
+            self._refresh_bounds(self._apply_inbox(now))
+            if self.settings.scheduling_policy == "priority" and len(engine.waiting) > 1:
+                prio = self._priority
+                engine.waiting.sort(key=lambda r: (prio.get(r.request_id, 0), r.arrival_s))
+            steps_before = engine.steps_run
+            end = engine.plan(now)
+            self._collect_rejected(now)
+            if end is None or engine.steps_run == steps_before:
+                # nothing to run, or requests wait for blocks/slots: sleep until woken (or poll)
+                self._wake.clear()
+                if self._inbox or self._aborts:
+                    continue
+                timeout = None if end is None else max(0.0, end - self.clock())
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._wake.wait(), timeout)
+                continue
+            await asyncio.sleep(max(0.0, end - self.clock()))
+            out = engine.complete(self.clock() - now)  # tokens stamped when the step really ended
+            self._deliver(out.emitted, out.finished)
+            engine.done.clear()
+
+    def _apply_inbox(self, now: float) -> list[Handle]:
+        """Apply queued aborts, then accept queued arrivals; returns the accepted handles."""
+        if self._aborts:
+            for rid in self._aborts:
+                h = self.live.get(rid)
+                if h is not None:
+                    self.engine.abort(rid, now)  # between steps: leaves at once, blocks freed
+                    self.aborted += 1
+                    self._finish(h, "abort", now)
+            self._aborts.clear()
+            self._inbox = [h for h in self._inbox if h.request_id in self.live]
+        accepted = []
+        for h in self._inbox:
+            if self.engine.accept(h.sim, now):
+                accepted.append(h)
+            else:  # the API layer checked the context already
+                self._finish(h, "abort", now)
+        self._inbox.clear()
+        return accepted
+
+    def _collect_rejected(self, now: float) -> None:
+        """Requests the policy rejected during planning leave with finish reason ``abort``."""
+        engine = self.engine
+        if not engine.done:
+            return
+        for r in engine.done:
+            h = self.live.get(r.request_id)
+            if h is not None and r.state == REJECTED:
+                self.rejected += 1
+                self._finish(h, "abort", now)
+        engine.done.clear()
+
+    def _deliver(self, emitted: list[SimRequest], finished: list[SimRequest]) -> None:
+        live = self.live
+        done = {id(r) for r in finished}
+        for r in emitted:
+            h = live.get(r.request_id)
+            if h is None:
+                continue
+            new = r.generated - h.seen_tokens
+            if new <= 0:
+                continue
+            t = r.token_times[-1]
+            for listener in self.listeners:
+                listener.on_tokens(h, new, t)
+            h.seen_tokens = r.generated
+            if h.first_token_s is None:
+                h.first_token_s = t
+            h.last_token_s = t
+            reason = None
+            if id(r) in done:
+                reason = "length" if r.generated >= r.max_tokens else "stop"
+                h.finish_reason = reason
+                del live[r.request_id]
+                self._priority.pop(r.request_id, None)
+                for listener in self.listeners:
+                    listener.on_finish(h, reason, t)
+            h.events.put_nowait((new, t, reason))
+
+    def _finish(self, h: Handle, reason: str, now: float) -> None:
+        if self.live.pop(h.request_id, None) is None:
+            return
+        self._priority.pop(h.request_id, None)
+        h.finish_reason = reason
+        h.events.put_nowait((0, now, reason))
+        for listener in self.listeners:
+            listener.on_finish(h, reason, now)
+
+    # ---- analyzer bounds --------------------------------------------------------------------------
+
+    def _analyzer_fresh(self) -> bool:
+        return self.analyzer is not None and (
+            self.analyzer.bounds_if_fresh(self.settings.stale_after_s) is not None
+        )
+
+    def _refresh_bounds(self, arrived: list[Handle]) -> None:
+        """Write the analyzer's newest bounds into the engine's requests (by request key)."""
+        if self.analyzer is None:
+            return
+        bounds = self.analyzer.bounds_if_fresh(self.settings.stale_after_s)
+        if not bounds:
+            return
+        targets = arrived
+        if bounds is not self._bounds_seen:
+            self._bounds_seen = bounds
+            targets = list(self.live.values())
+        for h in targets:
+            tags = h.sub.tags
+            key = (tags.request_key if tags else "") or h.request_id
+            bound = bounds.get(key)
+            if bound is not None and bound != h.sim.output_bound:
+                h.sim.output_bound = int(bound)
+                h.sim.view_key = None  # the cached policy snapshot is stale now
+
+    # ---- state for metrics and tests --------------------------------------------------------------
+
+    @property
+    def num_running(self) -> int:
+        return len(self.engine.running)
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self.engine.waiting) + len(self._inbox)
+
+    @property
+    def kv_usage(self) -> float:
+        e = self.engine
+        return 1.0 - e.free_blocks / e.kv_blocks_total

@@ -1,0 +1,58 @@
+"""Engine-sim settings (one pydantic model shared by the CLI and the in-process server) and profiles."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from slo_core.perf import PerfProfile, load_profile
+
+DEFAULT_PROFILE = "h100-llama3-8b-tp1"
+
+
+class EngineSimSettings(BaseModel):
+    """Everything that shapes one simulated engine server."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    profile: str = Field(
+        DEFAULT_PROFILE, description="performance profile: a shipped name (slo_core.perf) or a JSON path"
+    )
+    model: str | None = Field(None, description="served model name; None: the profile's model")
+    speedup: float = Field(1.0, gt=0, description="run X times faster than the GPU (step times divided by X)")
+    policy: str = Field("fcfs", description="engine policy name from slo_core.policies.registry")
+    policy_params: dict[str, Any] = Field(default_factory=dict, description="the policy's parameters")
+    scheduling_policy: str = Field(
+        "fcfs", pattern="^(fcfs|priority)$", description="vLLM's --scheduling-policy: priority orders waiting"
+    )
+    max_num_seqs: int = Field(256, ge=1, description="most requests running at once (sequences)")
+    max_num_batched_tokens: int = Field(8192, ge=1, description="token budget of one step (tokens)")
+    block_size: int = Field(16, ge=1, description="tokens per KV-cache block (tokens)")
+    kv_cache_tokens: int | None = Field(None, ge=1, description="KV capacity (tokens); None: the profile's")
+    max_model_len: int | None = Field(None, ge=2, description="context length (tokens); None: the profile's")
+    analyzer: str | None = Field(None, description="host:port of a sidecar's gRPC Analyzer for bounds")
+    analyzer_interval_s: float = Field(0.2, gt=0, description="analyzer refresh period (s)")
+    stale_after_s: float = Field(5.0, gt=0, description="analyzer data older than this: stock order (s)")
+    seed: int = Field(0, description="seed of the policy's random generator")
+
+
+def resolve_profile(name: str) -> PerfProfile:
+    """The named shipped profile (or profile file); ValueError lists the shipped names."""
+    return load_profile(name)
+
+
+def sped_up(profile: PerfProfile, speedup: float) -> PerfProfile:
+    """The same profile on a GPU ``speedup`` times faster (every time coefficient divided)."""
+    if speedup == 1.0:
+        return profile
+    return dataclasses.replace(
+        profile,
+        t_c_ms=profile.t_c_ms / speedup,
+        floor_ms=profile.floor_ms / speedup,
+        a_ms_per_token=profile.a_ms_per_token / speedup,
+        b_ms_per_token_ctx=profile.b_ms_per_token_ctx / speedup,
+        d_ms_per_kv_token=profile.d_ms_per_kv_token / speedup,
+        source=f"{profile.source} (engine-sim speed-up ×{speedup:g})",
+    )
