@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import functools
 import logging
+from collections.abc import Mapping
 from typing import Any
 
 from slo_core.perf.model import PerfProfile
 from slo_core.policies.base import ReplicaCapabilities, ReplicaView, RequestView
 from slo_core.policies.seed_estimates import DEFAULT_OUTPUT_TOKENS
-from slo_core.slo import RequestKind, SLOTargets
+from slo_core.slo import RequestKind, SLOTargets, SLOTier
 
 log = logging.getLogger(__name__)
 
@@ -38,18 +39,27 @@ def lookup_profile(name: str) -> PerfProfile | None:
         return None
 
 
-def _targets(msg: Any) -> SLOTargets:
+def _targets(msg: Any, tiers: Mapping[str, SLOTier]) -> SLOTargets:
+    """A request's SLO from its snapshot: its tier's targets, refined by the due time it reports.
+
+    The sidecar reports a latency request's *measured* TTFT/TBT and the due time of its next token;
+    before the first token that due time minus arrival is its TTFT target (client overrides included).
+    """
     try:
         kind = RequestKind(msg.kind or "best-effort")
     except ValueError:
         kind = RequestKind.BEST_EFFORT
     weight = msg.priority_weight if msg.priority_weight > 0 else 1.0
-    deadline = None
-    if msg.deadline_unix_s > 0 and msg.arrival_unix_s > 0:
-        deadline = max(1e-3, msg.deadline_unix_s - msg.arrival_unix_s)
+    tier = tiers.get(msg.tier)
+    span = (
+        msg.deadline_unix_s - msg.arrival_unix_s if msg.deadline_unix_s > 0 and msg.arrival_unix_s > 0 else 0
+    )
     try:
         if kind is RequestKind.LATENCY:
-            return SLOTargets(kind, ttft_s=msg.ttft_s or 1.0, tbt_s=msg.tbt_s or 0.1, priority_weight=weight)
+            ttft = span if msg.generated_tokens == 0 and span > 0 else (tier.ttft_s if tier else None)
+            tbt = tier.tbt_s if tier else None
+            return SLOTargets(kind, ttft_s=ttft or 1.0, tbt_s=tbt or 0.1, priority_weight=weight)
+        deadline = span if span > 0 else (tier.deadline_s if tier else None)
         if kind in (RequestKind.DEADLINE, RequestKind.COMPOUND):
             return SLOTargets(kind, deadline_s=deadline or 60.0, priority_weight=weight)
         return SLOTargets(RequestKind.BEST_EFFORT, deadline_s=deadline, priority_weight=weight)
@@ -57,9 +67,9 @@ def _targets(msg: Any) -> SLOTargets:
         return SLOTargets(RequestKind.BEST_EFFORT, priority_weight=weight)
 
 
-def request_view(msg: Any, offset_s: float) -> RequestView:
+def request_view(msg: Any, offset_s: float, tiers: Mapping[str, SLOTier] | None = None) -> RequestView:
     """One ``RequestState``; ``offset_s`` maps the pod's unix seconds onto the router's clock."""
-    targets = _targets(msg)
+    targets = _targets(msg, tiers or {})
     generated = max(0, int(msg.generated_tokens))
     prompt = max(0, int(msg.prompt_tokens))
     bound = int(msg.output_bound) if msg.output_bound > 0 else None
@@ -83,13 +93,20 @@ def request_view(msg: Any, offset_s: float) -> RequestView:
     )
 
 
-def replica_view(msg: Any, *, replica_id: str, now_s: float, wall_now_s: float) -> ReplicaView:
+def replica_view(
+    msg: Any,
+    *,
+    replica_id: str,
+    now_s: float,
+    wall_now_s: float,
+    tiers: Mapping[str, SLOTier] | None = None,
+) -> ReplicaView:
     """A ``PodState`` as a replica snapshot placed on the router's clock (``now_s`` ↔ ``wall_now_s``)."""
     offset = now_s - wall_now_s
     age = max(0.0, wall_now_s - msg.snapshot_unix_s) if msg.snapshot_unix_s > 0 else 0.0
     waiting, running = [], []
     for r in msg.requests:
-        (waiting if r.phase == "waiting" else running).append(request_view(r, offset))
+        (waiting if r.phase == "waiting" else running).append(request_view(r, offset, tiers))
     caps = msg.capabilities
     kv_total_tokens = max(BLOCK_SIZE_TOKENS, int(msg.kv_cache_tokens) or 1 << 20)
     blocks_total = kv_total_tokens // BLOCK_SIZE_TOKENS

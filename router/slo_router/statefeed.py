@@ -12,11 +12,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import grpc
 
+from slo_core.slo import SLOTier
 from slo_router.endpoints import EndpointState
 from slo_router.podstate import replica_view
 from slo_router.proto import slofleet_pb2, slofleet_pb2_grpc
@@ -37,6 +38,7 @@ class StateFeed:
         stale_after_s: float = 2.0,
         backoff_s: tuple[float, float] = (0.1, 5.0),
         on_snapshot: Callable[[str], None] | None = None,
+        tiers: Mapping[str, SLOTier] | None = None,
     ) -> None:
         self.endpoints = endpoints
         self.clock, self.wall_clock = clock, wall_clock
@@ -44,6 +46,7 @@ class StateFeed:
         self.stale_after_s = stale_after_s
         self.backoff_s = backoff_s
         self.on_snapshot = on_snapshot
+        self.tiers = dict(tiers or {})
         self._tasks: dict[str, tuple[str, asyncio.Task[None]]] = {}
 
     async def run(self, poll_s: float = 0.1) -> None:
@@ -116,7 +119,10 @@ class StateFeed:
                     return got_one
                 now = self.clock()
                 ep.update_view(
-                    replica_view(msg, replica_id=ep_id, now_s=now, wall_now_s=self.wall_clock()), now
+                    replica_view(
+                        msg, replica_id=ep_id, now_s=now, wall_now_s=self.wall_clock(), tiers=self.tiers
+                    ),
+                    now,
                 )
                 got_one = True
                 if self.on_snapshot is not None:
@@ -126,4 +132,4 @@ class StateFeed:
 
 async def follow_states(state: Any) -> None:
     """Background job for the app factory: follow the sidecars of ``state.endpoints``."""
-    await StateFeed(state.endpoints, clock=state.clock).run()
+    await StateFeed(state.endpoints, clock=state.clock, tiers=state.config.tiers).run()

@@ -7,7 +7,7 @@ import time
 from collections.abc import Callable
 
 from slo_core.policies.go_routing import GoRouting
-from slo_core.slo import RequestKind
+from slo_core.slo import PriorityClass, RequestKind, SLOTier
 from slo_router.endpoints import EndpointSpec, EndpointState
 from slo_router.fakepod import FakePod, RunningPod, _Live
 from slo_router.podstate import replica_view
@@ -36,6 +36,7 @@ def test_snapshot_is_placed_on_the_router_clock_by_its_age() -> None:
 
 
 def test_requests_keep_their_phase_kind_and_deadline() -> None:
+    chat = SLOTier("chat", RequestKind.LATENCY, PriorityClass("gold", 3.0), ttft_s=0.5, tbt_s=0.05)
     reqs = [
         slofleet_pb2.RequestState(
             request_id="w",
@@ -47,25 +48,41 @@ def test_requests_keep_their_phase_kind_and_deadline() -> None:
             deadline_unix_s=1020.0,
             priority_weight=2.0,
         ),
+        # decoding: the sidecar reports its measured TTFT/TBT and its next token's due time
         slofleet_pb2.RequestState(
             request_id="d",
             kind="latency",
+            tier="chat",
             phase="decode",
             prompt_tokens=10,
             generated_tokens=5,
             arrival_unix_s=995.0,
-            ttft_s=0.5,
-            tbt_s=0.05,
-            deadline_unix_s=999.0,
+            ttft_s=0.3,
+            tbt_s=0.04,
+            deadline_unix_s=995.75,
+        ),
+        # not started: due time − arrival is its own TTFT target (a client override of the tier's)
+        slofleet_pb2.RequestState(
+            request_id="q",
+            kind="latency",
+            tier="chat",
+            phase="waiting",
+            prompt_tokens=10,
+            arrival_unix_s=999.0,
+            deadline_unix_s=1001.0,
         ),
     ]
-    view = replica_view(pod_state(requests=reqs), replica_id="a", now_s=0.0, wall_now_s=1000.0)
-    (w,), (d,) = view.waiting, view.running
+    view = replica_view(
+        pod_state(requests=reqs), replica_id="a", now_s=0.0, wall_now_s=1000.0, tiers={"chat": chat}
+    )
+    (w, q), (d,) = view.waiting, view.running
     assert w.kind is RequestKind.DEADLINE and w.deadline_at_s == 20.0 and w.arrival_s == -10.0
     assert w.slo.deadline_s == 30.0 and w.priority_weight == 2.0 and w.computed_tokens == 0
-    assert d.kind is RequestKind.LATENCY and d.deadline_at_s is None and d.slo.ttft_s == 0.5
+    assert d.kind is RequestKind.LATENCY and d.deadline_at_s is None
+    assert (d.slo.ttft_s, d.slo.tbt_s) == (0.5, 0.05)  # the tier's targets, not the measured values
     assert d.computed_tokens == 15  # decoding: its prompt and output are in the KV cache
-    assert view.outstanding_tokens == 100 + 50 + (256 - 5)
+    assert q.slo.ttft_s == 2.0
+    assert view.outstanding_tokens == 100 + 50 + (256 - 5) + 10 + 256
 
 
 def test_draining_or_unhealthy_pods_are_not_healthy_replicas() -> None:
