@@ -9,6 +9,7 @@ stages, when the client states it, are pruned). Without history it falls back to
 
 from __future__ import annotations
 
+import functools
 import gzip
 import json
 import logging
@@ -41,12 +42,17 @@ class LengthEstimator(Protocol):
     ) -> int: ...
 
 
+@functools.cache
+def _shipped_lengths() -> tuple[int, ...]:
+    with gzip.open(data.path("sharegpt_first_turn_5k.jsonl.gz"), "rt") as f:
+        return tuple(sorted(int(json.loads(line)["output_tokens"]) for line in f if line.strip()))
+
+
 class FallbackEstimator:
     """q-quantile of the shipped ShareGPT output lengths above what was generated, capped by max_tokens."""
 
     def __init__(self, quantile: float = 0.9) -> None:
-        with gzip.open(data.path("sharegpt_first_turn_5k.jsonl.gz"), "rt") as f:
-            self._lengths = sorted(int(json.loads(line)["output_tokens"]) for line in f if line.strip())
+        self._lengths = _shipped_lengths()
         self.quantile = quantile
 
     def _above(self, generated: int) -> int:

@@ -37,6 +37,8 @@ class _ClientGone(Exception):
 async def _next_event(job: Job, request: Request, until_s: float, sc: Sidecar) -> Event | None:
     """The job's next event; None when ``until_s`` passes first; raises _ClientGone on disconnect."""
     while True:
+        if not job.events.empty():
+            return job.events.get_nowait()
         left = until_s - sc.now()
         if left <= 0:
             return None
@@ -72,7 +74,11 @@ class _JobStream(StreamingResponse):
                 yield error_event(payload)
                 return
             try:
-                event = await asyncio.wait_for(job.events.get(), timeout=max(0.0, deadline - sc.now()))
+                event = (
+                    job.events.get_nowait()
+                    if not job.events.empty()
+                    else await asyncio.wait_for(job.events.get(), timeout=max(0.0, deadline - sc.now()))
+                )
             except TimeoutError:
                 self.status = "error"
                 yield error_event(

@@ -3,7 +3,7 @@
 It streams ``max_tokens`` filler tokens (fewer without ``ignore_eos``: a length from a hash of the
 prompt) at a fixed pace, runs at most ``max_running`` requests at once (the rest wait, as in vLLM),
 counts what it started, finished and saw aborted, and can be told to fail (``fail_after_tokens``)
-to test what clients see when the engine dies. Use engine-sim for realistic timing.
+to test what clients see when the engine dies, or hold every request at a ``gate`` until a test opens it. Use engine-sim for realistic timing.
 """
 
 from __future__ import annotations
@@ -34,6 +34,7 @@ class FakeEngine:
     tbt_s: float = 0.002
     max_running: int = 1000
     fail_after_tokens: int | None = None
+    gate: asyncio.Event | None = None
     healthy: bool = True
     started: int = 0
     finished: int = 0
@@ -88,6 +89,8 @@ async def _generate(eng: FakeEngine, body: dict[str, Any], chat: bool) -> AsyncI
         eng.running += 1
         eng.started += 1
         try:
+            if eng.gate is not None:
+                await eng.gate.wait()
             await asyncio.sleep(eng.ttft_s)
             for i in range(n):
                 if eng.fail_after_tokens is not None and i >= eng.fail_after_tokens:

@@ -95,7 +95,7 @@ class Sidecar:
         except ValueError as exc:
             raise APIError(400, f"tier {tier_name!r}: {exc}", param="slo", code="invalid_slo") from None
         self._check_size(parsed.prompt_tokens, parsed.max_tokens)
-        self._check_capacity(tier_name)
+        self._check_capacity(tier_name)  # early, before spending time on the bound; again below
         bound = await asyncio.to_thread(
             self.estimator.bound,
             parsed.prompt_text or None,
@@ -103,6 +103,7 @@ class Sidecar:
             targets.kind.value,
             parsed.max_tokens,
         )
+        self._check_capacity(tier_name)  # no await from here until the job is counted: no overshoot
         max_wait = min(slo.max_wait_s or cfg.max_wait_s, cfg.max_wait_s)
         live = self.tracker.new_request(
             tier=tier,
@@ -156,7 +157,7 @@ class Sidecar:
                 code="tier_limit",
                 retry_after_s=1,
             )
-        queued = len(s.waiting) if k.mode == "proxy" else max(0, len(s.running) - k.max_running)
+        queued = len(self.jobs) - k.max_running  # the engine's seats are taken first
         if queued >= k.max_queue:
             raise overloaded(
                 f"{queued} requests are already waiting on this pod", "queue_full", s.retry_after_s()
