@@ -13,9 +13,11 @@ import kopf
 from slo_operator.handlers import build_registry, post_event
 from slo_operator.kubeapi import ApiError, KubeApi, load_configuration
 from slo_operator.reconcile import Reconciler
-from slo_operator.settings import OperatorSettings
+from slo_operator.settings import ENV_PREFIX, OperatorSettings
 
 log = logging.getLogger(__name__)
+
+__all__ = ["ENV_PREFIX", "OperatorSettings", "operate", "register", "run"]
 
 
 def ensure_peering(api: KubeApi, settings: OperatorSettings) -> None:

@@ -52,6 +52,11 @@ app.kubernetes.io/component: {{ index . 1 }}
 {{- default (printf "%s-router" (include "slofleet.fullname" .)) .Values.router.serviceAccount.name }}
 {{- end }}
 
+{{/* The namespace the router watches: router.namespace, else the release namespace. */}}
+{{- define "slofleet.routerNamespace" -}}
+{{- default .Release.Namespace .Values.router.namespace }}
+{{- end }}
+
 {{/* The kopf peering object (leader election) when the operator runs more than one replica. */}}
 {{- define "slofleet.peeringName" -}}
 {{- printf "%s-operator" (include "slofleet.fullname" .) }}

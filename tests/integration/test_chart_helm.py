@@ -1,0 +1,265 @@
+"""The Helm chart, rendered, linted and installed with the real Helm library (helm-python-sdk, offline).
+
+Every rendered manifest is validated: built-in kinds with kubernetes-validate (strict), custom resources
+with their CRD schemas (OpenAPI and CEL) and slofleet's own semantic checks. The install runs against
+the emulated API server, and then the operator runs with the settings the chart gives it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+from pathlib import Path
+
+import helm_python as helm
+import kubernetes_validate
+import pytest
+import yaml
+from kube import rbac, schemas
+from kube.harness import Cluster, OperatorThread
+
+from slo_core.crd.policy import SLOPolicy
+from slo_operator import cli
+from slo_operator.cli import operate
+
+ROOT = Path(__file__).resolve().parents[2]
+CHART = ROOT / "charts" / "slofleet"
+NS = "llm"
+K8S = "1.32.0"
+MONITORING = "monitoring.coreos.com/v1"  # prometheus-operator kinds: no schema offline, checked by shape
+VALUE_SETS = {
+    "defaults": {},
+    "ha-namespaced-monitored": {
+        "operator": {"replicas": 2, "watchNamespaces": ["llm", "batch"]},
+        "router": {"namespace": "llm", "replicas": 3},
+        "metrics": {"serviceMonitor": {"enabled": True, "labels": {"release": "prom"}}},
+        "imagePullSecrets": [{"name": "registry"}],
+    },
+    "operator-only": {
+        "router": {"enabled": False},
+        "defaultPolicy": {"enabled": False},
+        "metrics": {"grafanaDashboard": {"enabled": False}},
+    },
+}
+
+
+@pytest.fixture(scope="module")
+def chart() -> helm.Chart:
+    return helm.Chart.load(str(CHART))
+
+
+def render(chart: helm.Chart, values: dict, namespace: str = NS) -> list[dict]:
+    out = chart.render(values, name="slofleet", namespace=namespace)
+    return [
+        doc
+        for path, text in sorted(out.items())
+        if not path.endswith("NOTES.txt")
+        for doc in yaml.safe_load_all(text)
+        if doc
+    ]
+
+
+def crd_schema(kind: str) -> dict:
+    for path in (ROOT / "crds").glob("*.yaml"):
+        crd = yaml.safe_load(path.read_text())
+        if crd["spec"]["names"]["kind"] == kind:
+            return crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    raise AssertionError(f"no CRD for {kind}")
+
+
+@pytest.mark.parametrize("values", VALUE_SETS.values(), ids=VALUE_SETS.keys())
+def test_chart_lints_clean_in_strict_mode(values: dict) -> None:
+    report = helm.lint(str(CHART), values, strict=True, namespace=NS, kube_version="v1.32.0")
+    problems = [m for m in report["messages"] if m["severity"] >= 2]
+    assert report["errors"] == [] and problems == []
+
+
+@pytest.mark.parametrize(
+    ("values", "complaint"),
+    [
+        ({"podSecurityContext": {"runAsNonRoot": False}}, "runAsNonRoot"),
+        (
+            {"securityContext": {"allowPrivilegeEscalation": True, "readOnlyRootFilesystem": True}},
+            "allowPrivilegeEscalation",
+        ),
+        (
+            {"securityContext": {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": False}},
+            "readOnlyRootFilesystem",
+        ),
+        ({"operator": {"replicas": 0}}, "replicas"),
+        ({"operator": {"watchNamespaces": ["Not_A_Namespace"]}}, "watchNamespaces"),
+        ({"image": {"pullPolicy": "Sometimes"}}, "pullPolicy"),
+        ({"router": {"servce": {"port": 80}}}, "servce"),
+        ({"defaultPolicy": {"spec": {"tiers": []}}}, "defaultPolicy"),
+    ],
+)
+def test_values_schema_refuses_unsafe_or_misspelled_values(
+    chart: helm.Chart, values: dict, complaint: str
+) -> None:
+    chart.validate_schema({})
+    with pytest.raises(helm.HelmValuesError, match=complaint):
+        chart.validate_schema(values)
+    with pytest.raises(helm.HelmValuesError):
+        chart.render(values, name="slofleet", namespace=NS)
+
+
+@pytest.mark.parametrize("values", VALUE_SETS.values(), ids=VALUE_SETS.keys())
+def test_every_rendered_manifest_is_valid(chart: helm.Chart, values: dict) -> None:
+    docs = render(chart, values)
+    assert docs
+    for doc in docs:
+        where = f"{doc['kind']}/{doc['metadata']['name']}"
+        if doc["kind"] == "SLOPolicy":
+            schema = crd_schema("SLOPolicy")
+            assert schemas.schema_violations(doc, schema) == [], where
+            assert schemas.cel_violations({k: v for k, v in doc.items() if k != "metadata"}, schema) == [], (
+                where
+            )
+            assert SLOPolicy.model_validate(doc).spec.validate_semantics() == [], where
+        elif doc["apiVersion"] == MONITORING:
+            assert doc["spec"]["selector"]["matchLabels"], where
+        else:
+            kubernetes_validate.validate(doc, K8S, strict=True)
+
+
+def test_chart_ships_the_generated_crds(chart: helm.Chart) -> None:
+    shipped = {Path(c["name"]).name: c["data"] for c in chart.crds}
+    generated = {p.name: p.read_text() for p in (ROOT / "crds").glob("*.yaml")}
+    assert shipped == generated
+    for text in shipped.values():
+        kubernetes_validate.validate(yaml.safe_load(text), K8S, strict=True)
+
+
+def test_operator_and_router_pods_are_locked_down(chart: helm.Chart) -> None:
+    deployments = [d for d in render(chart, {}) if d["kind"] == "Deployment"]
+    assert {d["metadata"]["name"] for d in deployments} == {"slofleet-operator", "slofleet-router"}
+    for dep in deployments:
+        pod = dep["spec"]["template"]["spec"]
+        assert pod["securityContext"]["runAsNonRoot"] is True and pod["serviceAccountName"]
+        for container in pod["containers"]:
+            ctx = container["securityContext"]
+            assert ctx["readOnlyRootFilesystem"] is True and ctx["allowPrivilegeEscalation"] is False
+            assert ctx["capabilities"]["drop"] == ["ALL"] and not ctx.get("privileged")
+            assert container["resources"]["limits"]["memory"] and container["livenessProbe"]
+
+
+def test_rbac_is_least_privilege(chart: helm.Chart) -> None:
+    docs = render(chart, VALUE_SETS["ha-namespaced-monitored"])
+    roles = [d for d in docs if d["kind"] in ("Role", "ClusterRole")]
+    assert {r["kind"] for r in roles} == {"Role", "ClusterRole"}
+    for role in roles:
+        assert rbac.wildcards(role["rules"]) == [], role["metadata"]["name"]
+    (router,) = [r for r in roles if r["kind"] == "Role"]
+    assert router["metadata"]["namespace"] == "llm"
+    verbs = {v for rule in router["rules"] for v in rule["verbs"]}
+    assert verbs <= {"get", "list", "watch"}, "the router only reads"
+    (secrets,) = [rule for rule in router["rules"] if "secrets" in rule["resources"]]
+    assert secrets["resourceNames"] == ["slofleet-api-keys"], "the router reads only its tenants' key Secrets"
+    (operator,) = [r for r in roles if r["kind"] == "ClusterRole"]
+    assert any("kopfpeerings" in rule["resources"] for rule in operator["rules"]), "peering with replicas > 1"
+
+
+def _service_metrics() -> dict[str, str]:
+    """Every metric family the router and sidecar export, by name, with its type."""
+    from slo_router.metrics import RouterMetrics
+    from slo_sidecar.metrics import SidecarMetrics
+
+    families = [*RouterMetrics().registry.collect(), *SidecarMetrics().registry.collect()]
+    return {f.name: f.type for f in families}
+
+
+def test_dashboard_shows_per_tier_goodput_and_attainment_from_exported_metrics(chart: helm.Chart) -> None:
+    (cm,) = [
+        d
+        for d in render(chart, {})
+        if d["kind"] == "ConfigMap" and d["metadata"]["name"].endswith("dashboard")
+    ]
+    assert cm["metadata"]["labels"]["grafana_dashboard"] == "1"
+    dashboard = json.loads(cm["data"]["slofleet.json"])
+    titles = [p["title"].lower() for p in dashboard["panels"]]
+    assert any("goodput per tier" in t for t in titles) and any("attainment per tier" in t for t in titles)
+    exported = _service_metrics()
+    suffix = {"_total": "counter", "_bucket": "histogram", "_sum": "histogram", "_count": "histogram"}
+    for panel in dashboard["panels"]:
+        for target in panel["targets"]:
+            for name in re.findall(r"slofleet_[a-z_]+", target["expr"]):
+                kind = next((k for s, k in suffix.items() if name.endswith(s)), "gauge")
+                base = (
+                    name.removesuffix("_total")
+                    if kind == "counter"
+                    else re.sub(r"_(bucket|sum|count)$", "", name)
+                )
+                assert exported.get(base) == kind, f"panel {panel['title']!r} queries {name}, not exported"
+
+
+def test_notes_tell_the_user_what_to_do_next(chart: helm.Chart) -> None:
+    notes = chart.render({}, name="slofleet", namespace="serving")["slofleet/templates/NOTES.txt"]
+    for example in re.findall(r"apply -f (examples/\S+)", notes):
+        assert (ROOT / example).exists(), example
+    assert "kubectl -n serving get md" in notes and "create secret generic slofleet-api-keys" in notes
+    assert "change it to serving" in notes
+
+
+OPERATOR_TOKEN = "chart-operator-token"
+OPERATOR_SA = "system:serviceaccount:llm:slofleet-operator"
+
+
+def operator_settings_from_chart(docs: list[dict]) -> tuple[cli.OperatorSettings, dict[str, str]]:
+    """Parse the operator container's arguments with the real CLI and take its environment, as in the pod."""
+    (dep,) = [d for d in docs if d["kind"] == "Deployment" and d["metadata"]["name"] == "slofleet-operator"]
+    container = dep["spec"]["template"]["spec"]["containers"][0]
+    args = container["args"]
+    assert args[1] == "operator" and args[0].startswith("--log-level=")
+    parser = argparse.ArgumentParser()
+    cli.register(parser)
+    parsed = parser.parse_args(args[2:])
+    env = {e["name"]: e["value"] for e in container["env"] if "value" in e}
+    for key in env:  # a misspelled variable would silently be ignored by the operator
+        assert key.removeprefix(cli.ENV_PREFIX).lower() in cli.OperatorSettings.model_fields, key
+    settings = cli.OperatorSettings.from_env(env, namespaces=tuple(parsed.namespaces or ()) or None)
+    return settings.model_copy(update={"liveness_port": None, "peering": parsed.peering}), env
+
+
+def test_install_into_the_emulated_cluster_then_the_operator_serves_the_default_policy(
+    chart: helm.Chart, tmp_path: Path
+) -> None:
+    docs = render(chart, {})
+    settings, env = operator_settings_from_chart(docs)
+    assert settings.peering is None and settings.image == "ghcr.io/slofleet/slofleet:0.1.0"
+    with Cluster(tmp_path, users={OPERATOR_TOKEN: OPERATOR_SA}) as cluster:
+        cluster.kubectl(
+            "apply", "-f", "-", stdin=f"apiVersion: v1\nkind: Namespace\nmetadata:\n  name: {NS}\n"
+        )
+        config = helm.Config(kubeconfig_path=str(cluster.kubeconfig()), namespace=NS, storage_driver="memory")
+        config.install(chart, "slofleet", {}, namespace=NS)
+        names = cluster.kubectl("get", "deploy,svc,slo", "-n", NS, "-o", "name").split()
+        assert {"deployment.apps/slofleet-operator", "deployment.apps/slofleet-router"} <= set(names)
+        assert "slopolicy.slofleet.io/default" in names and "service/slofleet-router" in names
+
+        kubeconfig = str(cluster.kubeconfig(OPERATOR_TOKEN, "chart-operator"))
+        thread = OperatorThread(lambda stop, ready: operate(settings, stop, ready, kubeconfig=kubeconfig))
+        md = {
+            "apiVersion": "slofleet.io/v1alpha1",
+            "kind": "ModelDeployment",
+            "metadata": {"name": "qwen", "namespace": NS},
+            "spec": {
+                "model": {"servedName": "qwen-0.5b", "source": {"hfId": "Qwen/Qwen2.5-0.5B-Instruct"}},
+                "gpu": {"type": "L4"},
+            },
+        }
+        with thread.running():
+            cluster.kubectl("apply", "-f", "-", stdin=yaml.safe_dump(md))
+            dep = cluster.wait_for(
+                lambda: cluster.get("deployment", "qwen", NS), what="the engine Deployment"
+            )
+            policy = cluster.wait_for(lambda: (cluster.get("slo", "default", NS) or {}).get("status"))
+        assert policy["phase"] == "Ready"
+        pod = dep["spec"]["template"]["spec"]
+        assert pod["containers"][1]["image"] == env["SLOFLEET_OPERATOR_IMAGE"]
+        assert pod["containers"][0]["image"] == env["SLOFLEET_OPERATOR_ENGINE_IMAGE"]
+        assert "interactive" in cluster.get("configmap", "qwen-policy", NS)["data"]["policy.yaml"]
+
+        installed = json.loads(cluster.kubectl("get", "clusterrole", "slofleet-operator", "-o", "json"))
+        records = [r for r in cluster.call(lambda: list(cluster.emulator.audit)) if r.user == OPERATOR_SA]
+        assert records and rbac.denied(records, installed["rules"]) == []
