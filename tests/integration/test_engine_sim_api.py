@@ -21,8 +21,9 @@ async def sim() -> AsyncIterator[EngineSimServer]:
 
 
 @pytest.fixture
-def client(sim: EngineSimServer) -> openai.AsyncOpenAI:
-    return openai.AsyncOpenAI(base_url=sim.base_url, api_key="unused", max_retries=0, timeout=20)
+async def client(sim: EngineSimServer) -> AsyncIterator[openai.AsyncOpenAI]:
+    async with openai.AsyncOpenAI(base_url=sim.base_url, api_key="unused", max_retries=0, timeout=20) as c:
+        yield c
 
 
 async def _count(sim: EngineSimServer, **body: object) -> int:

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from slo_core.engine_tags import EngineTags
+from slo_core.policies.base import EnginePolicy
 from slo_core.policies.registry import make_engine_policy
 from slo_core.sim.engine import SimEngine
 from slo_core.sim.engine_types import EngineConfig
@@ -71,14 +72,23 @@ class Handle:
 class EngineRunner:
     """One simulated engine served in real time (see the module docstring)."""
 
-    def __init__(self, settings: EngineSimSettings, *, clock: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self,
+        settings: EngineSimSettings,
+        *,
+        clock: Callable[[], float] = time.time,
+        policy: EnginePolicy | None = None,
+        analyzer: Any = None,
+    ) -> None:
+        """``policy`` and ``analyzer`` (an object with ``bounds_if_fresh(stale_after_s)`` and
+        ``close()``) replace the ones the settings name; tests inject them."""
         self.settings = settings
         self.clock = clock
         self.profile = sped_up(resolve_profile(settings.profile), settings.speedup)
         self.model_name = settings.model or self.profile.model
-        inner = make_engine_policy(settings.policy, settings.policy_params)
-        self.analyzer: Any = None
-        if settings.analyzer:
+        inner = policy or make_engine_policy(settings.policy, settings.policy_params)
+        self.analyzer = analyzer
+        if analyzer is None and settings.analyzer:
             from slo_sidecar.vllm_plugin.analyzer_client import AnalyzerClient
 
             self.analyzer = AnalyzerClient(settings.analyzer, interval_s=settings.analyzer_interval_s)
