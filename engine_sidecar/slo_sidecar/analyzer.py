@@ -1,5 +1,5 @@
-"""The request analyzer (JITServe §4.1): output-length bounds on arrival and refined while streaming, and
-compound sub-deadlines D_s = φ(s)·D from the most similar historical program (pattern graph).
+"""The request analyzer's pattern graphs (JITServe §4.1): compound sub-deadlines D_s = φ(s)·D from the
+most similar historical program (output-length bounds live in :mod:`slo_sidecar.estimators`).
 
 φ(s) = t_≤s / t_total of the best-matching completed program, matched by a Gaussian kernel over the
 output lengths of the stages this program has finished so far (programs with a different number of
@@ -9,94 +9,11 @@ stages, when the client states it, are pruned). Without history it falls back to
 
 from __future__ import annotations
 
-import functools
-import gzip
-import json
-import logging
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Protocol
 
-from slo_core import data
 from slo_core.slo import SLOTier
-
-log = logging.getLogger(__name__)
-
-
-class LengthEstimator(Protocol):
-    """What the sidecar needs from a predictor (``slo_core.predict.OutputBoundEstimator`` fits)."""
-
-    def bound(self, prompt_text: str | None, prompt_tokens: int, kind: str, max_tokens: int) -> int: ...
-
-    def refine(  # noqa: PLR0917 - the predictor's signature
-        self,
-        bound_at_start: int,
-        prompt_text: str | None,
-        prompt_tokens: int,
-        generated_tokens: int,
-        generated_text: str | None,
-        kind: str,
-        max_tokens: int,
-    ) -> int: ...
-
-
-@functools.cache
-def _shipped_lengths() -> tuple[int, ...]:
-    with gzip.open(data.path("sharegpt_first_turn_5k.jsonl.gz"), "rt") as f:
-        return tuple(sorted(int(json.loads(line)["output_tokens"]) for line in f if line.strip()))
-
-
-class FallbackEstimator:
-    """q-quantile of the shipped ShareGPT output lengths above what was generated, capped by max_tokens."""
-
-    def __init__(self, quantile: float = 0.9) -> None:
-        self._lengths = _shipped_lengths()
-        self.quantile = quantile
-
-    def _above(self, generated: int) -> int:
-        tail = [n for n in self._lengths if n > generated]
-        if not tail:
-            return int(generated * 1.25) + 50
-        return tail[min(len(tail) - 1, int(self.quantile * len(tail)))]
-
-    def bound(self, prompt_text: str | None, prompt_tokens: int, kind: str, max_tokens: int) -> int:
-        return max(1, min(max_tokens, self._above(0)))
-
-    def refine(  # noqa: PLR0917 - the predictor's signature
-        self,
-        bound_at_start: int,
-        prompt_text: str | None,
-        prompt_tokens: int,
-        generated_tokens: int,
-        generated_text: str | None,
-        kind: str,
-        max_tokens: int,
-    ) -> int:
-        value = max(bound_at_start, self._above(generated_tokens), generated_tokens + 1)
-        return max(min(value, max_tokens), generated_tokens, 1)
-
-
-def load_length_estimator(spec: str, state_dir: Path | None) -> tuple[LengthEstimator, str]:
-    """``fallback``, ``shipped`` or an artefact path; a predictor checkpointed in ``state_dir`` wins.
-
-    Returns the estimator and where it came from (for /health and the log).
-    """
-    if spec == "fallback":
-        return FallbackEstimator(), "fallback"
-    from slo_core.predict import load_estimator
-
-    saved = state_dir / PREDICTOR_FILE if state_dir is not None else None
-    if saved is not None and saved.exists() and spec == "shipped":
-        try:
-            return load_estimator(str(saved)), f"checkpoint {saved}"
-        except Exception as exc:  # a corrupt checkpoint must not stop the sidecar: retrain instead
-            log.warning("predictor checkpoint %s unusable (%s); loading the shipped one", saved, exc)
-    return load_estimator(None if spec == "shipped" else spec), spec
-
-
-PREDICTOR_FILE = "predictor.npz"
 
 
 @dataclass

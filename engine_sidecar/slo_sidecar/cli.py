@@ -54,7 +54,7 @@ def _knobs(args: argparse.Namespace) -> SidecarKnobs:
 
 
 def run(args: argparse.Namespace) -> int:
-    from slo_sidecar.analyzer import load_length_estimator
+    from slo_sidecar.estimators import load_length_estimator
     from slo_sidecar.runtime import serve_forever
     from slo_sidecar.service import Sidecar
 

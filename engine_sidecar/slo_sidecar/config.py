@@ -145,7 +145,8 @@ def parse_policy_file(path: Path) -> PolicyConfig:
     except ConfigError:
         raise
     except Exception as exc:  # pydantic, YAML, policy factories: all mean "this file is not usable"
-        raise ConfigError(f"{path}: {_first_line(exc)}") from None
+        message = _first_line(exc)
+        raise ConfigError(message if str(path) in message else f"{path}: {message}") from None
     return cfg
 
 

@@ -3,7 +3,8 @@
 It streams ``max_tokens`` filler tokens (fewer without ``ignore_eos``: a length from a hash of the
 prompt) at a fixed pace, runs at most ``max_running`` requests at once (the rest wait, as in vLLM),
 counts what it started, finished and saw aborted, and can be told to fail (``fail_after_tokens``)
-to test what clients see when the engine dies, or hold every request at a ``gate`` until a test opens it. Use engine-sim for realistic timing.
+to test what clients see when the engine dies,
+or hold every request at a ``gate`` until a test opens it. Use engine-sim for realistic timing.
 """
 
 from __future__ import annotations

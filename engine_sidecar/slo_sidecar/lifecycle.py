@@ -14,10 +14,10 @@ import os
 import time
 from pathlib import Path
 
-from slo_sidecar.analyzer import PREDICTOR_FILE
 from slo_sidecar.config import ConfigError, parse_policy_file
 from slo_sidecar.engine_client import probe
 from slo_sidecar.errors import overloaded
+from slo_sidecar.estimators import QRF_FILE
 from slo_sidecar.history import read_state, write_state
 from slo_sidecar.service import Sidecar
 
@@ -36,16 +36,17 @@ async def probe_loop(sc: Sidecar, every_s: float = 1.0) -> None:
 
 # ---- persistence ------------------------------------------------------------------------------
 async def checkpoint(sc: Sidecar, state_dir: Path, *, clean: bool = False) -> Path:
-    """Write history (+ the predictor artefact once); ``clean``: nothing is in flight any more."""
-    predictor = state_dir / PREDICTOR_FILE
+    """Write history and the predictor; ``clean``: nothing is in flight any more (orderly stop)."""
+    name = getattr(sc.estimator, "checkpoint_name", QRF_FILE)
+    predictor = state_dir / name
     save = getattr(sc.estimator, "save", None)
-    if save is not None and not predictor.exists():
+    if save is not None and (getattr(sc.estimator, "learns_online", False) or not predictor.exists()):
         state_dir.mkdir(parents=True, exist_ok=True)
         await asyncio.to_thread(save, predictor)
     extra = {
         "saved_unix_s": time.time(),
         "predictor": sc.estimator_source,
-        "predictor_file": PREDICTOR_FILE if predictor.exists() else None,
+        "predictor_file": name if predictor.exists() else None,
         "config_digest": sc.config.digest,
     }
     in_flight = [] if clean else list(sc.jobs)

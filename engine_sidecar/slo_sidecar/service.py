@@ -19,10 +19,10 @@ import httpx
 
 from slo_core.engine_tags import EngineTags
 from slo_core.request_slo import SLOParamError, parse_slo
-from slo_sidecar.analyzer import LengthEstimator
 from slo_sidecar.config import PolicyConfig, SidecarKnobs
 from slo_sidecar.engine_client import EngineRejected, EngineStatus, EngineUnavailable
 from slo_sidecar.errors import APIError, overloaded
+from slo_sidecar.estimators import LengthEstimator
 from slo_sidecar.front import CHAT, parse_body
 from slo_sidecar.history import History
 from slo_sidecar.job import Job
@@ -280,6 +280,9 @@ class Sidecar:
                 m.tbt.labels(tier, pclass).observe(live.mean_tbt_s())
             m.e2e.labels(tier, pclass).observe(live.token_times_s[-1] - live.arrival_s)
             m.bound_ratio.labels(tier, pclass).observe(live.bound_at_arrival / max(1, live.generated_tokens))
+            learn = getattr(self.estimator, "observe", None)
+            if learn is not None and job.finish_reason == "stop":  # a natural end: a true length sample
+                learn(live.generated_tokens)
         self.tracker.finish(live, outcome, status)
 
     def update_gauges(self) -> None:
