@@ -1,0 +1,72 @@
+"""Proxy-mode scheduling against a live engine: the policy's order decides release, and a preempted
+request is aborted upstream and resumed as a continuation (prompt + generated text), unseen by its client."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections.abc import Sequence
+
+import httpx
+
+from slo_core.policies.base import BaseEnginePolicy, Decision, EngineView, RequestView
+from slo_core.slo import PriorityClass, RequestKind, SLOTier
+from slo_sidecar.config import PolicyConfig, SidecarKnobs
+from slo_sidecar.estimators import FallbackEstimator
+from slo_sidecar.fake_engine import FakeEngine, serve_fake_engine
+from slo_sidecar.runtime import running_sidecar
+from slo_sidecar.service import Sidecar
+
+HIGH = SLOTier("high", RequestKind.LATENCY, PriorityClass("high", 8.0), ttft_s=1.0, tbt_s=0.5)
+LOW = SLOTier("low", RequestKind.BEST_EFFORT, PriorityClass("low", 1.0))
+
+
+class HeaviestFirst(BaseEnginePolicy):
+    """Admit by priority weight; preempt a running request once a heavier one waits (test policy)."""
+
+    name = "heaviest-first"
+
+    def decide(
+        self,
+        waiting: Sequence[RequestView],
+        running: Sequence[RequestView],
+        engine: EngineView,
+        rng: random.Random,
+    ) -> Decision:
+        order = sorted(waiting, key=lambda r: (-r.priority_weight, r.arrival_s))
+        heaviest = order[0].priority_weight if order else 0.0
+        preempt = tuple(r.request_id for r in running if r.priority_weight < heaviest)
+        return Decision(admit=tuple(r.request_id for r in order), preempt=preempt)
+
+
+async def test_preempted_request_resumes_as_a_continuation_and_its_client_sees_one_answer() -> None:
+    eng = FakeEngine(ttft_s=0.005, tbt_s=0.02)
+    async with serve_fake_engine(eng) as url:
+        config = PolicyConfig(tiers={"high": HIGH, "low": LOW}, default_tier="low")
+        knobs = SidecarKnobs(max_running=1, engine_priority=True)
+        sc = Sidecar(knobs=knobs, config=config, engine_url=url, estimator=FallbackEstimator())
+        sc.scheduler.set_policy(HeaviestFirst())
+        async with running_sidecar(sc, grpc_port=None) as run, httpx.AsyncClient(timeout=30) as http:
+
+            async def ask(tier: str, prompt: str, n: int) -> httpx.Response:
+                body = {"model": eng.model, "prompt": prompt, "max_tokens": n, "ignore_eos": True}
+                return await http.post(
+                    run.http_url + "/v1/completions", json=body, headers={"x-slo-tier": tier}
+                )
+
+            low = asyncio.create_task(ask("low", "a long low priority story", 30))
+            while not sc.jobs or next(iter(sc.jobs.values())).live.generated_tokens < 3:
+                await asyncio.sleep(0.01)
+            high = asyncio.create_task(ask("high", "urgent", 5))
+            high_answer, low_answer = await asyncio.wait_for(asyncio.gather(high, low), timeout=20)
+
+    assert high_answer.status_code == 200 and low_answer.status_code == 200
+    assert low_answer.json()["usage"]["completion_tokens"] == 30
+    assert len(low_answer.json()["choices"][0]["text"].split()) == 30
+    assert eng.started == 3 and eng.aborted == 1 and eng.finished == 2  # low: aborted once, then resumed
+    first, urgent, resumed = eng.bodies
+    assert urgent["prompt"] == "urgent" and urgent["priority"] == 0
+    done = 30 - resumed["max_tokens"]
+    assert done >= 3 and resumed["prompt"].startswith(first["prompt"] + " w0 w1 w2")
+    assert len(resumed["prompt"].split()) == len(first["prompt"].split()) + done
+    assert sc.history.rows[-1]["preemptions"] == 1
