@@ -210,7 +210,21 @@ def notes_text(a100: dict[str, Any], h100: dict[str, Any], h100_info: dict[str, 
         "- Splitwise's 70B measurements run about 2x slower than Vidur's kernel sums for the same GPU/TP",
         "  (H100 TP4 decode at B=1: 28 ms vs 14 ms of kernels); the 8B profiles follow the kernel data, so",
         "  comparing 8B and 70B profiles mixes two serving stacks.",
+        "- A100 8B prefill attention comes from Vidur's A100 attention profile, whose prefill kernel runs",
+        "  at ~60 TFLOP/s (FlashAttention-2 on an A100 reaches ~3x that); the H100 attention is our own",
+        f"  timing of PyTorch SDPA. An 8k-token prefill: A100 {_prefill_ms(a100, 8192):.0f} ms "
+        f"(attention {a100['b_ms_per_token_ctx'] * 8192**2:.0f}),",
+        f"  H100 {_prefill_ms(h100, 8192):.0f} ms (attention {h100['b_ms_per_token_ctx'] * 8192**2:.0f}): "
+        "a ratio above the usual 2-3x, so",
+        "  A100 8B prompt-heavy results are pessimistic.",
+        "- Σ(chunk·ctx) counts a whole-prompt prefill as P² (the simulator's convention), while causal",
+        "  attention does about P²/2; the fits absorb the factor, so b is only meaningful with that sum.",
     ]
+
+
+def _prefill_ms(doc: dict[str, Any], tokens: int) -> float:
+    linear = max(doc["floor_ms"], doc["a_ms_per_token"] * tokens)
+    return float(doc["t_c_ms"] + linear + doc["b_ms_per_token_ctx"] * tokens * tokens)
 
 
 if __name__ == "__main__":
