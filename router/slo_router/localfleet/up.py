@@ -67,6 +67,7 @@ client = OpenAI(base_url="{fleet.router_url}/v1", api_key="local")
 stream = client.chat.completions.create(
     model="{fleet.served_model()}",
     messages=[{{"role": "user", "content": "Say hello to slofleet."}}],
+    max_tokens=64,
     stream=True,
     extra_headers={{"x-slo-tier": "{tier}"}},
 )

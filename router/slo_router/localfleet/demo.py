@@ -1,0 +1,208 @@
+"""``slofleet demo``: replay a real trace through a local slofleet fleet and through a stock one.
+
+Both fleets run the same processes on the same simulated GPUs; only the policies differ (slofleet:
+the engine policy and routing of the demo SLOPolicy, GMAX and GoRouting by default; stock: FCFS
+engines behind round-robin routing, what a plain vLLM fleet does). The identical workload (Azure
+conv arrivals, 1:1:1 chat streams / deadline calls / deep-research programs, two priority classes)
+is replayed through each router with the ``openai`` client; per-tier goodput and attainment update
+live; the end is a side-by-side table and a report (markdown, JSON, PNG plots).
+
+Time can run slower than on the profiled GPU (``--speedup`` below 1) so that two CPU cores can carry
+every streamed token: arrival rate, SLO targets and durations are all scaled by the same factor, so
+the scheduling problem is the same one the GPU would face.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from slo_core.crd.loads import parse_policy
+from slo_core.metrics.summary import JobOutcome, goodput_over_time, group_metrics, latency_samples
+from slo_core.sim.jobs import Job
+from slo_core.workloads import WorkloadSpec, build_workload, parse_mix
+from slo_router.localfleet.launcher import FleetError, LocalFleet
+from slo_router.localfleet.replay import JobRecord, describe, outcomes, replay
+from slo_router.localfleet.report import write_report
+from slo_router.localfleet.spec import DEFAULT_PROFILE, EngineGroup, FleetSpec
+
+
+def register(parser: argparse.ArgumentParser) -> None:
+    """Replay a real trace through a local slofleet fleet and a stock FCFS/round-robin one; compare."""
+    parser.add_argument("--duration", type=float, default=60.0, help="seconds of trace arrivals (GPU time)")
+    parser.add_argument("--rps", type=float, default=6.0, help="arrival rate, requests/s (GPU time)")
+    parser.add_argument("--engines", type=int, default=2, help="simulated engines per fleet")
+    parser.add_argument("--profile", default=DEFAULT_PROFILE, help="GPU/model performance profile")
+    parser.add_argument(
+        "--speedup", type=float, default=0.5, help="time runs this fast vs the GPU (< 1: slower)"
+    )
+    parser.add_argument("--trace", default="azure-conv-2023", help="built-in trace name or trace file path")
+    parser.add_argument("--mix", default="1:1:1", help="latency:deadline:compound ratio")
+    parser.add_argument("--policy", default="gmax", help="slofleet fleet's engine policy")
+    parser.add_argument("--routing", default="go-routing", help="slofleet fleet's routing policy")
+    parser.add_argument("--baseline-policy", default="fcfs", help="stock fleet's engine policy")
+    parser.add_argument("--baseline-routing", default="round-robin", help="stock fleet's routing policy")
+    parser.add_argument("--max-tokens", type=int, default=1024, help="cap on each request's output length")
+    parser.add_argument("--seed", type=int, default=0, help="workload seed")
+    parser.add_argument("--out", default="slofleet-demo", help="report folder")
+    parser.set_defaults(func=run)
+
+
+SETTINGS = {"ttft_s": 2.0, "tbt_s": 0.1, "deadline_s": 20.0, "stage_deadline_s": 20.0}
+
+
+def demo_policy(scale: float, engine_policy: str, routing_policy: str) -> str:
+    """The demo's SLOPolicy: JITServe §6.1 SLOs (scaled) in tiers named like the workload's jobs."""
+    tiers: list[dict[str, Any]] = []
+    for cls in ("high", "low"):
+        tiers += [
+            {"name": f"latency-{cls}", "kind": "latency", "ttftS": SETTINGS["ttft_s"] * scale,
+             "tbtS": SETTINGS["tbt_s"] * scale, "priorityClass": cls},
+            {"name": f"deadline-{cls}", "kind": "deadline", "deadlineS": SETTINGS["deadline_s"] * scale,
+             "priorityClass": cls},
+            {"name": f"compound-{cls}", "kind": "compound",
+             "deadlineS": SETTINGS["stage_deadline_s"] * 6 * scale, "priorityClass": cls},
+        ]  # fmt: skip
+    tiers.append({"name": "best-effort", "kind": "best-effort", "priorityClass": "low"})
+    doc = {
+        "apiVersion": "slofleet.io/v1alpha1",
+        "kind": "SLOPolicy",
+        "metadata": {"name": "demo"},
+        "spec": {
+            "priorityClasses": [{"name": "high", "weight": 2}, {"name": "low", "weight": 1}],
+            "tiers": tiers,
+            "defaultTier": "latency-low",
+            "goodput": {"name": "token"},
+            "scheduling": {"name": engine_policy},
+            "routing": {"name": routing_policy},
+        },
+    }
+    text = yaml.safe_dump(doc, sort_keys=False)
+    parse_policy(text, "demo policy")  # the same validation a user's file gets
+    return text
+
+
+class Progress:
+    """Per-tier attainment and goodput so far, one line every couple of seconds."""
+
+    def __init__(self, label: str, total: int) -> None:
+        self.label = label
+        self.total = total
+        self.done: list[JobRecord] = []
+        self.start_s = 0.0
+        self.last_print = 0.0
+        self.tty = sys.stderr.isatty()
+
+    def __call__(self, record: JobRecord, start_s: float) -> None:
+        self.done.append(record)
+        self.start_s = start_s
+        now = time.monotonic()
+        if now - self.last_print >= 2.0 or len(self.done) == self.total:
+            self.last_print = now
+            self.show(now)
+
+    def show(self, now: float) -> None:
+        by_tier: dict[str, list[int]] = {}
+        for o in outcomes(self.done, self.start_s):
+            met, n = by_tier.setdefault(o.tier, [0, 0])
+            by_tier[o.tier] = [met + (o.gains["request"] > 0), n + 1]
+        parts = " ".join(f"{t}:{m}/{n}" for t, (m, n) in sorted(by_tier.items()))
+        line = (
+            f"[{self.label}] {now - self.start_s:6.1f}s {len(self.done)}/{self.total} done | met SLO {parts}"
+        )
+        end = "\r" if self.tty and len(self.done) < self.total else "\n"
+        print(line[:200].ljust(120 if self.tty else 0), end=end, file=sys.stderr, flush=True)
+
+
+def run_fleet(label: str, spec: FleetSpec, jobs: list[Job], grace_s: float) -> dict[str, Any]:
+    with LocalFleet(spec) as fleet:
+        progress = Progress(label, len(jobs))
+        model = fleet.served_model()
+        records, start = asyncio.run(
+            replay(fleet.router_url, jobs, model=model, grace_s=grace_s, on_done=progress)
+        )
+    fleet.cleanup()
+    return {
+        "records": records,
+        "start": start,
+        "outcomes": outcomes(records, start),
+        "counts": describe(records),
+    }
+
+
+def summary(outs: list[JobOutcome], span_s: float, bucket_s: float) -> dict[str, Any]:
+    m = group_metrics(outs, span_s)
+    groups: dict[str, list[JobOutcome]] = {}
+    for o in outs:
+        groups.setdefault(o.tier, []).append(o)
+    m["by_tier"] = {t: group_metrics(g, span_s) for t, g in sorted(groups.items())}
+    end = max((o.delivery.finish_s or 0.0) for o in outs) if outs else span_s
+    m["goodput_over_time"] = {
+        "bucket_s": bucket_s,
+        "token": goodput_over_time(outs, bucket_s, max(end, span_s)),
+    }
+    m["latency_samples"] = latency_samples(outs)
+    return m
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        mix = parse_mix(args.mix)
+        if not 0 < args.speedup <= 100:
+            raise ValueError("--speedup must be in (0, 100]")
+        scale = 1.0 / args.speedup
+        workload = WorkloadSpec(
+            trace=args.trace, rps=args.rps * args.speedup, duration_s=args.duration * scale, mix=mix,
+            slo_scale=scale, max_tokens=args.max_tokens, seed=args.seed,
+        )  # fmt: skip
+        jobs = [j for j in build_workload(workload) if j.total_output_tokens > 0]
+        jobs = [_capped(j, args.max_tokens) for j in jobs]
+        out = Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        runs = {}
+        for label, engine_policy, routing in (
+            ("slofleet", args.policy, args.routing),
+            ("stock", args.baseline_policy, args.baseline_routing),
+        ):
+            policy_path = out / f"policy-{label}.yaml"
+            policy_path.write_text(demo_policy(scale, engine_policy, routing), encoding="utf-8")
+            group = EngineGroup(count=args.engines, profile=args.profile, speedup=args.speedup)
+            spec = FleetSpec(engines=[group], port=0, policy_file=policy_path, workdir=out / f"fleet-{label}")
+            print(
+                f"== {label}: engine policy {engine_policy}, routing {routing}, {len(jobs)} jobs",
+                file=sys.stderr,
+            )
+            result = run_fleet(label, spec, jobs, grace_s=10.0 * scale)
+            runs[label] = {
+                "engine_policy": engine_policy,
+                "routing": routing,
+                "counts": result["counts"],
+                **summary(
+                    result["outcomes"], workload.duration_s, bucket_s=max(1.0, workload.duration_s / 30)
+                ),
+            }
+    except (ValueError, FleetError) as exc:
+        print(f"slofleet demo: {exc}", file=sys.stderr)
+        return 2
+    meta = {"workload": workload.model_dump(mode="json"), "speedup": args.speedup, "engines": args.engines,
+            "profile": args.profile, "jobs": len(jobs)}  # fmt: skip
+    table = write_report(out, runs, meta)
+    print(table)
+    print(f"\nreport: {out / 'report.md'} (plots and results.json beside it)")
+    return 0
+
+
+def _capped(job: Job, max_tokens: int) -> Job:
+    """Cap output lengths at ``max_tokens`` so one very long answer cannot dominate a short demo."""
+    from dataclasses import replace
+
+    if job.stages is None:
+        return replace(job, output_tokens=min(job.output_tokens, max_tokens), max_tokens=max_tokens)
+    stages = tuple(tuple((i, min(o, max_tokens)) for i, o in stage) for stage in job.stages)
+    return replace(job, stages=stages, max_tokens=max_tokens)

@@ -1,0 +1,229 @@
+"""Replay a workload's jobs through an OpenAI-compatible endpoint with the official ``openai`` client.
+
+Each job is sent at its arrival time (relative to the start): a latency job as a streamed chat
+completion, a deadline job as a completion, a compound job as its stages in order — each stage's
+calls in parallel, stage s+1 once all of stage s returned — tied together by ``x-slo-program-id``
+and ``x-slo-stage`` and carrying the whole program's deadline. Prompts are filler text of the job's
+input length (engine-sim's counting rule), and ``max_tokens`` with ``ignore_eos`` imposes the job's
+true output length, as trace replays do. Every token's arrival time is recorded on the client, so
+the goodput computed here is what the client really got.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+import openai
+
+from slo_core.gain import GOODPUT_FUNCTIONS, Delivery, GainParams, ideal_gain
+from slo_core.metrics.summary import JobOutcome
+from slo_core.sim.jobs import Job
+from slo_core.slo import RequestKind
+
+CHAT_FRAMING_TOKENS = 8  # BOS + one message (4) + assistant header (3), engine-sim's chat count
+WORD = "token"
+
+
+def filler_prompt(tokens: int, chat: bool) -> str:
+    """Text that engine-sim counts as ``tokens`` tokens (BOS and chat framing included)."""
+    words = max(1, tokens - (CHAT_FRAMING_TOKENS if chat else 1))
+    return " ".join([WORD] * words)
+
+
+@dataclass
+class CallRecord:
+    """What the client observed for one HTTP call."""
+
+    sent_s: float
+    token_times_s: list[float] = field(default_factory=list)
+    status: str = "ok"  # ok | rejected | error
+    error: str = ""
+
+
+@dataclass
+class JobRecord:
+    job: Job
+    calls: list[CallRecord] = field(default_factory=list)
+    completed: bool = False
+
+    @property
+    def status(self) -> str:
+        if self.completed:
+            return "ok"
+        return "rejected" if any(c.status == "rejected" for c in self.calls) else "error"
+
+
+def _headers(job: Job, stage: int | None = None) -> dict[str, str]:
+    h = {"x-slo-tier": job.tier}
+    if job.slo.kind is RequestKind.LATENCY:
+        if job.slo.ttft_s is not None:
+            h["x-slo-ttft-s"] = f"{job.slo.ttft_s:g}"
+        if job.slo.tbt_s is not None:
+            h["x-slo-tbt-s"] = f"{job.slo.tbt_s:g}"
+    elif job.slo.deadline_s is not None:
+        h["x-slo-deadline-s"] = f"{job.slo.deadline_s:g}"
+    if job.stages is not None and stage is not None:
+        h["x-slo-program-id"] = job.job_id
+        h["x-slo-stage"] = str(stage)
+        h["x-slo-stages"] = str(len(job.stages))
+    return h
+
+
+class Replayer:
+    """Sends jobs to ``base_url`` and records what came back (one instance per run)."""
+
+    def __init__(self, client: openai.AsyncOpenAI, model: str, clock: Callable[[], float]) -> None:
+        self.client = client
+        self.model = model
+        self.clock = clock
+
+    async def _stream_chat(self, job: Job, rec: CallRecord, prompt_tokens: int, out_tokens: int) -> None:
+        stream = await self.client.chat.completions.create(
+            model=self.model,
+            messages=[{"role": "user", "content": filler_prompt(prompt_tokens, chat=True)}],
+            max_tokens=out_tokens,
+            stream=True,
+            extra_body={"ignore_eos": True},
+            extra_headers=_headers(job),
+        )
+        async for chunk in stream:
+            if chunk.choices and chunk.choices[0].delta.content:
+                rec.token_times_s.append(self.clock())
+
+    async def _complete(
+        self, job: Job, rec: CallRecord, prompt_tokens: int, out_tokens: int, stage: int | None
+    ) -> None:
+        out = await self.client.completions.create(
+            model=self.model,
+            prompt=filler_prompt(prompt_tokens, chat=False),
+            max_tokens=out_tokens,
+            extra_body={"ignore_eos": True},
+            extra_headers=_headers(job, stage),
+        )
+        now = self.clock()
+        n = out.usage.completion_tokens if out.usage is not None else 0
+        rec.token_times_s.extend([now] * n)
+
+    async def _call(self, job: Job, prompt_tokens: int, out_tokens: int, stage: int | None) -> CallRecord:
+        rec = CallRecord(sent_s=self.clock())
+        try:
+            if job.slo.kind is RequestKind.LATENCY:
+                await self._stream_chat(job, rec, prompt_tokens, out_tokens)
+            else:
+                await self._complete(job, rec, prompt_tokens, out_tokens, stage)
+            if len(rec.token_times_s) < out_tokens:
+                rec.status, rec.error = "error", f"stream ended after {len(rec.token_times_s)} tokens"
+        except (openai.RateLimitError, openai.InternalServerError) as exc:
+            rec.status = "rejected" if getattr(exc, "status_code", 0) in (429, 503) else "error"
+            rec.error = f"{type(exc).__name__}: {exc.status_code}"
+        except (openai.APIError, httpx.HTTPError) as exc:
+            rec.status, rec.error = "error", type(exc).__name__
+        return rec
+
+    async def run_job(self, job: Job, start_s: float) -> JobRecord:
+        delay = start_s + job.arrival_s - self.clock()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        record = JobRecord(job)
+        if job.stages is None:
+            rec = await self._call(job, job.prompt_tokens, job.output_tokens, None)
+            record.calls.append(rec)
+            record.completed = rec.status == "ok"
+            return record
+        for s, stage in enumerate(job.stages):
+            calls = await asyncio.gather(*(self._call(job, i, o, s) for i, o in stage))
+            record.calls.extend(calls)
+            if any(c.status != "ok" for c in calls):
+                return record
+        record.completed = True
+        return record
+
+
+def outcome(record: JobRecord, start_s: float, params: GainParams) -> JobOutcome:
+    """The client-side record as the metrics module's JobOutcome (times relative to the run's start)."""
+    job = record.job
+    times = sorted(t - start_s for c in record.calls for t in c.token_times_s)
+    delivery = Delivery(job.slo, job.arrival_s, job.total_input_tokens, times, record.completed)
+    gaps: list[float] = []
+    if job.stages is None and job.slo.kind is RequestKind.LATENCY:
+        gaps = [b - a for a, b in itertools.pairwise(times)]
+    o = JobOutcome(
+        delivery,
+        job.slo.kind.value,
+        job.slo.priority_class,
+        job.tier,
+        job.total_output_tokens,
+        record.status == "rejected",
+        0,
+        [],  # queueing happens inside the fleet; the client cannot see it
+        gaps,
+    )
+    for name, fn in GOODPUT_FUNCTIONS.items():
+        o.gains[name] = fn(delivery, params)
+        o.ideals[name] = ideal_gain(delivery, name, params, output_tokens=o.output_tokens)
+    return o
+
+
+async def replay(
+    base_url: str,
+    jobs: Sequence[Job],
+    *,
+    model: str,
+    api_key: str = "local",
+    grace_s: float = 30.0,
+    on_done: Callable[[JobRecord, float], None] | None = None,
+    max_connections: int = 1000,
+) -> tuple[list[JobRecord], float]:
+    """Replay ``jobs``; returns the records and the start time (monotonic seconds).
+
+    A job still running ``grace_s`` after its last useful moment is abandoned (the call is cancelled
+    and the job counts as missed): a replay always ends.
+    """
+    limits = httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections)
+    http = httpx.AsyncClient(limits=limits, timeout=httpx.Timeout(600.0, connect=10.0))
+    client = openai.AsyncOpenAI(base_url=f"{base_url}/v1", api_key=api_key, http_client=http, max_retries=0)
+    replayer = Replayer(client, model, time.monotonic)
+    start = time.monotonic()
+
+    async def bounded(job: Job) -> JobRecord:
+        budget = job.last_useful_s() + grace_s
+        budget = budget if math.isfinite(budget) else job.arrival_s + 600.0
+        timeout = max(1.0, start + budget - time.monotonic())
+        try:
+            rec = await asyncio.wait_for(replayer.run_job(job, start), timeout=timeout)
+        except TimeoutError:
+            rec = JobRecord(
+                job, [CallRecord(sent_s=start + job.arrival_s, status="error", error="abandoned")]
+            )
+        if on_done is not None:
+            on_done(rec, start)
+        return rec
+
+    try:
+        records = await asyncio.gather(*(bounded(j) for j in jobs))
+    finally:
+        await client.close()
+        await http.aclose()
+    return list(records), start
+
+
+def outcomes(
+    records: Sequence[JobRecord], start_s: float, params: GainParams | None = None
+) -> list[JobOutcome]:
+    gp = params or GainParams()
+    return [outcome(r, start_s, gp) for r in records]
+
+
+def describe(records: Sequence[JobRecord]) -> dict[str, Any]:
+    """Counts by status, for reconciling with the fleet's own metrics."""
+    counts: dict[str, int] = {"ok": 0, "rejected": 0, "error": 0}
+    for r in records:
+        counts[r.status] += 1
+    return counts

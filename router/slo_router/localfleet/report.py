@@ -1,0 +1,129 @@
+"""The demo's side-by-side table, ``report.md``, ``results.json`` and PNG plots."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+ROWS = (
+    ("token goodput (ratio of ideal)", "goodput_token_ratio", "{:.1%}"),
+    ("token goodput (weighted tokens/s)", "goodput_token_per_s", "{:.1f}"),
+    ("requests meeting their SLO", "attainment", "{:.1%}"),
+    ("TTFT p50 / p99 (s)", ("ttft_p50_s", "ttft_p99_s"), "{:.2f}"),
+    ("TBT p50 / p99 (s)", ("tbt_p50_s", "tbt_p99_s"), "{:.3f}"),
+    ("E2E p50 / p99 (s)", ("e2e_p50_s", "e2e_p99_s"), "{:.1f}"),
+    ("completed / rejected", ("completed", "rejected"), "{}"),
+)
+
+
+def _fmt(m: dict[str, Any], key: str | tuple[str, ...], fmt: str) -> str:
+    keys = (key,) if isinstance(key, str) else key
+    vals = [m.get(k) for k in keys]
+    return " / ".join("–" if v is None else fmt.format(v) for v in vals)
+
+
+def table(runs: dict[str, dict[str, Any]]) -> str:
+    labels = list(runs)
+    head = "| metric | " + " | ".join(
+        f"{lab} ({runs[lab]['engine_policy']} + {runs[lab]['routing']})" for lab in labels
+    )
+    lines = [head + " |", "|---" * (len(labels) + 1) + "|"]
+    for title, key, fmt in ROWS:
+        lines.append(f"| {title} | " + " | ".join(_fmt(runs[lab], key, fmt) for lab in labels) + " |")
+    tiers = sorted({t for lab in labels for t in runs[lab]["by_tier"]})
+    for t in tiers:
+        cells = []
+        for lab in labels:
+            m = runs[lab]["by_tier"].get(t, {})
+            cells.append(
+                f"{_fmt(m, 'attainment', '{:.0%}')} met, goodput {_fmt(m, 'goodput_token_ratio', '{:.0%}')}"
+            )
+        lines.append(f"| tier {t} | " + " | ".join(cells) + " |")
+    if len(labels) == 2:
+        a, b = (runs[lab].get("goodput_token_per_s") or 0.0 for lab in labels)
+        ratio = f"{a / b:.2f}×" if b > 0 else "∞"
+        lines.append(
+            f"\n{labels[0]} delivers {ratio} the token goodput of {labels[1]} on the identical replay."
+        )
+    return "\n".join(lines)
+
+
+def _plots(out: Path, runs: dict[str, dict[str, Any]]) -> list[str]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    files = []
+    fig, ax = plt.subplots(figsize=(7, 3.5))
+    for lab, m in runs.items():
+        g = m["goodput_over_time"]
+        x = np.arange(len(g["token"])) * g["bucket_s"]
+        ax.plot(x, np.asarray(g["token"]) / g["bucket_s"], label=lab)
+    ax.set(
+        xlabel="time since start (s)", ylabel="token goodput (weighted tokens/s)", title="Goodput over time"
+    )
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(out / "goodput_over_time.png", dpi=120)
+    files.append("goodput_over_time.png")
+    plt.close(fig)
+
+    tiers = sorted({t for m in runs.values() for t in m["by_tier"]})
+    fig, ax = plt.subplots(figsize=(8, 3.5))
+    width = 0.8 / max(1, len(runs))
+    for i, (lab, m) in enumerate(runs.items()):
+        vals = [(m["by_tier"].get(t, {}).get("attainment") or 0.0) for t in tiers]
+        ax.bar(np.arange(len(tiers)) + i * width, vals, width, label=lab)
+    ax.set_xticks(np.arange(len(tiers)) + width * (len(runs) - 1) / 2, tiers, rotation=20)
+    ax.set(ylabel="share meeting SLO", ylim=(0, 1), title="SLO attainment by tier")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(out / "attainment_by_tier.png", dpi=120)
+    files.append("attainment_by_tier.png")
+    plt.close(fig)
+
+    fig, axes = plt.subplots(1, 3, figsize=(11, 3.2))
+    for ax, key in zip(axes, ("ttft", "tbt", "e2e"), strict=True):
+        for lab, m in runs.items():
+            xs = np.sort(np.asarray(m["latency_samples"][key], dtype=float))
+            if len(xs):
+                ax.plot(xs, np.arange(1, len(xs) + 1) / len(xs), label=lab)
+        ax.set(xlabel=f"{key.upper()} (s)", ylabel="CDF", title=key.upper())
+        ax.legend()
+    fig.tight_layout()
+    fig.savefig(out / "latency_cdfs.png", dpi=120)
+    files.append("latency_cdfs.png")
+    plt.close(fig)
+    return files
+
+
+def write_report(out: Path, runs: dict[str, dict[str, Any]], meta: dict[str, Any]) -> str:
+    """Write report.md, results.json and plots into ``out``; returns the markdown table."""
+    md_table = table(runs)
+    try:
+        plots = _plots(out, runs)
+    except ImportError:
+        plots = []
+    slim = {lab: {k: v for k, v in m.items() if k != "latency_samples"} for lab, m in runs.items()}
+    (out / "results.json").write_text(json.dumps({"meta": meta, "runs": slim}, indent=2), encoding="utf-8")
+    w = meta["workload"]
+    lines = [
+        "# slofleet demo",
+        "",
+        f"{meta['jobs']} jobs from `{w['trace']}` (mix latency:deadline:compound {w['mix']}), "
+        f"{meta['engines']} simulated `{meta['profile']}` engines per fleet, time running "
+        f"{meta['speedup']}× the GPU's speed (rates, SLOs and durations scaled alike). Both fleets got "
+        "the identical replay through their router, with the official openai client.",
+        "",
+        md_table,
+        "",
+        "Counts by outcome: " + ", ".join(f"{lab}: {runs[lab]['counts']}" for lab in runs),
+        "",
+        *[f"![{p}]({p})" for p in plots],
+        "",
+    ]
+    (out / "report.md").write_text("\n".join(lines), encoding="utf-8")
+    return md_table
