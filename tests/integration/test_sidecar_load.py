@@ -1,4 +1,4 @@
-"""200 concurrent streams of mixed tiers through the sidecar into an overloaded engine: every request ends
+"""200 concurrent streams of mixed tiers through the sidecar into an overloaded engine-sim: every request ends
 in a completion or an explicit 429/503 with Retry-After, none hangs, and the counts of the client, the
 sidecar's metrics and the engine agree exactly."""
 
@@ -14,8 +14,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from slo_core.slo import PriorityClass, RequestKind, SLOTier
 from slo_sidecar.config import PolicyConfig, SidecarKnobs
+from slo_sidecar.engine_sim.server import serve_engine_sim
 from slo_sidecar.estimators import FallbackEstimator
-from slo_sidecar.fake_engine import FakeEngine, serve_fake_engine
 from slo_sidecar.runtime import running_sidecar
 from slo_sidecar.service import Sidecar
 
@@ -25,7 +25,7 @@ TIERS = {
     "bronze": SLOTier("bronze", RequestKind.BEST_EFFORT, PriorityClass("low", 1.0)),
 }
 N_REQUESTS = 200
-OUTPUT_TOKENS = 16
+OUTPUT_TOKENS = 32
 
 
 def _samples(text: str, name: str) -> dict[tuple[tuple[str, str], ...], float]:
@@ -65,46 +65,45 @@ async def _one(client: AsyncOpenAI, model: str, i: int) -> tuple[str, int]:
 
 
 async def test_200_concurrent_streams_under_overload_all_end_explicitly_and_reconcile() -> None:
-    eng = FakeEngine(ttft_s=0.005, tbt_s=0.01, max_running=64, gate=asyncio.Event())
-    async with serve_fake_engine(eng) as url:
+    async with serve_engine_sim(speedup=1.0) as sim:
         knobs = SidecarKnobs(max_running=16, max_queue=40, tier_max_inflight=25, drain_timeout_s=5)
         config = PolicyConfig(tiers=TIERS, default_tier="bronze", max_wait_s=60, policy_name="edf")
-        sc = Sidecar(knobs=knobs, config=config, engine_url=url, estimator=FallbackEstimator())
+        sc = Sidecar(knobs=knobs, config=config, engine_url=sim.url, estimator=FallbackEstimator())
         async with running_sidecar(sc, grpc_port=None) as run, httpx.AsyncClient() as http:
             client = AsyncOpenAI(base_url=run.http_url + "/v1", api_key="unused", max_retries=0, timeout=60)
-            calls = asyncio.gather(*(_one(client, eng.model, i) for i in range(N_REQUESTS)))
-            # the engine holds everything until all 200 have been admitted or refused: a real overload
-            while (
-                len(sc.jobs)
-                + _total((await http.get(run.http_url + "/metrics")).text, "slofleet_sidecar_rejects_total")
-                < N_REQUESTS
-            ):
-                await asyncio.sleep(0.05)
-            assert len(sc.scheduler.running) == knobs.max_running
-            assert len(sc.scheduler.waiting) == knobs.max_queue
-            eng.gate.set()
-            results = await asyncio.wait_for(calls, timeout=90)
+            calls = (_one(client, sim.model, i) for i in range(N_REQUESTS))
+            results = await asyncio.wait_for(asyncio.gather(*calls), timeout=100)
             await client.close()
             metrics = (await http.get(run.http_url + "/metrics")).text
+            engine = (await http.get(sim.url + "/metrics")).text
             assert not sc.jobs and not sc.scheduler.waiting and not sc.scheduler.running
 
     outcomes = collections.Counter(kind for kind, _ in results)
     ok = outcomes["ok"]
     assert sum(outcomes.values()) == N_REQUESTS
-    assert ok > 0 and outcomes["503"] > 0 and outcomes["429"] > 0, outcomes  # overload really happened
+    assert set(outcomes) <= {"ok", "429", "503"}
+    assert ok >= knobs.max_running + knobs.max_queue and outcomes["429"] + outcomes["503"] > 0, outcomes
     assert all(n == OUTPUT_TOKENS for kind, n in results if kind == "ok")
 
-    assert _total(metrics, "slofleet_sidecar_requests_total", outcome="ok") == ok == eng.finished
-    refused = outcomes["429"] + outcomes["503"]
-    assert _total(metrics, "slofleet_sidecar_rejects_total") == refused
-    assert _total(metrics, "slofleet_sidecar_rejects_total", reason="tier_limit") == outcomes["429"]
-    assert _total(metrics, "slofleet_sidecar_rejects_total", reason="queue_full") == outcomes["503"]
-    assert _total(metrics, "slofleet_sidecar_requests_total", outcome="error") == 0
+    # client, sidecar and engine agree on every count
+    assert _total(metrics, "slofleet_sidecar_requests_total", outcome="ok") == ok
+    assert _total(engine, "vllm:request_success_total") == ok
+    assert _total(engine, "vllm:request_success_total", finished_reason="abort") == 0
     assert _total(metrics, "slofleet_sidecar_output_tokens_total") == ok * OUTPUT_TOKENS
-    assert ok == knobs.max_running + knobs.max_queue
-    assert eng.started == eng.finished and eng.aborted == 0
-    assert eng.generated_tokens == ok * OUTPUT_TOKENS
-    assert eng.running == 0 and eng.waiting == 0
+    assert _total(engine, "vllm:generation_tokens_total") == ok * OUTPUT_TOKENS
+    assert _total(metrics, "slofleet_sidecar_requests_total") - ok == outcomes["503"] - _early(metrics)
+    assert _total(metrics, "slofleet_sidecar_rejects_total") == outcomes["429"] + outcomes["503"]
+    assert _total(metrics, "slofleet_sidecar_rejects_total", reason="tier_limit") == outcomes["429"]
+    assert _total(metrics, "slofleet_sidecar_requests_total", outcome="error") == 0
+    assert _total(engine, "vllm:num_requests_running") == 0
     per_tier = {t: _total(metrics, "slofleet_sidecar_requests_total", tier=t) for t in TIERS}
     assert all(v > 0 for v in per_tier.values())
     assert _total(metrics, "slofleet_sidecar_decision_seconds_count") > 0
+
+
+def _early(metrics: str) -> float:
+    """503s refused at arrival (before the request was accepted: no request record)."""
+    return sum(
+        _total(metrics, "slofleet_sidecar_rejects_total", reason=r)
+        for r in ("queue_full", "engine_unavailable")
+    )
