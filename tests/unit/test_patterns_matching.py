@@ -103,3 +103,18 @@ def test_matched_sub_deadlines_never_exceed_the_deadline(
         if share is not None:
             assert 0.0 < share <= 1.0
             assert stage_sub_deadline_s(share, deadline) <= deadline
+
+
+def test_tracker_learns_from_finished_programs() -> None:
+    from slo_core.predict.compound import CompoundTracker
+
+    tracker = CompoundTracker()
+    # nothing stored yet: the caller keeps its own rule
+    assert tracker.sub_deadline_at_s("p1", "search", 0.0, 100.0) is None
+    for st_ in (Stage("plan", 100, 50, 2.0), Stage("search", 0, 40, 2.0), Stage("answer", 300, 900, 6.0)):
+        tracker.stage_finished("p1", st_)
+    assert len(tracker.finish("p1", now_s=10.0)) == 3
+    tracker.stage_finished("p2", Stage("plan", 110, 50, 1.5))
+    # the search stage of a plan→search→answer program ends at 40 % of its time
+    assert tracker.sub_deadline_at_s("p2", "search", 5.0, 100.0) == pytest.approx(45.0, rel=1e-3)
+    assert tracker.sub_deadline_at_s("p2", "unknown-tool", 5.0, 100.0) is None

@@ -46,7 +46,7 @@ def test_eval_prints_and_writes_every_figure(
     assert main([*args, "--latency-repeats", "2"]) == 0
     result = json.loads(out.read_text())
     assert result["rows"] == 90 and result["quantile"] == 0.95
-    for method in ("qrf", "mean_length", "max_tokens"):
+    for method in ("qrf", "qrf_text_free", "mean_length", "max_tokens"):
         assert set(result[method]) == {"submission", "after_50", "after_200", "after_500"}
         for stage in result[method].values():
             assert {"n", "coverage", "median_ratio", "p90_ratio"} <= set(stage)

@@ -21,6 +21,11 @@ Stable API (the sidecar and the simulator call exactly this)::
   generated_tokens + 1 (or generated_tokens at the cap), never above max_tokens.
 - ``bounds(batch: Sequence[BoundQuery]) -> list[int]``: many of either, in one forest pass.
 
+Compound requests (pattern graphs, ``slo_core.predict.compound.CompoundTracker``):
+``stage_finished(program_id, Stage(ident, output_tokens, input_tokens, duration_s, calls))`` as stages
+end, ``sub_deadline_at_s(program_id, next_ident, program_arrival_s, deadline_s)`` when one starts
+(arrival + φ(s)·D, never after arrival + D; None without a matching pattern), ``finish(...)`` to store.
+
 All calls are synchronous CPU work (≈ 0.1–1 ms per request); services run them off the event loop.
 Serving needs only numpy; training needs quantile-forest (``slofleet predictor train``).
 """

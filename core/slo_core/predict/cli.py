@@ -97,5 +97,5 @@ def register(parser: argparse.ArgumentParser) -> None:
     ev.add_argument("--quantile", type=float, help="override the artefact's quantile (fraction)")
     ev.add_argument("--max-tokens", type=int, default=4096, help="cap for rows without max_tokens (tokens)")
     ev.add_argument("--limit", type=int, default=0, help="evaluate only the first N rows (0 = all)")
-    ev.add_argument("--latency-repeats", type=int, default=30, help="timed calls per batch size")
+    ev.add_argument("--latency-repeats", type=int, default=5, help="timed passes per batch size")
     ev.set_defaults(func=_eval)

@@ -1,13 +1,14 @@
 """Request features for the output-length forest: counts, hashed word n-grams, kind and model id.
 
-Everything here is stateless (a hashing trick, no fitted vocabulary), so an artefact only records
-the feature parameters and the same request always maps to the same vector. Prompt token counts
-come from the caller; :func:`approx_tokens` is a tokenizer-free stand-in where none is known.
+Everything here is stateless (a hashing trick over CRC-32 word hashes, bigrams combined from the
+two word hashes; no fitted vocabulary), so an artefact only records the feature parameters and the
+same request always maps to the same vector. It needs numpy only, so serving needs no scikit-learn.
+Prompt token counts come from the caller; :func:`approx_tokens` is a tokenizer-free stand-in.
 """
 
 from __future__ import annotations
 
-import itertools
+import functools
 import re
 import zlib
 from collections.abc import Sequence
@@ -22,6 +23,7 @@ F32 = npt.NDArray[np.float32]
 # Request kinds (slo_core.slo.RequestKind values) get a one-hot column each; anything else none.
 KINDS: tuple[str, ...] = ("latency", "deadline", "compound", "best-effort")
 _WORD = re.compile(r"\w+|[^\w\s]")
+_NO_DIGITS = str.maketrans("", "", "0123456789")
 
 
 class FeatureParams(BaseModel):
@@ -58,11 +60,16 @@ def _bucket(token: str, n: int) -> int:
     return zlib.crc32(token.encode("utf-8")) % n
 
 
+@functools.lru_cache(maxsize=1 << 16)
+def _word_hash(word: str) -> int:
+    return zlib.crc32(word.encode("utf-8"))
+
+
 def _text_stats(text: str) -> tuple[float, float, float]:
     n = max(1, len(text))
     lines = float(text.count("\n") + 1)
     questions = float(text.count("?"))
-    digits = sum(ch.isdigit() for ch in text) / n
+    digits = (len(text) - len(text.translate(_NO_DIGITS))) / n
     return lines, questions, digits
 
 
@@ -81,11 +88,12 @@ def featurize(requests: Sequence[RequestFeatures], p: FeatureParams) -> F32:
             text = r.text[: p.text_chars]
             out[row, 2] = np.log1p(len(r.text))
             out[row, 3:6] = _text_stats(text)
-            words = [w.lower() for w in _WORD.findall(text)]
-            grams = words + [f"{a} {b}" for a, b in itertools.pairwise(words)]
-            if grams:
-                idx = np.fromiter((_bucket(g, p.ngram_features) for g in grams), dtype=np.int64)
-                counts = np.bincount(idx, minlength=p.ngram_features).astype(np.float32)
+            h = np.fromiter(map(_word_hash, _WORD.findall(text.lower())), dtype=np.uint64)
+            if len(h):
+                # unigram buckets, then bigram buckets from the two words' hashes (no string joins)
+                pair = (h[:-1] * np.uint64(1_000_003)) ^ h[1:]
+                idx = np.concatenate((h, pair)) % np.uint64(p.ngram_features)
+                counts = np.bincount(idx.astype(np.int64), minlength=p.ngram_features).astype(np.float32)
                 out[row, gram_at:] = counts / float(np.linalg.norm(counts))
         column = kind_at.get(r.kind)
         if column is not None:

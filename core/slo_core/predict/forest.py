@@ -10,6 +10,7 @@ without scikit-learn.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import numpy as np
@@ -64,23 +65,34 @@ class ArrayForest:
 
     def leaves(self, x: F32) -> I64:
         """Leaf node of every row in every tree, shape (rows, trees)."""
+        left, right, feat, thr = self._walk
         nodes = np.broadcast_to(self.roots.astype(np.int64), (x.shape[0], self.n_trees)).copy()
         rows = np.arange(x.shape[0])[:, None]
-        for _ in range(self.max_depth + 1):
-            left = self.left[nodes]
-            inner = left >= 0
-            if not inner.any():
+        for depth in range(self.max_depth + 1):
+            nxt = np.where(x[rows, feat[nodes]] <= thr[nodes], left[nodes], right[nodes])
+            if depth % 8 == 7 and np.array_equal(nxt, nodes):
                 break
-            feat = self.feature[nodes]
-            go_left = x[rows, np.maximum(feat, 0)] <= self.threshold[nodes]
-            nodes = np.where(inner, np.where(go_left, left, self.right[nodes]), nodes)
+            nodes = nxt
         return nodes
+
+    @functools.cached_property
+    def _walk(self) -> tuple[I64, I64, I64, F64]:
+        """Children, feature and threshold with leaves pointing at themselves (branch-free walk)."""
+        n = np.arange(len(self.left), dtype=np.int64)
+        leaf = self.left < 0
+        return (
+            np.where(leaf, n, self.left).astype(np.int64),
+            np.where(leaf, n, self.right).astype(np.int64),
+            np.where(leaf, 0, self.feature).astype(np.int64),
+            np.where(leaf, np.inf, self.threshold),
+        )
 
     def distribution(self, leaves_row: I64) -> tuple[F64, F64]:
         """Sorted lengths and their QRF weights for one query's leaves (one per tree)."""
-        starts = self.leaf_start[leaves_row]
-        counts = self.leaf_count[leaves_row]
-        idx = np.concatenate([np.arange(s, s + c) for s, c in zip(starts, counts, strict=True)])
+        starts = self.leaf_start[leaves_row].astype(np.int64)
+        counts = self.leaf_count[leaves_row].astype(np.int64)
+        first = np.cumsum(counts) - counts  # where each leaf's block begins in the gathered array
+        idx = np.repeat(starts - first, counts) + np.arange(int(counts.sum()))
         vals = self.leaf_values[idx].astype(np.float64)
         w = np.repeat(1.0 / (self.n_trees * counts.astype(np.float64)), counts)
         order = np.argsort(vals, kind="stable")

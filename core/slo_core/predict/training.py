@@ -2,8 +2,9 @@
 
 Shipped data: ShareGPT first turns (chat, labelled kind ``latency``) and GSM8K questions with the
 token counts of their reference answers (labelled ``deadline``); neither says which model answered,
-so the model id is empty. A deterministic 20 % of rows (by a CRC of the row's key) is held back for
-evaluation and never trained on.
+so the model id is empty. Every row is also trained on without its text (token count only), the
+case of the simulator and of callers that do not pass the prompt. A deterministic 20 % of rows
+(by a CRC of the row's key) is held back for evaluation and never trained on.
 """
 
 from __future__ import annotations
@@ -165,10 +166,17 @@ def fit_forest(x: F32, y: np.ndarray, *, n_trees: int, min_samples_leaf: int, se
     )
 
 
-def training_matrix(rows: list[LengthRow], params: FeatureParams) -> tuple[F32, np.ndarray]:
-    x = featurize([r.features for r in rows], params)
-    y = np.asarray([r.output_tokens for r in rows], dtype=np.float64)
-    return x, y
+def training_matrix(
+    rows: list[LengthRow], params: FeatureParams, text_free_copies: bool = True
+) -> tuple[F32, np.ndarray]:
+    """Features and lengths; with ``text_free_copies`` every row also appears without its text, so
+    callers that only know token counts (the simulator) get bounds learnt for that case."""
+    feats = [r.features for r in rows]
+    y = [r.output_tokens for r in rows]
+    if text_free_copies:
+        feats += [RequestFeatures(r.prompt_tokens, None, r.kind, r.model) for r in rows]
+        y += y
+    return featurize(feats, params), np.asarray(y, dtype=np.float64)
 
 
 def train_estimator(
@@ -179,16 +187,18 @@ def train_estimator(
     seed: int = 0,
     features: FeatureParams | None = None,
     params: EstimatorParams | None = None,
+    text_free_copies: bool = True,
 ) -> OutputBoundEstimator:
     """Fit a forest on ``rows`` and wrap it as an estimator (metadata says what it was trained on)."""
     fp = features or FeatureParams()
-    x, y = training_matrix(rows, fp)
+    x, y = training_matrix(rows, fp, text_free_copies)
     forest = fit_forest(x, y, n_trees=n_trees, min_samples_leaf=min_samples_leaf, seed=seed)
     meta = {
         "trained_rows": len(rows),
         "n_trees": n_trees,
         "min_samples_leaf": min_samples_leaf,
         "seed": seed,
+        "text_free_copies": text_free_copies,
         "holdout": f"crc32(key) % {HOLDOUT_MODULUS} == 0 held back",
     }
     return OutputBoundEstimator(forest, fp, params, meta)
