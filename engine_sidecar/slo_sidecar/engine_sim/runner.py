@@ -3,9 +3,14 @@ performance model's duration of it, completes it and hands each request its new 
 
 Arrivals and aborts queue up while a step runs and are applied between steps (as vLLM's engine core
 does), so a client disconnect takes the request out of the engine, and frees its KV blocks, at the
-next step boundary. The engine clock is Unix time (``time.time()``, like vLLM's ``arrival_time``),
-so absolute deadlines in the SLO tags need no translation; ``--speedup`` makes the simulated GPU
-faster instead of bending the clock.
+next step boundary. Steps shorter than ``MAX_AHEAD_S`` are not slept one by one: the engine runs up
+to that far ahead of the wall clock and then sleeps, and a step that starts late because a sleep
+overshot starts at the model's time (up to ``MAX_LAG_S`` behind), so timer granularity and jitter do
+not slow the simulated GPU down; tokens may arrive up to 2 ms early or 20 ms late.
+
+The engine clock is Unix time (``time.time()``, like vLLM's ``arrival_time``), so absolute deadlines
+in the SLO tags need no translation; ``--speedup`` makes the simulated GPU faster instead of bending
+the clock.
 """
 
 from __future__ import annotations
@@ -36,6 +41,8 @@ log = logging.getLogger(__name__)
 
 BEST_EFFORT = SLOTargets(RequestKind.BEST_EFFORT)
 MAX_PROGRAMS = 4096
+MAX_AHEAD_S = 0.002
+MAX_LAG_S = 0.02
 # one output event: (new tokens, time of the step that made them, finish reason or None)
 Event = tuple[int, float, str | None]
 
@@ -216,8 +223,12 @@ class EngineRunner:
     async def _loop(self) -> None:
         assert self._wake is not None
         engine = self.engine
+        sim_now = 0.0
         while True:
-            now = self.clock()
+            # the engine's time: where the last step ended, unless that is more than MAX_LAG_S behind
+            # the wall clock (timer jitter is caught up; a loop that cannot keep up falls behind)
+            wall = self.clock()
+            now = sim_now if wall - MAX_LAG_S <= sim_now else wall
             self._refresh_bounds(self._apply_inbox(now))
             if self.settings.scheduling_policy == "priority" and len(engine.waiting) > 1:
                 prio = self._priority
@@ -233,9 +244,14 @@ class EngineRunner:
                 timeout = None if end is None else max(0.0, end - self.clock())
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._wake.wait(), timeout)
+                sim_now = 0.0  # after idling, start again from the wall clock
                 continue
-            await asyncio.sleep(max(0.0, end - self.clock()))
-            out = engine.complete(self.clock() - now)  # tokens stamped when the step really ended
+            sim_now = end
+            ahead_s = end - self.clock()
+            # sleep to the step's end; steps shorter than the loop's timer resolution run ahead of the
+            # wall clock (by at most MAX_AHEAD_S) so a high --speedup keeps the modelled throughput
+            await asyncio.sleep(ahead_s if ahead_s > MAX_AHEAD_S else 0.0)
+            out = engine.complete()  # tokens stamped with the modelled end of the step
             self._deliver(out.emitted, out.finished)
             engine.done.clear()
 
