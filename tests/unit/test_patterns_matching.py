@@ -118,3 +118,21 @@ def test_tracker_learns_from_finished_programs() -> None:
     # the search stage of a plan→search→answer program ends at 40 % of its time
     assert tracker.sub_deadline_at_s("p2", "search", 5.0, 100.0) == pytest.approx(45.0, rel=1e-3)
     assert tracker.sub_deadline_at_s("p2", "unknown-tool", 5.0, 100.0) is None
+
+
+def test_vectorized_distances_equal_the_pairwise_definition() -> None:
+    rng = random.Random(3)
+    graphs = [
+        PatternGraph(
+            tuple(
+                Stage(rng.choice("ab"), rng.uniform(0, 500), rng.uniform(1, 900), rng.uniform(0.1, 5))
+                for _ in range(rng.randint(1, 5))
+            )
+        )
+        for _ in range(12)
+    ]
+    h = PatternHistory()
+    for g in graphs:
+        h.add(g)
+    stored = [h.graph(i) for i in range(len(h))]  # compare on the stored (quantized) graphs
+    assert h.distances() == pytest.approx(distance_matrix(stored, MatchParams()), abs=1e-9)

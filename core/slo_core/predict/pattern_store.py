@@ -110,15 +110,32 @@ class PatternHistory:
         self.reuse[row] = float(self.decayed_reuse(now_s)[row]) + 1.0
         self.reuse_at_s[row] = now_s
 
+    def distances(self) -> F64:
+        """All pairwise :func:`graph_distance` values of the stored graphs, one numpy pass per row."""
+        n, p = self._n, self.params
+        ident, node, edge, stages = self.ident[:n], self.node[:n], self.edge[:n], self.n_stages[:n]
+        cols = np.arange(ident.shape[1])
+        out: F64 = np.zeros((n, n))
+        for i in range(n):
+            same = np.cumprod(ident == ident[i], axis=1).astype(bool)  # identities agree so far
+            same &= cols < np.minimum(stages, stages[i])[:, None]
+            k = p.node_weight * gaussian_kernel(node, node[i], p.sigma_node)
+            k += (1.0 - p.node_weight) * gaussian_kernel(edge, edge[i], p.sigma_edge)
+            out[i] = 1.0 - (k * same).sum(axis=1) / np.maximum(stages, stages[i])
+        return out
+
     def matcher(self) -> PatternMatcher:
         return PatternMatcher(self)
 
     def compact(self, k: int, rng: random.Random, now_s: float = 0.0) -> list[int]:
-        """Replace the history by k medoid graphs (reuse = their clusters' summed reuse); old rows kept."""
+        """Replace the history by k medoid graphs (reuse = their clusters' summed reuse).
+
+        Returns the medoids' former rows.
+        """
         graphs = [self.graph(i) for i in range(self._n)]
         if k >= len(graphs):
             return list(range(len(graphs)))
-        medoids, labels = kmedoids(distance_matrix(graphs, self.params), k, rng)
+        medoids, labels = kmedoids(self.distances(), k, rng)
         reuse = self.decayed_reuse(now_s)
         kept = [(graphs[m], float(reuse[labels == c].sum())) for c, m in enumerate(medoids)]
         self._n = 0
