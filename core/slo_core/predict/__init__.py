@@ -11,8 +11,8 @@ Stable API (the sidecar and the simulator call exactly this)::
 
 - ``load_estimator(path: str | None = None) -> OutputBoundEstimator``: ``None`` loads the shipped
   artefact ``slo_core/data/models/output_bound_qrf.npz``, or, if it is absent, trains a small forest
-  from the shipped data (seconds; needs the ``predictor`` extra). A file whose SHA-256 does not match
-  the ``.sha256`` written beside it at training raises :class:`ArtefactError` — it is never parsed.
+  from the shipped data (tens of seconds; needs the ``predictor`` extra). A file whose SHA-256 does
+  not match the ``.sha256`` written beside it at training raises :class:`ArtefactError`, unparsed.
 - ``bound(prompt_text, prompt_tokens, kind, max_tokens) -> int``: q-quantile (default 0.95) of the
   total output length, in [1, max_tokens]. ``prompt_text`` may be None (token count only).
 - ``refine(bound_at_start, prompt_text, prompt_tokens, generated_tokens, generated_text, kind,
