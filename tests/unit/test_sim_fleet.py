@@ -7,7 +7,9 @@ from pathlib import Path
 
 import pytest
 
+from slo_core.gain import Delivery, GainParams, ideal_gain
 from slo_core.metrics import summarize
+from slo_core.metrics.summary import instant_gain
 from slo_core.perf.model import PerfProfile
 from slo_core.sim.engine_types import EngineConfig
 from slo_core.sim.fleet import FleetSim, ReplicaSpec, SimConfig
@@ -96,3 +98,23 @@ def test_jobs_round_trip_through_jsonl(tmp_path: Path) -> None:
     assert write_jobs_jsonl(jobs, path) == len(jobs)
     back = list(read_jobs_jsonl(path))
     assert [replace(j, arrival_s=round(j.arrival_s, 6)) for j in jobs] == back
+
+
+@pytest.mark.parametrize("name", ["token", "request", "tempo", "tdg"])
+@pytest.mark.parametrize(
+    "slo",
+    [
+        LAT,
+        DEAD,
+        SLOTargets(RequestKind.COMPOUND, deadline_s=3.0, priority_weight=2.0),
+        SLOTargets(RequestKind.BEST_EFFORT, priority_weight=0.5),
+    ],
+)
+@pytest.mark.parametrize("n", [0, 1, 7])
+def test_the_closed_form_ideal_gain_equals_the_gain_of_instant_service(
+    name: str, slo: SLOTargets, n: int
+) -> None:
+    d = Delivery(slo, 5.0, 11, (), True)
+    assert instant_gain(name, slo, 11, n, GainParams()) == pytest.approx(
+        ideal_gain(d, name, GainParams(), output_tokens=n)
+    )
