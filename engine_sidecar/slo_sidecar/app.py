@@ -57,12 +57,11 @@ class _JobStream(StreamingResponse):
         super().__init__(self._events(first), media_type="text/event-stream")
 
     async def _events(self, event: Event) -> AsyncIterator[bytes]:
-        job, sc = self.job, self.sc
-        deadline = job.live.arrival_s + sc.knobs.request_timeout_s
+        job = self.job
         while True:
             kind, payload = event
             if kind == "chunk":
-                yield sse(payload)
+                yield payload
             elif kind == "done":
                 if job.parsed.include_usage:
                     yield sse(usage_chunk(job))
@@ -73,23 +72,7 @@ class _JobStream(StreamingResponse):
                 self.status = "error"
                 yield error_event(payload)
                 return
-            try:
-                event = (
-                    job.events.get_nowait()
-                    if not job.events.empty()
-                    else await asyncio.wait_for(job.events.get(), timeout=max(0.0, deadline - sc.now()))
-                )
-            except TimeoutError:
-                self.status = "error"
-                yield error_event(
-                    APIError(
-                        504,
-                        "the request ran past its time limit",
-                        kind="timeout_error",
-                        code="request_timeout",
-                    )
-                )
-                return
+            event = await job.events.get()  # the generation task always ends with done or error
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:

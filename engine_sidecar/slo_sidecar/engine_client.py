@@ -50,8 +50,8 @@ async def stream_chunks(
     body: dict[str, Any],
     headers: dict[str, str],
     read_timeout_s: float,
-) -> AsyncIterator[dict[str, Any]]:
-    """Yield the engine's SSE chunks as JSON objects until ``[DONE]``; failures raise, never hang."""
+) -> AsyncIterator[tuple[dict[str, Any], str]]:
+    """Yield the engine's SSE chunks (parsed, and as sent) until ``[DONE]``; failures raise, never hang."""
     timeout = httpx.Timeout(read_timeout_s, connect=2.0, write=10.0, pool=10.0)
     try:
         async with client.stream("POST", url, json=body, headers=headers, timeout=timeout) as resp:
@@ -74,7 +74,7 @@ async def stream_chunks(
                     raise EngineUnavailable("engine sent a malformed stream event")
                 if "error" in chunk:
                     raise EngineUnavailable(f"engine failed: {_error_message(payload.encode())}")
-                yield chunk
+                yield chunk, payload
     except httpx.TimeoutException as exc:
         raise EngineUnavailable(f"engine timed out ({type(exc).__name__})") from None
     except httpx.HTTPError as exc:

@@ -54,6 +54,7 @@ class FallbackEstimator:
     """Quantile of known output lengths above the generated count (see the module docstring)."""
 
     learns_online = True
+    cheap = True  # microseconds: called on the event loop
     checkpoint_name = FALLBACK_FILE
 
     def __init__(self, quantile: float = 0.9, min_observed: int = 50, window: int = 5000) -> None:

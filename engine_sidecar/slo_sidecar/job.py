@@ -36,6 +36,7 @@ class Job:
     finish_reason: str | None = None
     engine_prompt_tokens: int | None = None
     terminal: bool = False
+    stream_id: str | None = None
 
     @property
     def request_id(self) -> str:

@@ -28,6 +28,8 @@ from slo_sidecar.metrics import SidecarMetrics
 log = logging.getLogger(__name__)
 
 BLOCK_TOKENS = 16
+# arrivals to a queue at most this long are decided on arrival instead of at the next frame
+FAST_PATH_QUEUE = 8
 
 
 class Scheduler:
@@ -72,6 +74,8 @@ class Scheduler:
             job.release(None)
         else:
             self.waiting.append(job)
+            if len(self.waiting) <= FAST_PATH_QUEUE:
+                self.frame()  # decide at once: no frame of added latency while the queue is short
         self._wake.set()
 
     def forget(self, job: Job) -> None:

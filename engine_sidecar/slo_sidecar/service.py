@@ -12,7 +12,7 @@ import asyncio
 import logging
 import time
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import httpx
@@ -96,7 +96,7 @@ class Sidecar:
             raise APIError(400, f"tier {tier_name!r}: {exc}", param="slo", code="invalid_slo") from None
         self._check_size(parsed.prompt_tokens, parsed.max_tokens)
         self._check_capacity(tier_name)  # early, before spending time on the bound; again below
-        bound = await asyncio.to_thread(
+        bound = await self._off_loop(
             self.estimator.bound,
             parsed.prompt_text or None,
             parsed.prompt_tokens,
@@ -121,6 +121,12 @@ class Sidecar:
         self.jobs[live.request_id] = job
         self.tier_inflight[tier_name] += 1
         return job
+
+    async def _off_loop(self, fn: Callable[..., int], *args: Any) -> int:
+        """Predictor calls run in a thread (QRF: ~1 ms) unless the estimator says it is cheap."""
+        if getattr(self.estimator, "cheap", False):
+            return int(fn(*args))
+        return int(await asyncio.to_thread(fn, *args))
 
     def _check_size(self, prompt_tokens: int, max_tokens: int) -> None:
         k = self.knobs
@@ -199,22 +205,18 @@ class Sidecar:
     async def generate(self, job: Job) -> None:
         """Attempts until the request completes; preemption sends it back to wait. Emits done/error."""
         try:
-            while True:
-                await job.released.wait()
-                if job.rejection is not None:
-                    raise job.rejection
-                job.attempts += 1
-                job.preempting = False
-                job.attempt_task = asyncio.create_task(run_attempt(self, job, self.upstream_body(job)))
-                try:
-                    await job.attempt_task
-                    break
-                except asyncio.CancelledError:
-                    task = asyncio.current_task()
-                    if job.preempting and not (task is not None and task.cancelling()):
-                        continue
-                    raise
+            async with asyncio.timeout_at(
+                self._loop_time_at(job.live.arrival_s + self.knobs.request_timeout_s)
+            ):
+                await self._attempts(job)
             job.emit("done")
+        except TimeoutError:
+            job.emit(
+                "error",
+                APIError(
+                    504, "the request ran past its time limit", kind="timeout_error", code="request_timeout"
+                ),
+            )
         except APIError as err:
             job.emit("error", err)
         except EngineRejected as exc:
@@ -230,6 +232,26 @@ class Sidecar:
                 job.attempt_task.cancel()
             self.scheduler.forget(job)
 
+    async def _attempts(self, job: Job) -> None:
+        while True:
+            await job.released.wait()
+            if job.rejection is not None:
+                raise job.rejection
+            job.attempts += 1
+            job.preempting = False
+            job.attempt_task = asyncio.create_task(run_attempt(self, job, self.upstream_body(job)))
+            try:
+                await job.attempt_task
+                return
+            except asyncio.CancelledError:
+                task = asyncio.current_task()
+                if job.preempting and not (task is not None and task.cancelling()):
+                    continue
+                raise
+
+    def _loop_time_at(self, mono_s: float) -> float:
+        return asyncio.get_running_loop().time() + (mono_s - self.now())
+
     def refine_later(self, job: Job) -> None:
         """Re-estimate the bound off the event loop every ``refine_every_tokens`` tokens."""
         live = job.live
@@ -238,7 +260,7 @@ class Sidecar:
         live.last_refined_tokens = live.generated_tokens
 
         async def refine() -> None:
-            value = await asyncio.to_thread(
+            value = await self._off_loop(
                 self.estimator.refine,
                 live.bound,
                 live.prompt_text or None,

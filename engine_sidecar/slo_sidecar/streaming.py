@@ -1,7 +1,8 @@
 """One upstream attempt of a request, and the chunks and bodies the client receives.
 
-Each engine chunk is stamped with the sidecar's response id (stable across preemptions), its tokens
-are timestamped in the tracker, and it is handed to the HTTP handler. Usage is the sidecar's own sum
+Each engine chunk's tokens are timestamped in the tracker and the chunk goes to the HTTP handler as the
+engine sent it; after a preemption, continuation chunks are re-stamped with the first attempt's id so
+the client sees one stream. Usage is the sidecar's own sum
 over attempts: the prompt as the client sent it, every completion token of every attempt.
 """
 
@@ -34,7 +35,7 @@ async def run_attempt(sc: Sidecar, job: Job, body: dict[str, Any]) -> str:
     usage: dict[str, Any] | None = None
     client = sc.client
     assert client is not None
-    async for chunk in stream_chunks(
+    async for chunk, raw in stream_chunks(
         client, sc.engine_url + path, body, headers, sc.knobs.upstream_read_timeout_s
     ):
         now = sc.now()
@@ -53,11 +54,16 @@ async def run_attempt(sc: Sidecar, job: Job, body: dict[str, Any]) -> str:
             sc.refine_later(job)
         elif job.attempts > 1 and not choice.get("finish_reason"):
             continue  # a continuation's opening role chunk: the client already has one
-        if chat and job.attempts > 1 and isinstance(choice.get("delta"), dict):
+        if job.stream_id is None:
+            job.stream_id = str(chunk.get("id") or job.request_id)
+        if job.attempts == 1 and usage is None:
+            job.emit("chunk", b"data: " + raw.encode() + b"\n\n")  # as the engine sent it: no re-encoding
+            continue
+        if chat and isinstance(choice.get("delta"), dict):
             choice["delta"].pop("role", None)
-        chunk["id"] = "cmpl-" + live.request_id if not chat else "chatcmpl-" + live.request_id
+        chunk["id"] = job.stream_id  # one id for the client across preemptions
         chunk.pop("usage", None)
-        job.emit("chunk", chunk)
+        job.emit("chunk", sse(chunk))
     if usage is not None:
         _settle_usage(sc, job, usage, counted)
     return "done"
@@ -91,7 +97,7 @@ def sse(obj: dict[str, Any]) -> bytes:
 def usage_chunk(job: Job) -> dict[str, Any]:
     chat = job.parsed.endpoint == CHAT
     return {
-        "id": ("chatcmpl-" if chat else "cmpl-") + job.request_id,
+        "id": job.stream_id or ("chatcmpl-" if chat else "cmpl-") + job.request_id,
         "object": "chat.completion.chunk" if chat else "text_completion",
         "created": job.created_unix_s,
         "model": job.parsed.model,
