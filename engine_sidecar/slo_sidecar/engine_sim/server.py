@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import signal
 import socket
 import threading
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from types import TracebackType
+from types import FrameType, TracebackType
 from typing import Any
 
 import uvicorn
@@ -17,6 +18,16 @@ from starlette.applications import Starlette
 from .app import create_app
 from .runner import EngineRunner
 from .settings import EngineSimSettings
+
+
+class _Server(uvicorn.Server):
+    """uvicorn's server, minus re-raising a caught SIGTERM/SIGINT after the graceful shutdown (which
+    would end the process by that signal instead of exit code 0)."""
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        if self.should_exit and sig == signal.SIGINT:
+            self.force_exit = True
+        self.should_exit = True
 
 
 @dataclass(frozen=True)
@@ -68,7 +79,7 @@ async def serve_engine_sim(
     config = uvicorn.Config(
         app, log_level="warning", lifespan="on", timeout_graceful_shutdown=int(max(1, graceful_s))
     )
-    server = uvicorn.Server(config)
+    server = _Server(config)
     task = asyncio.create_task(server.serve(sockets=[sock]))
     try:
         while not server.started:
@@ -141,4 +152,4 @@ class EngineSimThread:
 async def serve_forever(app: Starlette, host: str, port: int, log_level: str = "info") -> None:
     """The CLI's server: until SIGINT/SIGTERM (uvicorn's handlers), then a short graceful drain."""
     config = uvicorn.Config(app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=5)
-    await uvicorn.Server(config).serve()
+    await _Server(config).serve()
