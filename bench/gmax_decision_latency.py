@@ -10,6 +10,8 @@ Llama-3-8B/H100-shaped latency profile. Timed cases per queue size:
 - event: a decision between frame boundaries (only waiting requests compete for free slots);
 - churn: a frame decision after 5 % of the requests got new snapshots (progress, arrivals).
 
+The min over repeats approximates an unloaded machine; median and p95 show the shared machine.
+
     .venv/bin/python bench/gmax_decision_latency.py [--sizes 1000 5000 10000] [--json OUT]
 """
 
@@ -148,6 +150,7 @@ def measure(n_waiting: int, repeats: int, seed: int) -> dict[str, float]:
     def stats(xs: list[float]) -> dict[str, float]:
         xs = sorted(xs)
         return {
+            "min_ms": round(xs[0], 3),
             "median_ms": round(statistics.median(xs), 3),
             "p95_ms": round(xs[int(0.95 * (len(xs) - 1))], 3),
         }
@@ -173,22 +176,23 @@ def main() -> None:
     rows = [measure(n, args.repeats, args.seed) for n in args.sizes]
     print(f"# {os.cpu_count()} CPUs, 1-min load average {load_before:.2f} → {os.getloadavg()[0]:.2f}")
     print(
-        f"{'queued':>7} {'running':>7} | median / p95 ms: "
-        f"{'cold':>15} {'frame':>15} {'event':>15} {'churn 5%':>15}"
+        f"{'queued':>7} {'running':>7} | min / median / p95 ms: "
+        f"{'cold':>23} {'frame':>23} {'event':>23} {'churn 5%':>23}"
     )
     for r in rows:
         cells = " ".join(
-            f"{r[k]['median_ms']:>7.2f}/{r[k]['p95_ms']:<7.2f}"  # type: ignore[index]
+            f"{r[k]['min_ms']:>7.2f}/{r[k]['median_ms']:>7.2f}/{r[k]['p95_ms']:<7.2f}"  # type: ignore[index]
             for k in ("cold", "frame", "event", "churn_5pct")
         )
-        print(f"{r['queued']:>7} {r['running']:>7} | {'':16}{cells}")
+        print(f"{r['queued']:>7} {r['running']:>7} | {'':22}{cells}")
     at5k = next((r for r in rows if r["queued"] == 5000), None)
     if at5k is not None:
-        med = at5k["frame"]["median_ms"]  # type: ignore[index]
-        print(
-            f"5,000 queued, frame decision: {med:.2f} ms = {med / 20.0:.2f}× the 20 ms target, "
-            f"{med / 5.0:.2f}× the 5 ms aim"
-        )
+        for stat in ("min_ms", "median_ms"):
+            v = at5k["frame"][stat]  # type: ignore[index]
+            print(
+                f"5,000 queued, frame decision ({stat[:-3]}): {v:.2f} ms = {v / 20.0:.2f}× the 20 ms target, "
+                f"{v / 5.0:.2f}× the 5 ms aim"
+            )
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=2) + "\n", encoding="utf-8")
 
