@@ -169,7 +169,7 @@ class SimRequest:
         self.replica = -1
         self.state = UNARRIVED
         self.view: object | None = None
-        self.view_key: tuple[int, int, int, int] | None = None
+        self.view_key: tuple[int, int, int, int, int] | None = None
 
     def cap_to_context(self, max_model_len: int) -> bool:
         """Cap max_tokens so prompt + output fits the context (as vLLM does); False if the prompt cannot."""

@@ -1,9 +1,9 @@
 """Immutable policy snapshots (RequestView) built from the simulator's mutable request state.
 
 A view is rebuilt only when the request changed since the last one (its computed, generated and
-preempted counts and its queue state), so waiting requests that merely wait cost nothing per
-decision. Calls of compound programs are rebuilt every time: their program's attained service moves
-while their siblings run.
+preempted counts, its queue state and, for a call of a compound program, the program's attained
+service), so requests that merely wait cost nothing per decision. A program's attained service is
+summed once per batch of views, however many of its calls are in it.
 """
 
 from __future__ import annotations
@@ -12,11 +12,18 @@ from slo_core.policies.base import RequestView
 from slo_core.sim.request import WAITING, SimRequest
 
 
-def request_view(r: SimRequest) -> RequestView:
-    """The snapshot of ``r`` a policy or router sees (cached while ``r`` does not change)."""
-    key = (r.computed, r.generated, r.preemptions, r.state)
+def request_view(r: SimRequest, program_attained: int | None = None) -> RequestView:
+    """The snapshot of ``r`` a policy or router sees (cached while ``r`` does not change).
+
+    ``program_attained``: the program's attained tokens when the caller already summed them.
+    """
     program = r.program
-    if program is None and r.view_key == key:
+    if program is not None:
+        attained = program_attained if program_attained is not None else program.attained_tokens()
+    else:
+        attained = -1
+    key = (r.computed, r.generated, r.preemptions, r.state, attained)
+    if r.view_key == key:
         return r.view  # type: ignore[return-value]
     view = RequestView(
         r.request_id,
@@ -35,15 +42,26 @@ def request_view(r: SimRequest) -> RequestView:
         r.stage,
         program.arrival_s if program is not None else None,
         program.deadline_at_s if program is not None else None,
-        program.attained_tokens() if program is not None else r.attained_tokens(),
+        attained if program is not None else r.attained_tokens(),
         r.preemptions,
         r.waiting_since_s if r.state == WAITING else None,
     )
-    if program is None:
-        r.view = view
-        r.view_key = key
+    r.view = view
+    r.view_key = key
     return view
 
 
 def request_views(requests: list[SimRequest]) -> list[RequestView]:
-    return [request_view(r) for r in requests]
+    """Views of ``requests`` in order; each program's attained service is summed once."""
+    out: list[RequestView] = []
+    attained: dict[int, int] = {}
+    for r in requests:
+        p = r.program
+        if p is None:
+            out.append(request_view(r))
+            continue
+        a = attained.get(id(p))
+        if a is None:
+            a = attained[id(p)] = p.attained_tokens()
+        out.append(request_view(r, a))
+    return out
