@@ -64,7 +64,9 @@ async def test_streamed_chat_ends_with_usage_chunk_and_matches_non_streamed(sim,
     content = [c.choices[0].delta.content or "" for c in chunks if c.choices]
     finishes = [c.choices[0].finish_reason for c in chunks if c.choices]
     assert finishes[-1] == "length" and all(f is None for f in finishes[:-1])
-    assert sum(1 for text in content if text) == 12  # one chunk per token, as vLLM streams
+    # one chunk per token while the client keeps up (tokens that pile up are merged, as vLLM does)
+    assert 1 <= sum(1 for text in content if text) <= 12
+    assert await _count(sim, prompt="".join(content), add_special_tokens=False) == 12
     usage = chunks[-1].usage
     assert chunks[-1].choices == [] and usage is not None
     assert usage.completion_tokens == 12

@@ -166,11 +166,16 @@ async def _stream(
             yield sse(chunk(shape, "", role=True, usage_now=usage(prompt_tokens, 0) if continuous else None))
         while True:
             n, _, reason = await h.events.get()
+            # a client that fell behind gets the tokens that piled up in one chunk, as vLLM merges them
+            while reason is None and not h.events.empty():
+                more, _, reason = h.events.get_nowait()
+                n += more
             text = "".join(tokens.filler_words(key, n, sent))
             sent += n
-            yield sse(
-                chunk(shape, text, reason, usage_now=usage(prompt_tokens, sent) if continuous else None)
-            )
+            if continuous:
+                yield sse(chunk(shape, text, reason, usage_now=usage(prompt_tokens, sent)))
+            else:
+                yield shape.text_event(text, reason)
             if reason is not None:
                 break
         if include_usage:

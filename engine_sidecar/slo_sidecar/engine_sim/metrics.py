@@ -84,9 +84,6 @@ class EngineMetrics:
             *lv
         )
         self.itl = hist("vllm:inter_token_latency_seconds", "Inter-token latency.", ITL_BUCKETS_S).labels(*lv)
-        self.tpot = hist(
-            "vllm:time_per_output_token_seconds", "Time per output token (older name).", ITL_BUCKETS_S
-        ).labels(*lv)
         self.e2e = hist(
             "vllm:e2e_request_latency_seconds", "End-to-end request latency.", E2E_BUCKETS_S
         ).labels(*lv)
@@ -118,7 +115,6 @@ class EngineMetrics:
         elif h.last_token_s is not None:
             gap_s = max(0.0, t - h.last_token_s)
             self.itl.observe(gap_s)
-            self.tpot.observe(gap_s)
         self.generation_tokens.inc(n)
         self._sync_preemptions()
 

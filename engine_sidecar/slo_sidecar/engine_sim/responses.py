@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 
@@ -16,9 +16,34 @@ class Shape:
     model: str
     chat: bool
 
+    _head: str = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        head = json.dumps(
+            {
+                "id": self.response_id,
+                "object": self.object_name,
+                "created": self.created,
+                "model": self.model,
+            },
+            separators=(", ", ": "),
+        )
+        key = '"delta": {"content": ' if self.chat else '"text": '
+        object.__setattr__(self, "_head", f'data: {head[:-1]}, "choices": [{{"index": 0, {key}')
+
     @property
     def object_name(self) -> str:
         return "chat.completion.chunk" if self.chat else "text_completion"
+
+    def text_event(self, text: str, finish_reason: str | None) -> bytes:
+        """The SSE event of one content chunk: the same JSON as :func:`chunk`, built without a dict
+        (the per-token hot path of every stream)."""
+        close = "}" if self.chat else ""
+        reason = "null" if finish_reason is None else json.dumps(finish_reason)
+        return (
+            f'{self._head}{json.dumps(text)}{close}, "logprobs": null, "finish_reason": {reason}, '
+            f'"stop_reason": null}}]}}\n\n'
+        ).encode()
 
 
 def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, Any]:
