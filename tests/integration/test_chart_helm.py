@@ -8,8 +8,12 @@ the emulated API server, and then the operator runs with the settings the chart 
 from __future__ import annotations
 
 import argparse
+import asyncio
+import base64
+import contextlib
 import json
 import re
+from collections.abc import Iterator
 from pathlib import Path
 
 import helm_python as helm
@@ -201,8 +205,9 @@ def test_notes_tell_the_user_what_to_do_next(chart: helm.Chart) -> None:
     assert "change it to serving" in notes
 
 
-OPERATOR_TOKEN = "chart-operator-token"
+OPERATOR_TOKEN, ROUTER_TOKEN = "chart-operator-token", "chart-router-token"
 OPERATOR_SA = "system:serviceaccount:llm:slofleet-operator"
+ROUTER_SA = "system:serviceaccount:llm:slofleet-router"
 
 
 def operator_settings_from_chart(docs: list[dict]) -> tuple[cli.OperatorSettings, dict[str, str]]:
@@ -221,45 +226,124 @@ def operator_settings_from_chart(docs: list[dict]) -> tuple[cli.OperatorSettings
     return settings.model_copy(update={"liveness_port": None, "peering": parsed.peering}), env
 
 
-def test_install_into_the_emulated_cluster_then_the_operator_serves_the_default_policy(
-    chart: helm.Chart, tmp_path: Path
-) -> None:
-    docs = render(chart, {})
-    settings, env = operator_settings_from_chart(docs)
-    assert settings.peering is None and settings.image == "ghcr.io/slofleet/slofleet:0.1.0"
-    with Cluster(tmp_path, users={OPERATOR_TOKEN: OPERATOR_SA}) as cluster:
+@pytest.fixture(scope="module")
+def installed(chart: helm.Chart, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    """The chart installed by the Helm library into an emulated cluster (namespace llm)."""
+    users = {OPERATOR_TOKEN: OPERATOR_SA, ROUTER_TOKEN: ROUTER_SA}
+    with Cluster(tmp_path_factory.mktemp("helm"), users=users) as cluster:
         cluster.kubectl(
             "apply", "-f", "-", stdin=f"apiVersion: v1\nkind: Namespace\nmetadata:\n  name: {NS}\n"
         )
         config = helm.Config(kubeconfig_path=str(cluster.kubeconfig()), namespace=NS, storage_driver="memory")
         config.install(chart, "slofleet", {}, namespace=NS)
-        names = cluster.kubectl("get", "deploy,svc,slo", "-n", NS, "-o", "name").split()
-        assert {"deployment.apps/slofleet-operator", "deployment.apps/slofleet-router"} <= set(names)
-        assert "slopolicy.slofleet.io/default" in names and "service/slofleet-router" in names
+        yield cluster
 
-        kubeconfig = str(cluster.kubeconfig(OPERATOR_TOKEN, "chart-operator"))
-        thread = OperatorThread(lambda stop, ready: operate(settings, stop, ready, kubeconfig=kubeconfig))
-        md = {
-            "apiVersion": "slofleet.io/v1alpha1",
-            "kind": "ModelDeployment",
-            "metadata": {"name": "qwen", "namespace": NS},
-            "spec": {
-                "model": {"servedName": "qwen-0.5b", "source": {"hfId": "Qwen/Qwen2.5-0.5B-Instruct"}},
-                "gpu": {"type": "L4"},
-            },
-        }
-        with thread.running():
-            cluster.kubectl("apply", "-f", "-", stdin=yaml.safe_dump(md))
-            dep = cluster.wait_for(
-                lambda: cluster.get("deployment", "qwen", NS), what="the engine Deployment"
-            )
-            policy = cluster.wait_for(lambda: (cluster.get("slo", "default", NS) or {}).get("status"))
-        assert policy["phase"] == "Ready"
-        pod = dep["spec"]["template"]["spec"]
-        assert pod["containers"][1]["image"] == env["SLOFLEET_OPERATOR_IMAGE"]
-        assert pod["containers"][0]["image"] == env["SLOFLEET_OPERATOR_ENGINE_IMAGE"]
-        assert "interactive" in cluster.get("configmap", "qwen-policy", NS)["data"]["policy.yaml"]
 
-        installed = json.loads(cluster.kubectl("get", "clusterrole", "slofleet-operator", "-o", "json"))
-        records = [r for r in cluster.call(lambda: list(cluster.emulator.audit)) if r.user == OPERATOR_SA]
-        assert records and rbac.denied(records, installed["rules"]) == []
+def test_install_creates_the_fleet_front_and_the_default_policy(installed: Cluster) -> None:
+    names = installed.kubectl("get", "deploy,svc,sa,slo,crd", "-n", NS, "-o", "name").split()
+    for name in (
+        "deployment.apps/slofleet-operator",
+        "deployment.apps/slofleet-router",
+        "service/slofleet-router",
+        "serviceaccount/slofleet-operator",
+        "slopolicy.slofleet.io/default",
+        "customresourcedefinition.apiextensions.k8s.io/modeldeployments.slofleet.io",
+    ):
+        assert name in names
+
+
+def test_the_operator_runs_with_the_charts_settings_and_serves_the_default_policy(
+    chart: helm.Chart, installed: Cluster
+) -> None:
+    settings, env = operator_settings_from_chart(render(chart, {}))
+    assert settings.peering is None and settings.image == "ghcr.io/slofleet/slofleet:0.1.0"
+    kubeconfig = str(installed.kubeconfig(OPERATOR_TOKEN, "chart-operator"))
+    thread = OperatorThread(lambda stop, ready: operate(settings, stop, ready, kubeconfig=kubeconfig))
+    md = {
+        "apiVersion": "slofleet.io/v1alpha1",
+        "kind": "ModelDeployment",
+        "metadata": {"name": "qwen", "namespace": NS},
+        "spec": {
+            "model": {"servedName": "qwen-0.5b", "source": {"hfId": "Qwen/Qwen2.5-0.5B-Instruct"}},
+            "gpu": {"type": "L4"},
+        },
+    }
+    with thread.running():
+        installed.kubectl("apply", "-f", "-", stdin=yaml.safe_dump(md))
+        dep = installed.wait_for(
+            lambda: installed.get("deployment", "qwen", NS), what="the engine Deployment"
+        )
+        policy = installed.wait_for(lambda: (installed.get("slo", "default", NS) or {}).get("status"))
+    assert policy["phase"] == "Ready"
+    pod = dep["spec"]["template"]["spec"]
+    assert pod["containers"][1]["image"] == env["SLOFLEET_OPERATOR_IMAGE"]
+    assert pod["containers"][0]["image"] == env["SLOFLEET_OPERATOR_ENGINE_IMAGE"]
+    assert "interactive" in installed.get("configmap", "qwen-policy", NS)["data"]["policy.yaml"]
+
+    installed_role = json.loads(installed.kubectl("get", "clusterrole", "slofleet-operator", "-o", "json"))
+    records = [r for r in installed.call(lambda: list(installed.emulator.audit)) if r.user == OPERATOR_SA]
+    assert records and rbac.denied(records, installed_role["rules"]) == []
+
+
+def test_the_router_reads_the_charts_policy_within_its_read_only_role(
+    chart: helm.Chart, installed: Cluster
+) -> None:
+    """The router's discovery, configured as the chart configures it, needs nothing its Role lacks."""
+    import kubernetes
+
+    from slo_core.crd.loads import parse_policy
+    from slo_router.app import build_state
+    from slo_router.config import from_policy
+    from slo_router.kube import KubeDiscovery
+    from slo_router.tenants import KeyStore
+
+    docs = render(chart, {})
+    (router,) = [d for d in docs if d["kind"] == "Deployment" and d["metadata"]["name"] == "slofleet-router"]
+    args = router["spec"]["template"]["spec"]["containers"][0]["args"]
+    namespace = next(a.split("=", 1)[1] for a in args if a.startswith("--namespace="))
+    (cm,) = [
+        d for d in docs if d["kind"] == "ConfigMap" and d["metadata"]["name"] == "slofleet-router-policy"
+    ]
+    config = from_policy(parse_policy(cm["data"]["policy.yaml"], "router-policy").spec, require_keys=True)
+    key = base64.b64encode(b"sk-test-key\n").decode()
+    secret = {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": {"name": "slofleet-api-keys"},
+        "data": {"keys": key},
+    }
+    installed.kubectl("apply", "-n", NS, "-f", "-", stdin=yaml.safe_dump(secret))
+
+    state = build_state(config, KeyStore(), {})
+    api = kubernetes.config.new_client_from_config(
+        config_file=str(installed.kubeconfig(ROUTER_TOKEN, "router"))
+    )
+    discovery = KubeDiscovery(
+        state, namespace=namespace, api_client=api, secrets_every_s=0.2, watch_timeout_s=1
+    )
+
+    def seen() -> set[tuple[str, str]]:
+        records = installed.call(lambda: list(installed.emulator.audit))
+        return {(r.resource, r.verb) for r in records if r.user == ROUTER_SA}
+
+    async def until_watching() -> None:
+        task = asyncio.create_task(discovery.run())
+        for _ in range(100):  # until it watches pods and ModelDeployments and has read the keys
+            if {("pods", "watch"), ("modeldeployments", "watch"), ("secrets", "get")} <= seen():
+                break
+            await asyncio.sleep(0.1)
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        await asyncio.sleep(1.5)  # its watch threads end within their 1 s watch timeout
+
+    asyncio.run(until_watching())
+    assert state.keys.tenant_of("sk-test-key") == "default"
+    (role,) = [d for d in docs if d["kind"] == "Role"]
+    records = [r for r in installed.call(lambda: list(installed.emulator.audit)) if r.user == ROUTER_SA]
+    assert {r.namespace for r in records} == {role["metadata"]["namespace"]}
+    assert {(r.resource, r.verb) for r in records} >= {("pods", "watch"), ("modeldeployments", "watch")}
+    assert rbac.denied(records, role["rules"]) == []
+    for record in records:
+        if record.resource == "secrets":
+            assert record.name in role["rules"][-1]["resourceNames"]
