@@ -1,0 +1,137 @@
+"""The reconciler on an in-memory API: idempotent convergence, Degraded reasons, Events on transitions."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from slo_operator.kubeapi import PLURALS
+from slo_operator.reconcile import Reconciler
+from slo_operator.settings import OperatorSettings
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+class FakeApi:
+    """Objects by (plural, namespace, name); server-side apply merges the whole object; counts writes."""
+
+    def __init__(self) -> None:
+        self.objects: dict[tuple[str, str, str], dict[str, Any]] = {}
+        self.writes: list[tuple[str, str]] = []
+        self.field_manager = "test"
+
+    def put(self, body: dict[str, Any]) -> None:
+        meta = body["metadata"]
+        meta.setdefault("uid", f"uid-{meta['name']}")
+        meta.setdefault("generation", 1)
+        self.objects[(PLURALS[body["kind"]], meta["namespace"], meta["name"])] = body
+
+    def get(self, _api_version: str, plural: str, namespace: str, name: str) -> dict[str, Any] | None:
+        found = self.objects.get((plural, namespace, name))
+        return copy.deepcopy(found) if found else None
+
+    def apply(self, obj: dict[str, Any]) -> dict[str, Any]:
+        key = (PLURALS[obj["kind"]], obj["metadata"]["namespace"], obj["metadata"]["name"])
+        old = self.objects.get(key)
+        if old is None or {k: v for k, v in old.items() if k != "status"} != obj:
+            self.writes.append(("apply", obj["kind"]))
+            self.objects[key] = {**copy.deepcopy(obj), "status": (old or {}).get("status", {})}
+        return copy.deepcopy(self.objects[key])
+
+    def patch_status(
+        self, _v: str, plural: str, namespace: str, name: str, status: dict[str, Any]
+    ) -> dict[str, Any]:
+        self.writes.append(("status", plural))
+        self.objects[(plural, namespace, name)]["status"] = copy.deepcopy(status)
+        return self.objects[(plural, namespace, name)]
+
+    def request(self, method: str, path: str, **_: Any) -> dict[str, Any]:
+        assert method == "GET" and path.endswith("/pods")
+        return {"items": []}
+
+
+def example(name: str) -> dict[str, Any]:
+    return yaml.safe_load((ROOT / "examples" / name).read_text())
+
+
+def make() -> tuple[FakeApi, Reconciler, list[tuple[str, str]]]:
+    api = FakeApi()
+    events: list[tuple[str, str]] = []
+    clock = iter(f"2026-01-01T00:00:{s:02d}Z" for s in range(60))
+    reconciler = Reconciler(
+        api,  # type: ignore[arg-type]
+        OperatorSettings(priority=1),
+        events=lambda _body, type_, reason, _msg: events.append((type_, reason)),
+        clock=lambda: next(clock),
+    )
+    return api, reconciler, events
+
+
+def test_converging_twice_writes_nothing_the_second_time() -> None:
+    api, reconciler, events = make()
+    api.put(example("slopolicy-chat-agent.yaml"))
+    api.put(example("modeldeployment-llama-8b-h100.yaml"))
+    assert reconciler.converge("llm", "llama-8b") == "Progressing"
+    assert sorted(kind for op, kind in api.writes if op == "apply") == [
+        "ConfigMap",
+        "Deployment",
+        "PodDisruptionBudget",
+        "Service",
+    ]
+    before = len(api.writes)
+    assert reconciler.converge("llm", "llama-8b") == "Progressing"
+    assert len(api.writes) == before, api.writes[before:]
+    assert events == [("Normal", "Progressing")]
+
+
+def test_missing_policy_degrades_without_children_then_recovers() -> None:
+    api, reconciler, events = make()
+    api.put(example("modeldeployment-llama-8b-h100.yaml"))
+    assert reconciler.converge("llm", "llama-8b") == "Degraded"
+    assert not [w for w in api.writes if w[0] == "apply"]
+    status = api.get("", "modeldeployments", "llm", "llama-8b")["status"]
+    degraded = next(c for c in status["conditions"] if c["type"] == "Degraded")
+    assert degraded["reason"] == "PolicyNotFound" and "chat-agent" in degraded["message"]
+    api.put(example("slopolicy-chat-agent.yaml"))
+    assert reconciler.converge("llm", "llama-8b") == "Progressing"
+    assert events == [("Warning", "PolicyNotFound"), ("Normal", "Progressing")]
+
+
+def test_an_invalid_policy_keeps_the_last_good_config_and_says_why() -> None:
+    api, reconciler, _ = make()
+    api.put(example("slopolicy-chat-agent.yaml"))
+    api.put(example("modeldeployment-llama-8b-h100.yaml"))
+    reconciler.converge("llm", "llama-8b")
+    good = api.get("", "configmaps", "llm", "llama-8b-policy")
+    bad = example("slopolicy-chat-agent.yaml")
+    bad["spec"]["defaultTier"] = "gold-plated"
+    api.put(bad)
+    assert reconciler.converge("llm", "llama-8b") == "Degraded"
+    assert api.get("", "configmaps", "llm", "llama-8b-policy") == good
+    status = api.get("", "modeldeployments", "llm", "llama-8b")["status"]
+    degraded = next(c for c in status["conditions"] if c["type"] == "Degraded")
+    assert degraded["reason"] == "PolicyInvalid" and "gold-plated" in degraded["message"]
+    reconciler.report_policy(api.get("", "slopolicies", "llm", "chat-agent"), deployments=1)
+    policy_status = api.get("", "slopolicies", "llm", "chat-agent")["status"]
+    assert policy_status["phase"] == "Invalid" and policy_status["deployments"] == 1
+
+
+def test_an_invalid_spec_fails_with_the_field_named() -> None:
+    api, reconciler, events = make()
+    md = example("modeldeployment-llama-8b-h100.yaml")
+    md["spec"]["engine"]["tensorParallelSize"] = 8
+    api.put(md)
+    assert reconciler.converge("llm", "llama-8b") == "Failed"
+    status = api.get("", "modeldeployments", "llm", "llama-8b")["status"]
+    ready = next(c for c in status["conditions"] if c["type"] == "Ready")
+    assert ready["reason"] == "InvalidSpec" and "tensorParallelSize" in ready["message"]
+    assert events == [("Warning", "InvalidSpec")]
+
+
+def test_a_deleted_model_deployment_is_left_alone() -> None:
+    api, reconciler, _ = make()
+    assert reconciler.converge("llm", "gone") is None
+    assert api.writes == []
