@@ -14,7 +14,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
-from prometheus_client.parser import text_string_to_metric_families
 
 log = logging.getLogger(__name__)
 
@@ -127,14 +126,19 @@ async def probe(
 
 
 def _read_load(text: str, status: EngineStatus) -> None:
+    """Sum the few load gauges over their label sets; every other line is skipped unparsed (cheap)."""
     seen: dict[str, float] = {}
-    try:
-        for family in text_string_to_metric_families(text):
-            attr = _GAUGES.get(family.name)
-            if attr is not None:
-                seen[attr] = sum(s.value for s in family.samples)
-    except ValueError:
-        return
+    for line in text.splitlines():
+        if not line.startswith("vllm:"):
+            continue
+        name = line.split("{", 1)[0].split(" ", 1)[0]
+        attr = _GAUGES.get(name)
+        if attr is None:
+            continue
+        try:
+            seen[attr] = seen.get(attr, 0.0) + float(line.rsplit(" ", 1)[1])
+        except (IndexError, ValueError):
+            continue
     status.waiting = int(seen.get("waiting", 0))
     status.running = int(seen.get("running", 0))
     status.kv_usage = float(seen.get("kv_usage", 0.0))

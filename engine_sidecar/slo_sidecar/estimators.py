@@ -62,6 +62,7 @@ class FallbackEstimator:
         self.min_observed = min_observed
         self.observed: deque[int] = deque(maxlen=window)
         self._sorted: list[int] | None = None
+        _shipped_lengths()  # load now, not on the first request
 
     def observe(self, output_tokens: int) -> None:
         """A request finished with ``output_tokens`` tokens (it did not hit max_tokens)."""
