@@ -184,3 +184,23 @@ async def test_ttft_grows_with_the_queue() -> None:
         # 40 decode steps of ~8 ms / 2 per request: the last waits for three whole requests
         per_request_s = 40 * sim.runner.profile.iteration_time_s([], [60])
         assert ttfts[-1] - ttfts[0] > 2 * per_request_s, (ttfts, per_request_s)
+
+
+async def test_a_dead_engine_ends_live_requests_and_answers_503() -> None:
+    async with serve_engine_sim(speedup=2) as sim, httpx.AsyncClient(base_url=sim.url) as http:
+        body = {"prompt": "long", "max_tokens": 4000, "ignore_eos": True, "stream": True}
+        async with http.stream("POST", "/v1/completions", json=body) as reply:
+            lines = reply.aiter_lines()
+            await lines.__anext__()
+
+            def broken(now_s: float) -> float | None:
+                raise RuntimeError("simulated engine crash")
+
+            sim.runner.engine.plan = broken  # type: ignore[method-assign]
+            rest = [line async for line in lines if line.startswith("data: ")]
+        assert rest[-1] == "data: [DONE]"
+        assert '"finish_reason": "abort"' in rest[-2]
+        health = await http.get("/health")
+        assert health.status_code == 503 and "simulated engine crash" in health.json()["error"]["message"]
+        again = await http.post("/v1/completions", json={"prompt": "x", "max_tokens": 2})
+        assert again.status_code == 503 and again.json()["error"]["type"] == "ServiceUnavailableError"

@@ -99,6 +99,15 @@ def _runner(request: Request) -> EngineRunner:
     return runner
 
 
+def _engine_down(runner: EngineRunner) -> ApiError:
+    reason = runner.error or "stopped"
+    return ApiError(
+        f"the engine is not running ({reason}); retry on another replica",
+        503,
+        err_type="ServiceUnavailableError",
+    )
+
+
 def _check_model(model: str | None, runner: EngineRunner) -> None:
     if model is not None and model != runner.model_name:
         raise ApiError(f"The model `{model}` does not exist.", 404, err_type="NotFoundError")
@@ -117,6 +126,8 @@ async def _generate(request: Request, *, chat: bool) -> Response:
             wanted = body.max_tokens
         max_tokens, output_tokens = resolve_lengths(body, prompt_tokens, wanted, runner.max_model_len, key)
         tags = decode_xargs(body.vllm_xargs)
+        if not runner.alive:
+            raise _engine_down(runner)
     except ApiError as exc:
         return _error(exc)
     rid = f"{'chatcmpl' if chat else 'cmpl'}-{request.headers.get('x-request-id') or uuid.uuid4().hex}"
@@ -228,7 +239,10 @@ async def tokenize(request: Request) -> Response:
     )
 
 
-async def health(_request: Request) -> Response:
+async def health(request: Request) -> Response:
+    runner = _runner(request)
+    if not runner.alive:
+        return _error(_engine_down(runner))
     return Response(status_code=200)
 
 

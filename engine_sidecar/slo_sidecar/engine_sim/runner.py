@@ -125,6 +125,7 @@ class EngineRunner:
         self._bounds_seen: object = None
         self._wake: asyncio.Event | None = None
         self._task: asyncio.Task[None] | None = None
+        self.error: str | None = None
         # objects with on_tokens(h, n, t) (called before h is updated) and on_finish(h, reason, t)
         self.listeners: list[Any] = []
         self.aborted = 0
@@ -134,7 +135,23 @@ class EngineRunner:
 
     async def start(self) -> None:
         self._wake = asyncio.Event()
-        self._task = asyncio.create_task(self._loop(), name="engine-sim-loop")
+        self.error = None
+        self._task = asyncio.create_task(self._guarded_loop(), name="engine-sim-loop")
+
+    @property
+    def alive(self) -> bool:
+        """True while the engine task runs (False before start, after stop, or after it crashed)."""
+        return self._task is not None and not self._task.done()
+
+    async def _guarded_loop(self) -> None:
+        try:
+            await self._loop()
+        except Exception as exc:  # an engine bug: every live request ends, /health turns 503
+            log.exception("engine-sim: the engine task died")
+            self.error = repr(exc)
+            now = self.clock()
+            for h in list(self.live.values()):
+                self._finish(h, "abort", now)
 
     async def stop(self) -> None:
         if self._task is not None:
@@ -157,6 +174,10 @@ class EngineRunner:
         now = self.clock()
         sim = self._sim_request(sub, now)
         h = Handle(sub, sim)
+        if not self.alive:  # stopped or dead: the request ends at once instead of hanging
+            h.finish_reason = "abort"
+            h.events.put_nowait((0, now, "abort"))
+            return h
         self.live[sub.request_id] = h
         self._inbox.append(h)
         if sub.priority:
@@ -215,6 +236,9 @@ class EngineRunner:
                 self._programs.popitem(last=False)
         else:
             self._programs.move_to_end(pid)
+            for c in p.calls:
+                if c.request_id not in self.live:  # a finished call: keep its service, drop the object
+                    p.attained_done_tokens += c.attained_tokens()
             p.calls = [c for c in p.calls if c.request_id in self.live]
         return p
 
