@@ -24,6 +24,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -110,7 +111,7 @@ async def _round(
     return {"ttft_p50_s": statistics.median(ttfts), "tokens_per_s": total / wall, "wall_s": wall}
 
 
-async def _bench(args: argparse.Namespace, engine: str, sidecar: str) -> dict[str, object]:
+async def _bench(args: argparse.Namespace, engine: str, sidecar: str) -> dict[str, Any]:
     await _wait_ready(engine + "/health")
     await _wait_ready(sidecar + "/ready")
     async with httpx.AsyncClient() as http:
@@ -142,21 +143,22 @@ async def _bench(args: argparse.Namespace, engine: str, sidecar: str) -> dict[st
     }
 
 
-def _report(res: dict[str, object]) -> str:
-    med = res["median"]
-    assert isinstance(med, dict)
-    d, s = med["direct"], med["sidecar"]
-    return "\n".join(
-        [
-            f"# {res['cpus']} CPUs, 1-min load average {res['load_avg_1m']:.2f}; engine-sim speedup {res['speedup']}, "
-            f"{res['clients']} streaming clients, {res['requests_per_round']} requests × {res['max_tokens']} tokens "
-            f"per round, median of {len(res['rounds']['direct'])} alternating rounds",  # type: ignore[index]
-            f"TTFT p50      direct {1000 * d['ttft_p50_s']:8.1f} ms   sidecar {1000 * s['ttft_p50_s']:8.1f} ms   "
-            f"added {res['ttft_p50_added_ms']:+.1f} ms   ratio {res['ttft_p50_ratio']:.3f}",
-            f"throughput    direct {d['tokens_per_s']:8.0f} tok/s sidecar {s['tokens_per_s']:8.0f} tok/s   "
-            f"ratio {res['throughput_ratio']:.3f}",
-        ]
+def _report(res: dict[str, Any]) -> str:
+    d, s = res["median"]["direct"], res["median"]["sidecar"]
+    head = (
+        f"# {res['cpus']} CPUs, 1-min load average {res['load_avg_1m']:.2f}; engine-sim speedup "
+        f"{res['speedup']}, {res['clients']} streaming clients, {res['requests_per_round']} requests x "
+        f"{res['max_tokens']} tokens per round, median of {len(res['rounds']['direct'])} alternating rounds"
     )
+    ttft = (
+        f"TTFT p50      direct {1000 * d['ttft_p50_s']:8.1f} ms   sidecar {1000 * s['ttft_p50_s']:8.1f} ms   "
+        f"added {res['ttft_p50_added_ms']:+.1f} ms   ratio {res['ttft_p50_ratio']:.3f}"
+    )
+    tput = (
+        f"throughput    direct {d['tokens_per_s']:8.0f} tok/s sidecar {s['tokens_per_s']:8.0f} tok/s   "
+        f"ratio {res['throughput_ratio']:.3f}"
+    )
+    return "\n".join([head, ttft, tput])
 
 
 def main() -> int:

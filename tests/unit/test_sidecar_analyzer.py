@@ -181,8 +181,10 @@ def test_body_parsing_accepts_text_parts_and_token_ids() -> None:
 def test_engine_load_is_read_from_vllm_metric_lines() -> None:
     status = EngineStatus()
     _read_load(
-        '# HELP vllm:num_requests_running x\nvllm:num_requests_running{engine="0",model_name="m"} 3.0\n'
-        'vllm:num_requests_running{engine="1",model_name="m"} 1.0\nvllm:num_requests_waiting{engine="0"} 2.0\n'
+        "# HELP vllm:num_requests_running x\n"
+        'vllm:num_requests_running{engine="0",model_name="m"} 3.0\n'
+        'vllm:num_requests_running{engine="1",model_name="m"} 1.0\n'
+        'vllm:num_requests_waiting{engine="0"} 2.0\n'
         'vllm:kv_cache_usage_perc{model_name="a b"} 0.5\nvllm:num_requests_running_total 9\n',
         status,
     )
