@@ -217,6 +217,29 @@ def test_a_restarted_operator_converges_without_duplicates(cluster: Cluster, ope
     finally:
         restarted.stop()
 
+    # Once converged, another restart re-applies everything and changes nothing.
+    versions = {kind: cluster.get(kind, name, NS)["metadata"]["resourceVersion"] for kind, name in CHILDREN}
+    status = md_status(cluster)
+    applied = len(applies(cluster))
+    again = start_operator(cluster)
+    try:
+        cluster.wait_for(
+            lambda: len(applies(cluster)) >= applied + 4, what="the resumed operator re-applying"
+        )
+    finally:
+        again.stop()
+    assert {
+        kind: cluster.get(kind, name, NS)["metadata"]["resourceVersion"] for kind, name in CHILDREN
+    } == versions
+    assert md_status(cluster) == status
+
+
+def applies(cluster: Cluster) -> list:
+    """The operator's server-side applies of children (PATCH on the four child kinds)."""
+    kinds = {"deployments", "services", "configmaps", "poddisruptionbudgets"}
+    records = cluster.call(lambda: list(cluster.emulator.audit))
+    return [r for r in records if r.user == OPERATOR_USER and r.verb == "patch" and r.resource in kinds]
+
 
 def chart_docs(template: str, values: dict | None = None) -> list[dict]:
     """One template of the chart as the real Helm library renders it."""
