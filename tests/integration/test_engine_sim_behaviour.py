@@ -56,6 +56,7 @@ LONG = " ".join(["word"] * 300)
         ("/v1/completions", {"prompt": LONG, "max_tokens": 3}, 400, "maximum model length"),
         ("/v1/completions", {"prompt": "hi", "max_tokens": 300}, 400, "Reduce max_tokens"),
         ("/v1/completions", {"prompt": "hi", "n": 2}, 400, "n=1"),
+        ("/v1/completions", {"prompt": "hi", "stream_options": {"include_usage": True}}, 400, "stream=true"),
         ("/v1/completions", {"prompt": ["a", "b"]}, 400, "one prompt per request"),
         ("/v1/completions", {"prompt": "hi", "model": "gpt-9"}, 404, "does not exist"),
         ("/v1/completions", {"prompt": "hi", "vllm_xargs": {"slo_kind": "urgent"}}, 400, "vllm_xargs"),
@@ -105,9 +106,12 @@ async def test_metrics_count_tokens_and_finished_requests(sim) -> None:
     assert m[("vllm:time_to_first_token_seconds_count", ())] == 2
     assert m[("vllm:e2e_request_latency_seconds_count", ())] == 2
     assert m[("vllm:inter_token_latency_seconds_count", ())] == 4 + 8
+    assert m[("vllm:request_decode_time_seconds_count", ())] == 2
     assert m[("vllm:num_requests_running", ())] == 0
     assert m[("vllm:num_requests_waiting", ())] == 0
     assert m[("vllm:kv_cache_usage_perc", ())] == 0.0
+    blocks = sim.runner.engine.kv_blocks_total
+    assert m[("vllm:cache_config_info", (("block_size", "16"), ("num_gpu_blocks", str(blocks))))] == 1
 
 
 async def test_stream_disconnect_aborts_and_frees_kv() -> None:
@@ -130,6 +134,7 @@ async def test_stream_disconnect_aborts_and_frees_kv() -> None:
         assert await _until(gone)
         m = await _metrics(sim)
         assert m[("vllm:request_success_total", (("finished_reason", "abort"),))] == 1
+        assert m[("slofleet_engine_sim_client_aborts_total", ())] == 1
         assert m[("vllm:generation_tokens_total", ())] < 200
         assert sim.runner.engine.free_blocks == sim.runner.engine.kv_blocks_total
 

@@ -126,6 +126,8 @@ async def _generate(request: Request, *, chat: bool) -> Response:
             wanted = body.max_tokens
         max_tokens, output_tokens = resolve_lengths(body, prompt_tokens, wanted, runner.max_model_len, key)
         tags = decode_xargs(body.vllm_xargs)
+        if body.stream_options is not None and not body.stream:
+            raise ApiError("stream_options can only be defined when stream=true")
         if not runner.alive:
             raise _engine_down(runner)
     except ApiError as exc:

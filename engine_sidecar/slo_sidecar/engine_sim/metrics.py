@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 if TYPE_CHECKING:
@@ -51,6 +51,25 @@ class _EngineGauges(Collector):
             g = GaugeMetricFamily(name, doc, labels=list(LABELS))
             g.add_metric(self.labels, float(value))
             yield g
+        e = r.engine
+        info = GaugeMetricFamily(
+            "vllm:cache_config_info",
+            "Information of the KV cache configuration.",
+            labels=["block_size", "num_gpu_blocks", "engine"],
+        )
+        info.add_metric([str(e.block_size), str(e.kv_blocks_total), "0"], 1.0)
+        yield info
+        counts = {
+            "slofleet_engine_sim_policy_rejections": ("Requests the engine policy rejected.", r.rejected),
+            "slofleet_engine_sim_client_aborts": (
+                "Requests aborted because the client went away.",
+                r.aborted,
+            ),
+        }
+        for name, (doc, value) in counts.items():
+            c = CounterMetricFamily(name, doc, labels=list(LABELS))
+            c.add_metric(self.labels, float(value))
+            yield c
 
     def describe(self) -> Iterator[Metric]:
         return iter(())
@@ -98,8 +117,14 @@ class EngineMetrics:
             "Number of generation tokens of finished requests.",
             TOKEN_BUCKETS,
         ).labels(*lv)
-        self.rejected = counter(
-            "slofleet_engine_sim_policy_rejections", "Requests the engine policy rejected."
+        self.prefill = hist(
+            "vllm:request_prefill_time_seconds", "Time from first scheduled to first token.", E2E_BUCKETS_S
+        ).labels(*lv)
+        self.decode = hist(
+            "vllm:request_decode_time_seconds", "Time from first token to last token.", E2E_BUCKETS_S
+        ).labels(*lv)
+        self.inference = hist(
+            "vllm:request_inference_time_seconds", "Time from first scheduled to last token.", E2E_BUCKETS_S
         ).labels(*lv)
         self._lv = lv
         reg.register(_EngineGauges(runner, lv))
@@ -123,6 +148,11 @@ class EngineMetrics:
         self.e2e.observe(max(0.0, t - h.sim.arrival_s))
         self.req_prompt.observe(h.sub.prompt_tokens)
         self.req_generation.observe(h.seen_tokens)
+        scheduled = h.sim.first_scheduled_s
+        if scheduled is not None and h.first_token_s is not None and h.last_token_s is not None:
+            self.prefill.observe(max(0.0, h.first_token_s - scheduled))
+            self.decode.observe(max(0.0, h.last_token_s - h.first_token_s))
+            self.inference.observe(max(0.0, h.last_token_s - scheduled))
         self._sync_preemptions()
 
     def _sync_preemptions(self) -> None:
