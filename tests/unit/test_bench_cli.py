@@ -31,12 +31,13 @@ def profile_path(tmp_path: Path) -> Path:
     return p
 
 
+@pytest.mark.slow
 def test_bench_writes_a_table_json_records_and_plots(
     tmp_path: Path, profile_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     out = tmp_path / "r.json"
     plots = tmp_path / "plots"
-    argv = ["bench", "--rps", "1,3", "--duration", "30", "--replicas", "2", "--profile", str(profile_path)]
+    argv = ["bench", "--rps", "1,3", "--duration", "15", "--replicas", "2", "--profile", str(profile_path)]
     argv += ["--policies", "fcfs,sarathi", "--router", "round-robin,min-load", "--json", str(out)]
     argv += ["--plots", str(plots), "--seed", "4"]
     assert main(argv) == 0
@@ -84,7 +85,7 @@ def test_policies_all_runs_every_registered_engine_policy(
     from slo_core.policies.registry import engine_policy_names
 
     out = tmp_path / "r.json"
-    argv = ["bench", "--rps", "1", "--duration", "10", "--replicas", "1", "--profile", str(profile_path)]
+    argv = ["bench", "--rps", "1", "--duration", "6", "--replicas", "1", "--profile", str(profile_path)]
     argv += ["--policies", "all", "--json", str(out), "--no-progress"]
     code = main(argv)
     records = json.loads(out.read_text())

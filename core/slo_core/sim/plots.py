@@ -74,9 +74,9 @@ def write_plots(
             if rps != top:
                 continue
             for ax, key in zip(axes, ("ttft", "tbt", "e2e"), strict=True):
-                v = np.sort(np.asarray(s[key]))
-                if len(v):
-                    ax.plot(v, np.arange(1, len(v) + 1) / len(v), label=label(pol, rt))
+                if len(s[key]):
+                    q = np.linspace(0.0, 1.0, 500)  # a CDF of 500 quantiles draws fast and looks the same
+                    ax.plot(np.quantile(np.asarray(s[key]), q), q, label=label(pol, rt))
         for ax, key in zip(axes, ("TTFT", "TBT", "E2E"), strict=True):
             ax.set(xscale="log", xlabel=f"{key} (s)", ylabel="CDF", title=f"{key} at {top:g} req/s")
             ax.grid(alpha=0.3)
