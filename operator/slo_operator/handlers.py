@@ -60,7 +60,7 @@ def build_registry(reconciler: Reconciler, kubeconfig: str | None = None) -> kop
     seen_policies: dict[tuple[str, str], int] = {}
     seen_lock = threading.Lock()
 
-    @kopf.on.startup(registry=registry)
+    @kopf.on.startup(id="configure", registry=registry)
     def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
         settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=API_GROUP)
         settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
@@ -70,7 +70,7 @@ def build_registry(reconciler: Reconciler, kubeconfig: str | None = None) -> kop
         settings.networking.request_timeout = reconciler.settings.request_timeout_s
         settings.watching.server_timeout = 300
 
-    @kopf.on.login(registry=registry)
+    @kopf.on.login(id="login", registry=registry)
     def credentials(**_: Any) -> kopf.ConnectionInfo:
         return login(kubeconfig)
 
@@ -107,7 +107,7 @@ def build_registry(reconciler: Reconciler, kubeconfig: str | None = None) -> kop
                 safe(lambda md=md: reconciler.converge(namespace, md), f"ModelDeployment {namespace}/{md}")
 
     @kopf.on.event(
-        "apps", "v1", "deployments", labels={"app.kubernetes.io/managed-by": MANAGED_BY}, registry=registry
+        "apps", "v1", "deployments", id="engine_deployment", labels=MANAGED_LABELS, registry=registry
     )
     def engine_deployment(event: Any, body: Any, namespace: str, **_: Any) -> None:
         owner = _owner(dict(body))

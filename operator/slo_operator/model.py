@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from slo_core.crd.deployment import ModelDeploymentSpec
 from slo_core.crd.errors import validation_problems
@@ -65,6 +65,16 @@ class ModelDeploymentView:
     lora_adapters: list[tuple[str, str]] = field(default_factory=list)  # (name, source)
 
 
+def _chosen(section: BaseModel, field_name: str) -> Any:
+    """A value the user chose, or ``None`` where the spec holds the schema's default.
+
+    The API server writes CRD defaults into stored objects, so a default image cannot be told from a
+    chosen one by presence; an image equal to the default defers to the operator's configured image.
+    """
+    value = getattr(section, field_name)
+    return None if value == type(section).model_fields[field_name].default else value
+
+
 def view(body: dict[str, Any]) -> ModelDeploymentView:
     """Read a ModelDeployment body into a :class:`ModelDeploymentView` (``ValueError`` on an invalid spec)."""
     meta = body.get("metadata", {})
@@ -96,7 +106,7 @@ def view(body: dict[str, Any]) -> ModelDeploymentView:
         gpu_resource=spec.gpu.resource_name,
         node_selector=dict(spec.gpu.node_selector),
         tolerations=[t.model_dump(by_alias=True, exclude_none=True) for t in spec.gpu.tolerations],
-        engine_image=spec.engine.image if "image" in spec.engine.model_fields_set else None,
+        engine_image=_chosen(spec.engine, "image"),
         tensor_parallel_size=spec.engine.tensor_parallel_size,
         max_model_len=spec.engine.max_model_len,
         dtype=spec.engine.dtype,
@@ -104,7 +114,7 @@ def view(body: dict[str, Any]) -> ModelDeploymentView:
         max_num_seqs=spec.engine.max_num_seqs,
         max_num_batched_tokens=spec.engine.max_num_batched_tokens,
         extra_args=list(spec.engine.extra_args),
-        sidecar_image=spec.sidecar.image if "image" in spec.sidecar.model_fields_set else None,
+        sidecar_image=_chosen(spec.sidecar, "image"),
         sidecar_resources=spec.sidecar.resources.model_dump(exclude_defaults=True),
         context_length=spec.context_tokens(),
         gpu_class=spec.gpu_class(),

@@ -7,6 +7,12 @@ its own ServiceAccount-like user, so the audit log tells its requests apart from
 from __future__ import annotations
 
 import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -239,6 +245,49 @@ def applies(cluster: Cluster) -> list:
     kinds = {"deployments", "services", "configmaps", "poddisruptionbudgets"}
     records = cluster.call(lambda: list(cluster.emulator.audit))
     return [r for r in records if r.user == OPERATOR_USER and r.verb == "patch" and r.resource in kinds]
+
+
+def test_the_slofleet_operator_command_runs_until_sigterm(cluster: Cluster, tmp_path: Path) -> None:
+    """The real CLI in its own process: settings from the environment, /healthz, a clean stop on SIGTERM."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    env = {
+        **os.environ,
+        "KUBECONFIG": str(cluster.kubeconfig(OPERATOR_TOKEN, "operator-cli")),
+        "SLOFLEET_OPERATOR_IMAGE": "registry.example/slofleet:test",
+        "SLOFLEET_OPERATOR_DRAIN_S": "45",
+    }
+    log = (tmp_path / "operator.log").open("w")
+    proc = subprocess.Popen(
+        [
+            str(Path(sys.executable).with_name("slofleet")),
+            "operator",
+            "--standalone",
+            f"--liveness-port={port}",
+        ],
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+    try:
+        apply_example(cluster, "slopolicy-chat-agent.yaml")
+        apply_example(cluster, "modeldeployment-llama-8b-h100.yaml")
+        dep = cluster.wait_for(lambda: cluster.get("deployment", "llama-8b", NS), 30, "the engine Deployment")
+        pod = dep["spec"]["template"]["spec"]
+        assert pod["containers"][1]["image"] == "registry.example/slofleet:test"
+        assert pod["terminationGracePeriodSeconds"] == 45 + 30
+        health = urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=5)
+        assert health.status == 200
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        log.close()
+        cluster.kubectl("delete", "md,slo", "--all", "-n", NS, "--wait=false")
+    assert "standalone" in (tmp_path / "operator.log").read_text()
 
 
 def chart_docs(template: str, values: dict | None = None) -> list[dict]:

@@ -170,3 +170,19 @@ def test_sidecar_arguments_are_accepted_by_the_sidecar_command() -> None:
     args = parser.parse_args(sidecar["args"][1:])
     assert args.mode == "engine" and args.grpc_port == SETTINGS.sidecar_grpc_port
     assert args.drain_timeout_s == SETTINGS.drain_s and args.model_name == "llama-3.1-8b-instruct"
+
+
+def test_images_default_to_the_operators_unless_the_spec_chooses_one() -> None:
+    body = load("modeldeployment-llama-8b-h100.yaml")
+    settings = OperatorSettings(
+        priority=1, image="registry.example/slofleet:9", engine_image="registry.example/vllm:9"
+    )
+    # What the API server stores after CRD defaulting: the schema's default images written in.
+    body["spec"]["sidecar"]["image"] = "ghcr.io/slofleet/slofleet:0.1.0"
+    body["spec"]["engine"]["image"] = "vllm/vllm-openai:v0.32.0"
+    vllm, sidecar = render.deployment(model.view(body), settings)["spec"]["template"]["spec"]["containers"]
+    assert (vllm["image"], sidecar["image"]) == ("registry.example/vllm:9", "registry.example/slofleet:9")
+    body["spec"]["sidecar"]["image"] = "mine/sidecar:1"
+    body["spec"]["engine"]["image"] = "mine/vllm:1"
+    vllm, sidecar = render.deployment(model.view(body), settings)["spec"]["template"]["spec"]["containers"]
+    assert (vllm["image"], sidecar["image"]) == ("mine/vllm:1", "mine/sidecar:1")
