@@ -154,14 +154,25 @@ def test_rbac_is_least_privilege(chart: helm.Chart) -> None:
     assert {r["kind"] for r in roles} == {"Role", "ClusterRole"}
     for role in roles:
         assert rbac.wildcards(role["rules"]) == [], role["metadata"]["name"]
-    (router,) = [r for r in roles if r["kind"] == "Role"]
+    (router,) = [r for r in roles if r["kind"] == "Role" and r["metadata"]["name"].endswith("-router")]
     assert router["metadata"]["namespace"] == "llm"
     verbs = {v for rule in router["rules"] for v in rule["verbs"]}
     assert verbs <= {"get", "list", "watch"}, "the router only reads"
     (secrets,) = [rule for rule in router["rules"] if "secrets" in rule["resources"]]
     assert secrets["resourceNames"] == ["slofleet-api-keys"], "the router reads only its tenants' key Secrets"
-    (operator,) = [r for r in roles if r["kind"] == "ClusterRole"]
-    assert any("kopfpeerings" in rule["resources"] for rule in operator["rules"]), "peering with replicas > 1"
+    # Watching two namespaces: the operator's namespaced permissions are Roles there, peering included.
+    operator = {
+        r["metadata"].get("namespace"): r for r in roles if r["metadata"]["name"].endswith("-operator")
+    }
+    assert set(operator) == {None, "llm", "batch"}
+    assert {res for rule in operator[None]["rules"] for res in rule["resources"]} == {
+        "customresourcedefinitions",
+        "namespaces",
+    }
+    for ns in ("llm", "batch"):
+        assert any("kopfpeerings" in rule["resources"] for rule in operator[ns]["rules"]), (
+            "peering with replicas > 1"
+        )
 
 
 def _service_metrics() -> dict[str, str]:

@@ -30,6 +30,7 @@ EXAMPLES = ROOT / "examples"
 OPERATOR_TOKEN = "operator-token"
 OPERATOR_USER = "system:serviceaccount:slofleet:slofleet-operator"
 LEADER, STANDBY = "leader-token", "standby-token"  # two replicas electing a leader by kopf peering
+NAMESPACED = "namespaced-token"
 NS = "llm"
 CHILDREN = [
     ("deployment", "llama-8b"),
@@ -41,7 +42,7 @@ CHILDREN = [
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    users = {OPERATOR_TOKEN: OPERATOR_USER, LEADER: "leader", STANDBY: "standby"}
+    users = {OPERATOR_TOKEN: OPERATOR_USER, LEADER: "leader", STANDBY: "standby", NAMESPACED: "namespaced"}
     with Cluster(tmp_path_factory.mktemp("kube"), users=users) as c:
         c.kubectl("apply", "--server-side", "-f", str(ROOT / "crds"))
         c.kubectl("apply", "-f", "-", stdin=f"apiVersion: v1\nkind: Namespace\nmetadata:\n  name: {NS}\n")
@@ -335,6 +336,31 @@ def test_with_peering_one_replica_acts_and_the_standby_takes_over(cluster: Clust
         r for r in cluster.call(lambda: list(cluster.emulator.audit)) if r.user in ("leader", "standby")
     ]
     assert rbac.denied(records, chart_operator_rules(replicas)) == []
+
+
+def test_watching_one_namespace_needs_only_roles_there(cluster: Cluster) -> None:
+    values = {"operator": {"watchNamespaces": [NS]}}
+    docs = chart_docs("operator-rbac.yaml", values)
+    (cluster_role,) = [d for d in docs if d["kind"] == "ClusterRole"]
+    roles = {d["metadata"]["namespace"]: d["rules"] for d in docs if d["kind"] == "Role"}
+    assert set(roles) == {NS}
+    assert {r for rule in cluster_role["rules"] for r in rule["resources"]} == {
+        "customresourcedefinitions",
+        "namespaces",
+    }
+    operator = start_operator(cluster, NAMESPACED, namespaces=(NS,))
+    try:
+        apply_example(cluster, "modeldeployment-llama-8b-h100.yaml")
+        wait_phase(cluster, "Degraded")
+        apply_example(cluster, "slopolicy-chat-agent.yaml")
+        wait_phase(cluster, "Progressing")
+        set_ready(cluster, "llama-8b", 1)
+        wait_phase(cluster, "Ready")
+    finally:
+        operator.stop()
+        cluster.kubectl("delete", "md,slo", "--all", "-n", NS, "--wait=false")
+    records = [r for r in cluster.call(lambda: list(cluster.emulator.audit)) if r.user == "namespaced"]
+    assert records and rbac.denied_in_scope(records, cluster_role["rules"], roles) == []
 
 
 def test_zz_every_request_of_the_operator_is_allowed_by_the_chart_and_no_more(

@@ -61,3 +61,43 @@ app.kubernetes.io/component: {{ index . 1 }}
 {{- define "slofleet.peeringName" -}}
 {{- printf "%s-operator" (include "slofleet.fullname" .) }}
 {{- end }}
+
+{{/* The operator's permissions on namespaced resources (a ClusterRole's or a Role's rules).
+Pass (dict "peering" BOOL "peeringResource" "clusterkopfpeerings"|"kopfpeerings"). */}}
+{{- define "slofleet.operatorRules" -}}
+# Kubernetes Events for phase transitions.
+- apiGroups: [""]
+  resources: ["events"]
+  verbs: ["create"]
+# ModelDeployments: watched, read fresh, and annotated with kopf's progress.
+- apiGroups: ["slofleet.io"]
+  resources: ["modeldeployments"]
+  verbs: ["get", "list", "watch", "patch"]
+# SLOPolicies: watched and read, never changed.
+- apiGroups: ["slofleet.io"]
+  resources: ["slopolicies"]
+  verbs: ["get", "list", "watch"]
+- apiGroups: ["slofleet.io"]
+  resources: ["modeldeployments/status", "slopolicies/status"]
+  verbs: ["patch"]
+# What a ModelDeployment becomes, applied server-side (an apply creates what is missing).
+- apiGroups: ["apps"]
+  resources: ["deployments"]
+  verbs: ["get", "list", "watch", "create", "patch"]
+- apiGroups: [""]
+  resources: ["services", "configmaps"]
+  verbs: ["create", "patch"]
+- apiGroups: ["policy"]
+  resources: ["poddisruptionbudgets"]
+  verbs: ["create", "patch"]
+# The engine pods' addresses for status.endpoints.
+- apiGroups: [""]
+  resources: ["pods"]
+  verbs: ["list"]
+{{- if .peering }}
+# Leader election between replicas by kopf peering (the operator creates its peering object).
+- apiGroups: ["kopf.dev"]
+  resources: [{{ .peeringResource | quote }}]
+  verbs: ["list", "watch", "patch", "create"]
+{{- end }}
+{{- end }}

@@ -50,3 +50,21 @@ def denied(records: Iterable[AuditRecord], rules: Iterable[dict[str, Any]]) -> l
 def unused(records: Iterable[AuditRecord], rules: Iterable[dict[str, Any]]) -> list[tuple[str, str, str]]:
     used = {need for record in records for need in needed(record)}
     return sorted(granted(rules) - used)
+
+
+def denied_in_scope(
+    records: Iterable[AuditRecord],
+    cluster_rules: Iterable[dict[str, Any]],
+    roles: dict[str, list[dict[str, Any]]],
+) -> list[tuple[str | None, str, str, str]]:
+    """Like :func:`denied`, where a namespaced request may also be allowed by a Role in its namespace
+    (``roles`` maps namespace to rules); cluster-scoped requests need the ClusterRole."""
+    cluster = granted(cluster_rules)
+    local = {ns: granted(rules) for ns, rules in roles.items()}
+    missing: list[tuple[str | None, str, str, str]] = []
+    for record in records:
+        for need in needed(record):
+            allowed = need in cluster or need in local.get(record.namespace or "", set())
+            if not allowed and (record.namespace, *need) not in missing:
+                missing.append((record.namespace, *need))
+    return missing
