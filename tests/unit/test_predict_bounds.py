@@ -117,3 +117,25 @@ def test_shipped_artefact_covers_the_held_back_split() -> None:
     assert coverage >= 0.9
     ratio = np.median([b / min(r.output_tokens, 4096) for r, b in zip(held, bounds, strict=True)])
     assert ratio < 4.0  # tighter than a blanket cap (max_tokens / median length ≈ 30)
+
+
+def test_schedules_equal_step_by_step_refinement(est: OutputBoundEstimator) -> None:
+    queries = [
+        BoundQuery("write an essay about rivers", 5, "latency", 700),
+        BoundQuery("brief answer: what are markets?", 6, "latency", 4096),
+        BoundQuery(None, 30, "deadline", 333),
+    ]
+    for q, schedule in zip(queries, est.schedules(queries), strict=True):
+        b0 = est.bound(q.prompt_text, q.prompt_tokens, q.kind, q.max_tokens)
+        assert schedule.at(0) == b0
+        for g in (1, 49, 50, 120, 399, 400, 401, 650, q.max_tokens - 1, q.max_tokens):
+            expected = est.refine(b0, q.prompt_text, q.prompt_tokens, g, None, q.kind, q.max_tokens)
+            assert schedule.at(g) == expected, (q, g)
+
+
+def test_text_free_schedules_are_shared_between_equal_requests(est: OutputBoundEstimator) -> None:
+    qs = [BoundQuery(None, 40, "latency", 500), BoundQuery(None, 41, "latency", 500)] * 3
+    first = est.schedules(qs)
+    assert first[0] is first[2] is first[4] and first[1] is first[3]
+    again = est.schedules(qs[:2])
+    assert again[0] is first[0] and again[1] is first[1]

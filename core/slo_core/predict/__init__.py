@@ -20,6 +20,8 @@ Stable API (the sidecar and the simulator call exactly this)::
   (re-featurized with the generated text when given). Never below ``bound_at_start``, never below
   generated_tokens + 1 (or generated_tokens at the cap), never above max_tokens.
 - ``bounds(batch: Sequence[BoundQuery]) -> list[int]``: many of either, in one forest pass.
+- ``schedules(batch) -> list[BoundSchedule]``: every refinement at once (``schedule.at(g)`` equals the
+  text-free ``refine`` at g); the simulator's fast path.
 
 Compound requests (pattern graphs, ``slo_core.predict.compound.CompoundTracker``):
 ``stage_finished(program_id, Stage(ident, output_tokens, input_tokens, duration_s, calls))`` as stages
@@ -35,12 +37,13 @@ from __future__ import annotations
 from pathlib import Path
 
 from slo_core.predict.artefact import ArtefactError
-from slo_core.predict.estimator import BoundQuery, EstimatorParams, OutputBoundEstimator
+from slo_core.predict.estimator import BoundQuery, BoundSchedule, EstimatorParams, OutputBoundEstimator
 
 __all__ = [
     "SHIPPED_ARTEFACT",
     "ArtefactError",
     "BoundQuery",
+    "BoundSchedule",
     "EstimatorParams",
     "OutputBoundEstimator",
     "load_estimator",

@@ -5,10 +5,14 @@ Every ``refine_every_tokens`` generated tokens (checkpoint g = N·⌊generated/N
 re-estimated as Q_q(lengths | features, length > g) — features from prompt + generated text when the
 text is known, from the prompt alone otherwise (the simulator). Bounds only relax (loosen): a refined
 bound is never below the bound it refines, never below generated + 1, never above max_tokens.
+Where the forest's samples run out, the training marginal is conditioned instead, and past every
+training length the bound grows geometrically. :meth:`OutputBoundEstimator.schedules` precomputes
+every refinement of a request in one pass (the simulator's fast path).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -20,7 +24,10 @@ from pydantic import BaseModel, Field
 
 from slo_core.predict import artefact
 from slo_core.predict.features import FeatureParams, RequestFeatures, featurize, n_features
-from slo_core.predict.forest import F64, ArrayForest, conditional_quantile
+from slo_core.predict.forest import F64, ArrayForest, conditional_quantiles
+
+_SCHEDULE_CACHE = 1 << 16  # text-free schedules kept (entries)
+_Key = tuple[int, str, str, int, int | None]  # (prompt tokens, kind, model, max tokens, start bound)
 
 
 class EstimatorParams(BaseModel):
@@ -31,6 +38,21 @@ class EstimatorParams(BaseModel):
     tail_growth: float = Field(
         1.25, ge=1.0, description="beyond every sample the forest knows: bound = g·growth (ratio)"
     )
+
+
+@dataclass(frozen=True, slots=True)
+class BoundSchedule:
+    """A request's bound at every refinement checkpoint: ``bounds_tokens[k]`` holds for g ∈ [kN, (k+1)N)."""
+
+    every_tokens: int
+    max_tokens: int
+    bounds_tokens: tuple[int, ...]
+
+    def at(self, generated_tokens: int) -> int:
+        """The bound after ``generated_tokens`` tokens (never below them + 1, never above max_tokens)."""
+        g = max(0, generated_tokens)
+        b = self.bounds_tokens[min(g // self.every_tokens, len(self.bounds_tokens) - 1)]
+        return max(min(max(b, g + 1), self.max_tokens), g, 1)
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,8 +86,9 @@ class OutputBoundEstimator:
         self.features = features
         self.params = params or EstimatorParams()
         self.meta = dict(meta or {})
-        all_vals = np.sort(forest.leaf_values[: len(forest.leaf_values) // max(1, forest.n_trees)])
-        self._marginal = (all_vals.astype(np.float64), np.ones(len(all_vals)))
+        self._marginal = (forest.marginal.astype(np.float64), np.ones(len(forest.marginal)))
+        # text-free schedules depend only on (tokens, kind, model, cap, start): the simulator's case
+        self._schedule_cache: dict[_Key, BoundSchedule] = {}
 
     @property
     def training_mean_tokens(self) -> float:
@@ -106,7 +129,62 @@ class OutputBoundEstimator:
             g = max(0, int(b.generated_tokens))
             checkpoint = (g // step) * step
             vals, w = self.forest.distribution(row)
-            out.append(self._finish(b, g, self._quantile_above(vals, w, checkpoint)))
+            est = float(self.quantiles_above(vals, w, np.asarray([checkpoint], dtype=np.float64))[0])
+            out.append(self._finish(b, g, est))
+        return out
+
+    def schedules(self, batch: Sequence[BoundQuery]) -> list[BoundSchedule]:
+        """Every refinement of each query at once: the bound at g = 0, N, 2N, … up to max_tokens.
+
+        ``schedule.at(g)`` equals ``refine(bound(...), ..., g, None, ...)`` without another forest
+        pass: what a simulator needs to refine thousands of requests cheaply. Generated text is not
+        known in advance, so queries are featurized from the prompt alone.
+        """
+        if not batch:
+            return []
+        out: list[BoundSchedule | None] = [None] * len(batch)
+        shared: dict[_Key, list[int]] = {}  # one computation per distinct text-free query
+        own: list[int] = []  # queries with text are computed one by one
+        for i, b in enumerate(batch):
+            if b.prompt_text is not None:
+                own.append(i)
+                continue
+            key = self._cache_key(b)
+            hit = self._schedule_cache.get(key)
+            if hit is None:
+                shared.setdefault(key, []).append(i)
+            else:
+                out[i] = hit
+        groups: list[tuple[_Key | None, list[int]]] = [(None, [i]) for i in own]
+        groups += list(shared.items())
+        if groups:
+            computed = self._compute_schedules([batch[rows[0]] for _, rows in groups])
+            for (group_key, rows), sched in zip(groups, computed, strict=True):
+                for i in rows:
+                    out[i] = sched
+                if group_key is not None and len(self._schedule_cache) < _SCHEDULE_CACHE:
+                    self._schedule_cache[group_key] = sched
+        return [s for s in out if s is not None]
+
+    @staticmethod
+    def _cache_key(b: BoundQuery) -> _Key:
+        return (b.prompt_tokens, b.kind, b.model, b.max_tokens, b.bound_at_start)
+
+    def _compute_schedules(self, batch: Sequence[BoundQuery]) -> list[BoundSchedule]:
+        step = self.params.refine_every_tokens
+        feats = [self._features_of(dataclasses.replace(b, generated_text=None)) for b in batch]
+        leaves = self.forest.leaves(featurize(feats, self.features))
+        out: list[BoundSchedule] = []
+        for b, row in zip(batch, leaves, strict=True):
+            cap = max(1, int(b.max_tokens))
+            checkpoints = np.arange(0, cap + step, step, dtype=np.float64)
+            vals, w = self.forest.distribution(row)
+            est = np.ceil(self.quantiles_above(vals, w, checkpoints))
+            est = np.maximum(est, checkpoints + 1.0)
+            if b.bound_at_start is not None:
+                est = np.maximum(est, float(b.bound_at_start))
+            est = np.minimum(np.maximum.accumulate(est), cap)
+            out.append(BoundSchedule(step, cap, tuple(est.astype(np.int64).tolist())))
         return out
 
     def distribution(self, query: BoundQuery) -> tuple[F64, F64]:
@@ -121,14 +199,16 @@ class OutputBoundEstimator:
             text = (text or "") + b.generated_text
         return RequestFeatures(max(1, int(b.prompt_tokens)), text, b.kind, b.model)
 
-    def _quantile_above(self, vals: F64, w: F64, above: int) -> float:
+    def quantiles_above(self, vals: F64, w: F64, above: F64) -> F64:
+        """Q_q(length | length > a) for each a, with the fallbacks of the module docstring."""
         q = self.params.quantile
-        est = conditional_quantile(vals, w, q, float(above))
-        if math.isnan(est):  # the request outlived every similar sample: use all training lengths
-            est = conditional_quantile(*self._marginal, q, float(above))
-        if math.isnan(est):  # ... and every training length: grow geometrically
-            est = max(above * self.params.tail_growth, above + self.params.refine_every_tokens)
-        return est
+        est = conditional_quantiles(vals, w, q, above)
+        # the request outlived every similar sample: use all training lengths ...
+        est = np.where(np.isnan(est), conditional_quantiles(*self._marginal, q, above), est)
+        # ... and every training length: grow geometrically
+        grow = np.maximum(above * self.params.tail_growth, above + self.params.refine_every_tokens)
+        out: F64 = np.where(np.isnan(est), grow, est)
+        return out
 
     @staticmethod
     def _finish(b: BoundQuery, generated: int, estimate: float) -> int:

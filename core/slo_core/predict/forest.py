@@ -22,23 +22,34 @@ I32 = npt.NDArray[np.int32]
 I64 = npt.NDArray[np.int64]
 
 
-def weighted_quantile(values: F64, weights: F64, q: float) -> float:
-    """Smallest value v with (weight of values ≤ v) ≥ q · total weight; NaN when there is no weight.
+def conditional_quantiles(values: F64, weights: F64, q: float, above: F64) -> F64:
+    """For each threshold a in ``above``: the q-quantile of the distribution restricted to values > a.
 
-    ``values`` must be sorted ascending.
+    The q-quantile is the smallest value v with (weight of kept values ≤ v) ≥ q · kept weight; NaN
+    where nothing is kept. ``values`` must be sorted ascending.
     """
-    total = float(weights.sum())
-    if total <= 0.0 or len(values) == 0:
-        return float("nan")
-    cum = np.cumsum(weights)
-    i = int(np.searchsorted(cum, q * total * (1.0 - 1e-12), side="left"))
-    return float(values[min(i, len(values) - 1)])
+    above = np.asarray(above, dtype=np.float64)
+    if len(values) == 0:
+        return np.full(above.shape, np.nan)
+    cum = np.concatenate(([0.0], np.cumsum(weights)))
+    start = np.searchsorted(values, above, side="right")
+    base = cum[start]
+    kept = cum[-1] - base
+    target = base + q * kept * (1.0 - 1e-12)
+    idx = np.searchsorted(cum[1:], target, side="left")
+    idx = np.minimum(np.maximum(idx, start), len(values) - 1)
+    out: F64 = np.where(kept > 0.0, values[idx], np.nan)
+    return out
+
+
+def weighted_quantile(values: F64, weights: F64, q: float) -> float:
+    """q-quantile of a weighted sample (sorted values); NaN when there is no weight."""
+    return float(conditional_quantiles(values, weights, q, np.asarray([-np.inf]))[0])
 
 
 def conditional_quantile(values: F64, weights: F64, q: float, above: float) -> float:
     """q-quantile of the distribution restricted to values > ``above`` (sorted values); NaN if empty."""
-    start = int(np.searchsorted(values, above, side="right"))
-    return weighted_quantile(values[start:], weights[start:], q)
+    return float(conditional_quantiles(values, weights, q, np.asarray([above]))[0])
 
 
 @dataclass(frozen=True)
@@ -58,6 +69,7 @@ class ArrayForest:
     leaf_count: I32
     leaf_values: F32
     max_depth: int
+    marginal: F32  # every training length, sorted (the fallback distribution)
 
     @property
     def n_trees(self) -> int:
@@ -109,6 +121,7 @@ class ArrayForest:
             "leaf_count": self.leaf_count,
             "leaf_values": self.leaf_values,
             "max_depth": np.asarray([self.max_depth], dtype=np.int32),
+            "marginal": self.marginal,
         }
 
     @classmethod
@@ -123,6 +136,7 @@ class ArrayForest:
             leaf_count=np.asarray(a["leaf_count"], dtype=np.int32),
             leaf_values=np.asarray(a["leaf_values"], dtype=np.float32),
             max_depth=int(np.asarray(a["max_depth"]).reshape(-1)[0]),
+            marginal=np.sort(np.asarray(a["marginal"], dtype=np.float32)),
         )
         forest.check()
         return forest
@@ -139,6 +153,8 @@ class ArrayForest:
         if self.roots.min() < 0 or self.roots.max() >= n:
             raise ValueError("forest root index out of range")
         leaf = self.left < 0
+        if len(self.marginal) == 0:
+            raise ValueError("forest without training lengths")
         if (self.leaf_count[leaf] <= 0).any():
             raise ValueError("forest leaf without samples")
         if (self.leaf_start + self.leaf_count).max() > len(self.leaf_values) or self.leaf_start.min() < 0:

@@ -117,8 +117,21 @@ def read_jsonl(path: Path) -> list[LengthRow]:
     return rows
 
 
-def fit_forest(x: F32, y: np.ndarray, *, n_trees: int, min_samples_leaf: int, seed: int) -> ArrayForest:
-    """Fit quantile-forest's RandomForestQuantileRegressor and flatten it (all training rows in leaves)."""
+def fit_forest(
+    x: F32,
+    y: np.ndarray,
+    *,
+    n_trees: int,
+    min_samples_leaf: int,
+    seed: int,
+    max_values_per_leaf: int = 64,
+) -> ArrayForest:
+    """Fit quantile-forest's RandomForestQuantileRegressor and flatten it.
+
+    Every training row is placed in its leaf of every tree (Meinshausen's QRF, not only the bootstrap
+    sample); a leaf with more rows keeps ``max_values_per_leaf`` evenly spaced order statistics of
+    their lengths, which keeps the leaf's distribution and bounds the work per prediction.
+    """
     from quantile_forest import RandomForestQuantileRegressor
 
     qrf = RandomForestQuantileRegressor(
@@ -147,11 +160,21 @@ def fit_forest(x: F32, y: np.ndarray, *, n_trees: int, min_samples_leaf: int, se
         depth = max(depth, int(tree.max_depth))
         order = np.lexsort((y, leaf_of[:, t]))
         counts = np.bincount(leaf_of[:, t], minlength=n)
-        starts = np.concatenate(([0], np.cumsum(counts)[:-1])) + n_values
-        leaf_start.append(np.where(counts > 0, starts, 0))
-        leaf_count.append(counts)
-        values.append(y[order])
-        n_values += len(y)
+        ends = np.cumsum(counts)
+        kept: list[np.ndarray] = []
+        stored = np.zeros(n, dtype=np.int64)
+        for leaf in np.flatnonzero(counts):
+            sorted_y = y[order[ends[leaf] - counts[leaf] : ends[leaf]]]
+            if len(sorted_y) > max_values_per_leaf:  # keep evenly spaced order statistics
+                pick = np.round(np.linspace(0, len(sorted_y) - 1, max_values_per_leaf)).astype(np.int64)
+                sorted_y = sorted_y[pick]
+            kept.append(sorted_y)
+            stored[leaf] = len(sorted_y)
+        starts = np.concatenate(([0], np.cumsum(stored)[:-1])) + n_values
+        leaf_start.append(np.where(stored > 0, starts, 0))
+        leaf_count.append(stored)
+        values.append(np.concatenate(kept))
+        n_values += int(stored.sum())
         offset += n
     return ArrayForest(
         left=np.concatenate(left).astype(np.int32),
@@ -163,6 +186,7 @@ def fit_forest(x: F32, y: np.ndarray, *, n_trees: int, min_samples_leaf: int, se
         leaf_count=np.concatenate(leaf_count).astype(np.int32),
         leaf_values=np.concatenate(values).astype(np.float32),
         max_depth=depth,
+        marginal=np.sort(y).astype(np.float32),
     )
 
 
@@ -198,6 +222,7 @@ def train_estimator(
         "n_trees": n_trees,
         "min_samples_leaf": min_samples_leaf,
         "seed": seed,
+        "max_values_per_leaf": 64,
         "text_free_copies": text_free_copies,
         "holdout": f"crc32(key) % {HOLDOUT_MODULUS} == 0 held back",
     }
