@@ -388,7 +388,7 @@ def create_app(
         own_client = state.client is None
         if own_client:
             state.client = httpx.AsyncClient(
-                limits=httpx.Limits(max_connections=2000, max_keepalive_connections=200)
+                limits=httpx.Limits(max_connections=4000, max_keepalive_connections=1000)
             )
         tasks = [asyncio.create_task(job(state)) for job in background or []]
         try:

@@ -20,6 +20,7 @@ import httpx
 log = logging.getLogger(__name__)
 
 RETRYABLE_STATUS = frozenset({500, 502, 503, 504})
+CONNECT_TIMEOUT_S = 5.0
 
 
 class UpstreamUnavailable(Exception):
@@ -106,7 +107,7 @@ async def open_upstream(
 ) -> httpx.Response:
     """Send the request and wait for the status line; raises :class:`UpstreamUnavailable`."""
     req = client.build_request(
-        "POST", url, json=body, headers=headers, timeout=httpx.Timeout(timeout_s, connect=2.0)
+        "POST", url, json=body, headers=headers, timeout=httpx.Timeout(timeout_s, connect=CONNECT_TIMEOUT_S)
     )
     try:
         resp = await client.send(req, stream=True)

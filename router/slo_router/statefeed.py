@@ -35,7 +35,7 @@ class StateFeed:
         clock: Callable[[], float] = time.monotonic,
         wall_clock: Callable[[], float] = time.time,
         interval_ms: int = 50,
-        stale_after_s: float = 2.0,
+        stale_after_s: float = 10.0,
         backoff_s: tuple[float, float] = (0.1, 5.0),
         on_snapshot: Callable[[str], None] | None = None,
         tiers: Mapping[str, SLOTier] | None = None,
