@@ -138,4 +138,10 @@ def load_length_estimator(spec: str, state_dir: Path | None) -> tuple[LengthEsti
             return load_estimator(str(saved)), f"checkpoint {saved}"
         except Exception as exc:  # a corrupt checkpoint must not stop the sidecar: load the shipped one
             log.warning("predictor checkpoint %s unusable (%s); loading the shipped one", saved, exc)
-    return load_estimator(None if spec == "shipped" else spec), spec
+    try:
+        return load_estimator(None if spec == "shipped" else spec), spec
+    except Exception as exc:  # serving without the QRF beats not serving: say so loudly
+        if spec != "shipped":
+            raise
+        log.error("the shipped QRF predictor is unusable (%s); bounding lengths with the fallback", exc)
+        return FallbackEstimator(), f"fallback (shipped QRF unusable: {exc})"

@@ -175,7 +175,7 @@ class Sidecar:
         live, parsed = job.live, job.parsed
         body = dict(parsed.forward)
         body["stream"] = True
-        body["stream_options"] = {"include_usage": True}
+        body["stream_options"] = {"include_usage": True, "continuous_usage_stats": True}
         done = live.generated_tokens
         body["max_tokens"] = max(1, live.max_tokens - done)
         if done:

@@ -40,23 +40,30 @@ async def run_attempt(sc: Sidecar, job: Job, body: dict[str, Any]) -> str:
     ):
         now = sc.now()
         choices = chunk.get("choices") or []
-        if isinstance(chunk.get("usage"), dict):
-            usage = chunk["usage"]
+        running_usage = chunk.get("usage")
+        if isinstance(running_usage, dict):
+            usage = running_usage
         if not choices:
             continue
         choice = choices[0] if isinstance(choices[0], dict) else {}
         text = _choice_text(choice, chat)
         if choice.get("finish_reason"):
             job.finish_reason = str(choice["finish_reason"])
-        if text:
-            counted += 1
-            sc.tracker.record_tokens(live, 1, text, now)
+        # continuous usage stats count the tokens of a chunk exactly (an engine merges tokens that piled up)
+        n_tokens = (
+            int(running_usage.get("completion_tokens") or 0) - counted
+            if isinstance(running_usage, dict)
+            else int(bool(text))
+        )
+        if n_tokens > 0:
+            counted += n_tokens
+            sc.tracker.record_tokens(live, n_tokens, text, now)
             sc.refine_later(job)
-        elif job.attempts > 1 and not choice.get("finish_reason"):
+        elif job.attempts > 1 and not text and not choice.get("finish_reason"):
             continue  # a continuation's opening role chunk: the client already has one
         if job.stream_id is None:
             job.stream_id = str(chunk.get("id") or job.request_id)
-        if job.attempts == 1 and usage is None:
+        if job.attempts == 1 and (running_usage is None or job.parsed.include_usage):
             job.emit("chunk", b"data: " + raw.encode() + b"\n\n")  # as the engine sent it: no re-encoding
             continue
         if chat and isinstance(choice.get("delta"), dict):
