@@ -9,6 +9,7 @@ import collections
 
 import httpx
 import openai
+import pytest
 from openai import AsyncOpenAI
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -64,6 +65,7 @@ async def _one(client: AsyncOpenAI, model: str, i: int) -> tuple[str, int]:
         return str(exc.status_code), 0
 
 
+@pytest.mark.slow
 async def test_200_concurrent_streams_under_overload_all_end_explicitly_and_reconcile() -> None:
     async with serve_engine_sim(speedup=1.0) as sim:
         knobs = SidecarKnobs(max_running=16, max_queue=40, tier_max_inflight=25, drain_timeout_s=5)
