@@ -123,13 +123,22 @@ class Scheduler:
 
     def frame(self) -> None:
         self._advance_steps()
-        if not self.waiting and (self.mode == "engine" or not self.running):
+        if self.mode == "engine":
+            if self.running:  # the engine schedules; the policy's order only feeds the gRPC priorities
+                pending = [j for j in self.running if not j.live.started]
+                started = [j for j in self.running if j.live.started]
+                decision = self._decide(pending, started)
+                self._rank((*(decision.running_order or ()), *decision.admit), self.running)
             return
-        waiting = [j.live.view(running=False) for j in self.waiting]
-        running = [j.live.view(running=True) for j in self.running]
+        if self.waiting:
+            self._apply(self._decide(self.waiting, self.running))
+
+    def _decide(self, waiting: list[Job], running: list[Job]) -> Decision:
+        w = [j.live.view(running=False) for j in waiting]
+        r = [j.live.view(running=True) for j in running]
         t0 = time.perf_counter()
         try:
-            decision = self.policy.decide(waiting, running, self.engine_view(), self.rng)
+            decision = self.policy.decide(w, r, self.engine_view(), self.rng)
         except Exception:
             self.policy_errors += 1
             if self.policy_errors == 1 or self.policy_errors % 100 == 0:
@@ -139,10 +148,7 @@ class Scheduler:
             decision = Decision()
         self.metrics.decision_seconds.observe(time.perf_counter() - t0)
         self.decisions += 1
-        if self.mode == "engine":
-            self._rank(decision.running_order or (), self.running)
-            return
-        self._apply(decision)
+        return decision
 
     def _apply(self, decision: Decision) -> None:
         applied = apply_decision(decision, self.waiting, self.running)

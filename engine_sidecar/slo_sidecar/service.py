@@ -33,6 +33,9 @@ from slo_sidecar.tracker import Tracker
 
 log = logging.getLogger(__name__)
 
+# set by the router (which strips it from client requests): the tenant a request is accounted to
+TENANT_HEADER = "x-slofleet-tenant"
+
 
 class Sidecar:
     """Everything one sidecar process shares, built once and passed to the HTTP and gRPC fronts."""
@@ -116,6 +119,7 @@ class Sidecar:
             program_id=slo.program_id,
             stage=slo.stage,
             stated_stages=slo.stages,
+            tenant=headers.get(TENANT_HEADER) or "default",
         )
         job = Job(live, parsed)
         self.jobs[live.request_id] = job
@@ -192,6 +196,7 @@ class Sidecar:
             tags = EngineTags(
                 targets=live.targets,
                 request_key=live.request_id,
+                tenant=live.tenant,
                 deadline_at_s=self.tracker.unix(live.deadline_at_s)
                 if live.deadline_at_s is not None
                 else None,

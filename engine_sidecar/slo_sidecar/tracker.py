@@ -133,6 +133,7 @@ class Tracker:
         stage: int | None,
         stated_stages: int | None,
         request_id: str | None = None,
+        tenant: str = "default",
     ) -> LiveRequest:
         now = self.clock()
         live = LiveRequest(
@@ -148,6 +149,7 @@ class Tracker:
             bound_at_arrival=bound,
             program_id=program_id,
             stage=stage,
+            tenant=tenant,
         )
         if targets.kind is not RequestKind.LATENCY:
             live.deadline_at_s = now + targets.effective_deadline_s

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import random
 from collections.abc import Sequence
 
@@ -149,3 +150,46 @@ def test_engine_mode_carries_the_slo_as_vllm_xargs() -> None:
     assert xargs["mine"] == 1 and xargs["slo_request_key"] == "a" and xargs["slo_kind"] == "deadline"
     assert xargs["slo_deadline_at_s"] == pytest.approx(sc.tracker.unix(job.live.deadline_at_s))
     assert xargs["slo_output_bound"] == 10
+
+
+async def test_bounds_are_refined_every_n_tokens_and_never_below_what_was_generated() -> None:
+    sc, _ = _sidecar(refine_every_tokens=50)
+    est = sc.estimator
+    assert isinstance(est, FallbackEstimator)
+    for n in range(100):
+        est.observe(20 + n % 10)  # this engine answers in 20-29 tokens
+    job = _job(sc, "a", {"model": "m", "prompt": "x", "max_tokens": 400})
+    job.live.bound = est.bound(None, 2, "deadline", 400)
+    assert job.live.bound == 29
+    sc.tracker.record_tokens(job.live, 49, "w " * 49, 1.0)
+    sc.refine_later(job)
+    await asyncio.sleep(0)
+    assert job.live.bound == 49 + 1  # below the refinement period: only the floor moved it
+    sc.tracker.record_tokens(job.live, 1, "w", 1.0)
+    sc.refine_later(job)
+    await asyncio.sleep(0.01)
+    assert 50 < job.live.bound <= 400 and job.live.last_refined_tokens == 50  # outlived every sample: grows
+
+
+def test_engine_mode_ranks_requests_by_the_policy_for_the_analyzer() -> None:
+    sc, policy = _sidecar(mode="engine")
+    jobs = [_job(sc, rid) for rid in ("a", "b", "c")]
+    for job in jobs:
+        sc.scheduler.submit(job)
+    assert all(j.released.is_set() for j in jobs)  # engine mode never holds a request
+    sc.tracker.record_tokens(jobs[0].live, 1, "w", 1.0)
+    policy.next = Decision(admit=("c", "b"), running_order=("a",))
+    sc.scheduler.frame()
+    assert policy.seen[-1] == (["b", "c"], ["a"])
+    assert jobs[0].live.priority > jobs[2].live.priority > jobs[1].live.priority > 0
+
+
+def test_the_routers_tenant_header_reaches_the_engine_tags() -> None:
+    async def accept() -> Job:
+        sc, _ = _sidecar(mode="engine")
+        sc.engine.healthy = True
+        job = await sc.accept({"x-slofleet-tenant": "acme"}, {"model": "m", "prompt": "x"}, COMPLETION)
+        assert sc.upstream_body(job)["vllm_xargs"]["slo_tenant"] == "acme"
+        return job
+
+    assert asyncio.run(accept()).live.tenant == "acme"
