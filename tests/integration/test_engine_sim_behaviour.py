@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from collections.abc import AsyncIterator
 
@@ -53,10 +54,11 @@ LONG = " ".join(["word"] * 300)
         ("/v1/completions", {"prompt": "hi", "max_tokens": -1}, 400, "max_tokens"),
         ("/v1/completions", {"prompt": "hi", "max_tokens": "many"}, 400, "max_tokens"),
         ("/v1/completions", {"max_tokens": 3}, 400, "prompt"),
-        ("/v1/completions", {"prompt": LONG, "max_tokens": 3}, 400, "maximum model length"),
-        ("/v1/completions", {"prompt": "hi", "max_tokens": 300}, 400, "Reduce max_tokens"),
+        ("/v1/completions", {"prompt": LONG, "max_tokens": 3}, 400, "maximum context length"),
+        ("/v1/completions", {"prompt": "hi", "max_tokens": 300}, 400, "cannot be greater than max_model_len"),
+        ("/v1/completions", {"prompt": "hi", "max_tokens": 255}, 400, "Reduce max_tokens to at most 254"),
         ("/v1/completions", {"prompt": "hi", "n": 2}, 400, "n=1"),
-        ("/v1/completions", {"prompt": "hi", "stream_options": {"include_usage": True}}, 400, "stream=true"),
+        ("/v1/completions", {"prompt": "hi", "stream_options": {"include_usage": True}}, 400, "stream=True"),
         ("/v1/completions", {"prompt": ["a", "b"]}, 400, "one prompt per request"),
         ("/v1/completions", {"prompt": "hi", "model": "gpt-9"}, 404, "does not exist"),
         ("/v1/completions", {"prompt": "hi", "vllm_xargs": {"slo_kind": "urgent"}}, 400, "vllm_xargs"),
@@ -80,16 +82,19 @@ async def test_bad_input_gets_openai_shaped_error(sim, path, body, status, says)
     assert says in error["message"]
     assert error["code"] == status
     assert error["type"] == ("NotFoundError" if status == 404 else "BadRequestError")
+    assert set(error) == {"message", "type", "param", "code"}
 
 
 async def test_openai_client_raises_bad_request_with_the_message(sim) -> None:
     async with openai.AsyncOpenAI(base_url=sim.base_url, api_key="x", max_retries=0) as client:
-        with pytest.raises(openai.BadRequestError, match="maximum model length"):
+        with pytest.raises(openai.BadRequestError, match="maximum context length"):
             await client.completions.create(model=sim.model, prompt=LONG, max_tokens=3)
 
 
 async def test_metrics_count_tokens_and_finished_requests(sim) -> None:
     before = await _metrics(sim)
+    # every finish reason is exported from the start (as vLLM does), so a reader sees zeros, not gaps
+    assert before[("vllm:request_success_total", (("finished_reason", "abort"),))] == 0
     usages = []
     async with openai.AsyncOpenAI(base_url=sim.base_url, api_key="x", max_retries=0) as client:
         for n in (5, 9):
@@ -204,7 +209,7 @@ async def test_a_dead_engine_ends_live_requests_and_answers_503() -> None:
             sim.runner.engine.plan = broken  # type: ignore[method-assign]
             rest = [line async for line in lines if line.startswith("data: ")]
         assert rest[-1] == "data: [DONE]"
-        assert '"finish_reason": "abort"' in rest[-2]
+        assert json.loads(rest[-2][len("data: ") :])["choices"][0]["finish_reason"] == "abort"
         health = await http.get("/health")
         assert health.status_code == 503 and "simulated engine crash" in health.json()["error"]["message"]
         again = await http.post("/v1/completions", json={"prompt": "x", "max_tokens": 2})

@@ -39,7 +39,7 @@ from .protocol import (
     prompt_tokens_of,
     resolve_lengths,
 )
-from .responses import Shape, chunk, full_response, sse, usage, usage_chunk
+from .responses import Shape, chunk, full_response, role_chunk, sse, usage, usage_chunk
 from .runner import EngineRunner, Handle, Submission
 from .settings import EngineSimSettings
 
@@ -110,7 +110,12 @@ def _engine_down(runner: EngineRunner) -> ApiError:
 
 def _check_model(model: str | None, runner: EngineRunner) -> None:
     if model is not None and model != runner.model_name:
-        raise ApiError(f"The model `{model}` does not exist.", 404, err_type="NotFoundError")
+        raise ApiError(
+            f"The model `{model}` does not exist. Valid aliases: {runner.model_name}.",
+            404,
+            err_type="NotFoundError",
+            param="model",
+        )
 
 
 async def _generate(request: Request, *, chat: bool) -> Response:
@@ -127,7 +132,7 @@ async def _generate(request: Request, *, chat: bool) -> Response:
         max_tokens, output_tokens = resolve_lengths(body, prompt_tokens, wanted, runner.max_model_len, key)
         tags = decode_xargs(body.vllm_xargs)
         if body.stream_options is not None and not body.stream:
-            raise ApiError("stream_options can only be defined when stream=true")
+            raise ApiError("Stream options can only be defined when `stream=True`.", param="stream_options")
         if not runner.alive:
             raise _engine_down(runner)
     except ApiError as exc:
@@ -176,7 +181,7 @@ async def _stream(
     sent = 0
     try:
         if shape.chat:
-            yield sse(chunk(shape, "", role=True, usage_now=usage(prompt_tokens, 0) if continuous else None))
+            yield sse(role_chunk(shape, usage(prompt_tokens, 0, details=False) if continuous else None))
         while True:
             n, _, reason = await h.events.get()
             # a client that fell behind gets the tokens that piled up in one chunk, as vLLM merges them
@@ -186,7 +191,7 @@ async def _stream(
             text = "".join(tokens.filler_words(key, n, sent))
             sent += n
             if continuous:
-                yield sse(chunk(shape, text, reason, usage_now=usage(prompt_tokens, sent)))
+                yield sse(chunk(shape, text, reason, usage_now=usage(prompt_tokens, sent, details=False)))
             else:
                 yield shape.text_event(text, reason)
             if reason is not None:

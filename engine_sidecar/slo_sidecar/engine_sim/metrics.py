@@ -26,6 +26,7 @@ E2E_BUCKETS_S = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0,
                  240.0, 480.0, 960.0, 1920.0, 7680.0)  # fmt: skip
 TOKEN_BUCKETS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000, 20000)
 LABELS = ("model_name", "engine")
+FINISHED_REASONS = ("stop", "length", "abort", "error", "repetition")
 
 
 class _EngineGauges(Collector):
@@ -99,6 +100,8 @@ class EngineMetrics:
         self.success = Counter(
             "vllm:request_success", "Count of finished requests.", (*LABELS, "finished_reason"), registry=reg
         )
+        for reason in FINISHED_REASONS:  # present from the start, as in vLLM
+            self.success.labels(*lv, reason)
         self.ttft = hist("vllm:time_to_first_token_seconds", "Time to first token.", TTFT_BUCKETS_S).labels(
             *lv
         )
@@ -116,6 +119,15 @@ class EngineMetrics:
             "vllm:request_generation_tokens",
             "Number of generation tokens of finished requests.",
             TOKEN_BUCKETS,
+        ).labels(*lv)
+        self.tpot_request = hist(
+            "vllm:request_time_per_output_token_seconds", "Mean time per output token.", ITL_BUCKETS_S
+        ).labels(*lv)
+        self.params_max_tokens = hist(
+            "vllm:request_params_max_tokens", "The max_tokens request parameter.", TOKEN_BUCKETS
+        ).labels(*lv)
+        self.request_preemptions = hist(
+            "vllm:request_num_preemptions", "Preemptions of finished requests.", (0, 1, 2, 5, 10, 20, 50)
         ).labels(*lv)
         self.prefill = hist(
             "vllm:request_prefill_time_seconds", "Time from first scheduled to first token.", E2E_BUCKETS_S
@@ -148,6 +160,10 @@ class EngineMetrics:
         self.e2e.observe(max(0.0, t - h.sim.arrival_s))
         self.req_prompt.observe(h.sub.prompt_tokens)
         self.req_generation.observe(h.seen_tokens)
+        self.params_max_tokens.observe(h.sub.max_tokens)
+        self.request_preemptions.observe(h.sim.preemptions)
+        if h.first_token_s is not None and h.last_token_s is not None and h.seen_tokens > 1:
+            self.tpot_request.observe((h.last_token_s - h.first_token_s) / (h.seen_tokens - 1))
         scheduled = h.sim.first_scheduled_s
         if scheduled is not None and h.first_token_s is not None and h.last_token_s is not None:
             self.prefill.observe(max(0.0, h.first_token_s - scheduled))

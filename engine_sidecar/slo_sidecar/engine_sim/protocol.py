@@ -19,14 +19,18 @@ from . import tokens
 class ApiError(Exception):
     """An error answered as ``{"error": {"message", "type", "param", "code"}}``."""
 
-    def __init__(self, message: str, status: int = 400, *, err_type: str = "BadRequestError") -> None:
+    def __init__(
+        self, message: str, status: int = 400, *, err_type: str = "BadRequestError", param: str | None = None
+    ) -> None:
         super().__init__(message)
         self.message = message
         self.status = status
         self.err_type = err_type
+        self.param = param
 
     def body(self) -> dict[str, Any]:
-        return {"error": {"message": self.message, "type": self.err_type, "param": None, "code": self.status}}
+        error = {"message": self.message, "type": self.err_type, "param": self.param, "code": self.status}
+        return {"error": error}
 
 
 class StreamOptions(BaseModel):
@@ -71,10 +75,12 @@ def parse_body(model: type[_Common], raw: Any) -> Any:
         return model.model_validate(raw)
     except ValidationError as exc:
         problems = []
+        locs = []
         for err in exc.errors()[:5]:
             loc = ".".join(str(p) for p in err["loc"]) or "body"
+            locs.append(loc)
             problems.append(f"{loc}: {err['msg']}")
-        raise ApiError("invalid request: " + "; ".join(problems)) from None
+        raise ApiError("invalid request: " + "; ".join(problems), param=locs[0] if locs else None) from None
 
 
 def prompt_tokens_of(body: CompletionBody) -> tuple[int, bytes]:
@@ -89,10 +95,12 @@ def prompt_tokens_of(body: CompletionBody) -> tuple[int, bytes]:
     if isinstance(prompt, str):
         return tokens.count_text_tokens(prompt), tokens.prompt_key(prompt)
     if not prompt:
-        raise ApiError("prompt: the prompt cannot be empty")
+        raise ApiError("prompt: the prompt cannot be empty", param="prompt")
     bad = [t for t in prompt if not 0 <= t < tokens.VOCAB_SIZE]
     if bad:
-        raise ApiError(f"prompt: token id {bad[0]} is out of vocabulary (0 <= id < {tokens.VOCAB_SIZE})")
+        raise ApiError(
+            f"prompt: token id {bad[0]} is out of vocabulary (0 <= id < {tokens.VOCAB_SIZE})", param="prompt"
+        )
     return len(prompt), tokens.prompt_key(prompt)
 
 
@@ -100,7 +108,7 @@ def chat_prompt_of(body: ChatBody) -> tuple[int, bytes]:
     try:
         messages = [(m.role, tokens.message_text(m.content)) for m in body.messages]
     except ValueError as exc:
-        raise ApiError(f"messages: {exc}") from None
+        raise ApiError(f"messages: {exc}", param="messages") from None
     key = "\x00".join(f"{role}\x01{text}" for role, text in messages)
     return tokens.count_chat_tokens(messages), tokens.prompt_key(key)
 
@@ -109,7 +117,9 @@ def decode_xargs(raw: dict[str, Any] | None) -> EngineTags | None:
     try:
         return decode_tags(raw)
     except (ValueError, TypeError, KeyError) as exc:
-        raise ApiError(f"vllm_xargs: malformed slofleet SLO tags ({exc}); see slo_core.engine_tags") from None
+        raise ApiError(
+            f"vllm_xargs: malformed slofleet SLO tags ({exc}); see slo_core.engine_tags", param="vllm_xargs"
+        ) from None
 
 
 def resolve_lengths(
@@ -117,23 +127,34 @@ def resolve_lengths(
 ) -> tuple[int, int]:
     """(max_tokens, output tokens the engine will generate), checked against the context like vLLM."""
     if body.n != 1:
-        raise ApiError("n: engine-sim returns one choice per request; send n=1 (or omit it)")
+        raise ApiError("n: engine-sim returns one choice per request; send n=1 (or omit it)", param="n")
     if prompt_tokens >= max_model_len:
         raise ApiError(
-            f"The prompt (length {prompt_tokens}) is longer than the maximum model length of "
-            f"{max_model_len}. Shorten the prompt to fewer than {max_model_len} tokens."
+            f"This model's maximum context length is {max_model_len} tokens. However, your prompt contains "
+            f"{prompt_tokens} input tokens, which leaves no room for output tokens. Please reduce the length "
+            f"of the input prompt to fewer than {max_model_len} tokens.",
+            param="input_tokens",
         )
     room = max_model_len - prompt_tokens
     if max_tokens is None:
         max_tokens = room
+    elif max_tokens > max_model_len:
+        raise ApiError(
+            f"max_tokens={max_tokens} cannot be greater than max_model_len={max_model_len}. "
+            "Please request fewer output tokens.",
+            param="max_tokens",
+        )
     elif max_tokens > room:
         raise ApiError(
             f"'max_tokens' or 'max_completion_tokens' is too large: {max_tokens}. This model's maximum "
             f"context length is {max_model_len} tokens and your request has {prompt_tokens} input tokens "
-            f"({max_tokens} > {max_model_len} - {prompt_tokens}). Reduce max_tokens to at most {room}."
+            f"({max_tokens} > {max_model_len} - {prompt_tokens}). Reduce max_tokens to at most {room}.",
+            param="max_tokens",
         )
     if body.min_tokens > max_tokens:
-        raise ApiError(f"min_tokens ({body.min_tokens}) must be at most max_tokens ({max_tokens})")
+        raise ApiError(
+            f"min_tokens ({body.min_tokens}) must be at most max_tokens ({max_tokens})", param="min_tokens"
+        )
     if body.ignore_eos:
         return max_tokens, max_tokens
     natural = max(body.min_tokens, tokens.natural_output_tokens(key))
