@@ -226,3 +226,25 @@ async def test_sigterm_drains_hands_back_waiting_requests_and_finishes_running_o
             finished = await first
             assert finished.status_code == 200 and finished.json()["usage"]["completion_tokens"] == 20
             await _until(lambda: run.server.should_exit)
+
+
+async def test_the_qrf_predictor_is_checkpointed_verified_and_restored(tmp_path: Path, caplog: Any) -> None:
+    estimator, source = await asyncio.to_thread(load_length_estimator, "shipped", tmp_path)
+    assert source == "shipped"
+    sc = Sidecar(knobs=SidecarKnobs(), config=CONFIG, engine_url="http://127.0.0.1:9", estimator=estimator)
+    await lifecycle.checkpoint(sc, tmp_path)
+    assert (tmp_path / "predictor.npz").exists() and (tmp_path / "predictor.npz.sha256").exists()
+    prompts = [("What is a KV cache?", 7), ("Write a long essay about the history of Rome. " * 5, 60)]
+    before = [estimator.bound(p, n, "latency", 2000) for p, n in prompts]
+
+    restored, source = await asyncio.to_thread(load_length_estimator, "shipped", tmp_path)
+    assert (
+        source.startswith("checkpoint")
+        and [restored.bound(p, n, "latency", 2000) for p, n in prompts] == before
+    )
+
+    raw = bytearray((tmp_path / "predictor.npz").read_bytes())
+    raw[len(raw) // 2] ^= 0xFF  # a damaged checkpoint fails its SHA-256 check and is never parsed
+    (tmp_path / "predictor.npz").write_bytes(bytes(raw))
+    _, source = await asyncio.to_thread(load_length_estimator, "shipped", tmp_path)
+    assert source == "shipped" and "unusable" in caplog.text
