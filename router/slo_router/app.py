@@ -30,6 +30,7 @@ from starlette.routing import Route
 
 from slo_core.policies.base import RequestView, RouterPolicy
 from slo_core.policies.registry import make_router_policy
+from slo_core.policies.seed_estimates import first_token_due_s
 from slo_core.request_slo import SLOParamError, SLORequest, parse_slo, strip_slo_fields, to_headers
 from slo_core.slo import RequestKind, SLOTargets
 from slo_router.accounting import respond
@@ -48,6 +49,7 @@ INTERNAL_PREFIX = "x-slofleet-"
 DEFAULT_MAX_TOKENS = 1024
 PREFIX_AFFINITY_CHARS = 512
 PREFIX_AFFINITY_MIN_CHARS = 64
+MAX_ATTEMPTS = 12
 
 
 @dataclass
@@ -229,7 +231,8 @@ async def _serve(state: RouterState, request: Request, labels: list[str]) -> Res
     tried: set[str] = set()
     last_reason = "no replica available"
     retry_after: float | None = 1.0
-    for attempt in range(state.config.max_retries + 1):
+    retry_until = _retry_until_s(state.config, view)
+    for _attempt in range(MAX_ATTEMPTS):
         t0 = time.perf_counter()
         result = dispatch(
             view,
@@ -248,11 +251,21 @@ async def _serve(state: RouterState, request: Request, labels: list[str]) -> Res
         if result.infeasible and not tried:
             tier, view, result = _on_infeasible(state, tier, view, result, model=model, labels=labels)
         ep = result.endpoint
+        if ep is not None and len(tried) > state.config.max_retries:
+            ep = None  # this pass tried enough pods
         if ep is None:
             if not tried:  # nothing was tried: the dispatcher's own reason; else the pods' answers stand
                 last_reason = result.decision.reason or last_reason
-            retry_after = max(retry_after or 0.0, result.decision.retry_after_s or 0.0) or None
-            break
+                retry_after = max(retry_after or 0.0, result.decision.retry_after_s or 0.0) or None
+                break
+            # every pod this pass tried was busy or unreachable: wait and go round again while the
+            # request's SLO leaves room (SLOs-Serve §4.2 re-routing, bounded in time)
+            wait_s = min(max(0.2, retry_after or 0.0), 2.0) * (0.5 + state.rng.random())
+            if state.clock() + wait_s > retry_until:
+                break
+            await asyncio.sleep(wait_s)
+            tried.clear()
+            continue
         ep_id = ep.spec.endpoint_id
         state.metrics.chosen.labels(ep_id).inc()
         for rid, score in result.decision.scores:
@@ -272,13 +285,13 @@ async def _serve(state: RouterState, request: Request, labels: list[str]) -> Res
             )
         except UpstreamUnavailable as exc:
             ep.forget_sent(request_id)
-            if exc.status != 503:
+            if exc.kind not in ("http_503", "connect_timeout"):  # refused or broken: the pod is at fault
                 ep.breaker.failure()
             last_reason = f"pod {ep_id}: {exc}"
             retry_after = max(retry_after or 0.0, exc.retry_after_s or 0.0) or None
             state.metrics.retries.labels(*labels).inc()
             state.metrics.upstream_failures.labels(ep_id, exc.kind).inc()
-            await asyncio.sleep(min(0.05 * (2**attempt), 0.5))
+            await asyncio.sleep(min(0.05 * (2 ** len(tried)), 0.5))
             continue
         except BaseException:
             ep.forget_sent(request_id)
@@ -336,6 +349,13 @@ def _on_infeasible(
         )
         return tier, view, dataclasses.replace(result, endpoint=None, decision=decision)
     return tier, view, result
+
+
+def _retry_until_s(config: RouterConfig, view: RequestView) -> float:
+    """Until when pods that were busy or unreachable may be tried again: half the time to the first
+    token's due time, at most ``retry_budget_s`` after arrival."""
+    due_s = first_token_due_s(view) - view.arrival_s
+    return view.arrival_s + min(config.retry_budget_s, 0.5 * max(0.0, due_s))
 
 
 def _retry_hint_s(view: RequestView) -> float:

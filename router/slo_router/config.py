@@ -26,6 +26,7 @@ class RouterConfig:
     best_effort_tier: str | None = None
     reject_infeasible: bool = True
     max_retries: int = 2
+    retry_budget_s: float = 10.0
     shuffle_ties: bool = True
     affinity: tuple[str, ...] = ()
     tier_gpu_classes: dict[str, frozenset[str]] = field(default_factory=dict)

@@ -26,11 +26,13 @@ CONNECT_TIMEOUT_S = 5.0
 class UpstreamUnavailable(Exception):
     """The pod could not take the request (connect error or a retryable status before any byte)."""
 
-    def __init__(self, reason: str, status: int | None = None, retry_after_s: float | None = None) -> None:
+    def __init__(
+        self, reason: str, status: int | None = None, retry_after_s: float | None = None, kind: str = ""
+    ) -> None:
         super().__init__(reason)
         self.status = status
         self.retry_after_s = retry_after_s
-        self.kind = "connect" if status is None else f"http_{status}"
+        self.kind = kind or ("connect" if status is None else f"http_{status}")
 
 
 @dataclass
@@ -111,7 +113,9 @@ async def open_upstream(
     )
     try:
         resp = await client.send(req, stream=True)
-    except (httpx.ConnectError, httpx.ConnectTimeout, httpx.RemoteProtocolError, httpx.ReadError) as exc:
+    except httpx.ConnectTimeout:  # a swamped pod (or host) accepts slowly: not a reason to open its breaker
+        raise UpstreamUnavailable("connect timed out", kind="connect_timeout") from None
+    except (httpx.ConnectError, httpx.RemoteProtocolError, httpx.ReadError) as exc:
         raise UpstreamUnavailable(f"connect failed: {type(exc).__name__}") from None
     if resp.status_code in RETRYABLE_STATUS:
         retry_after = _retry_after(resp)

@@ -212,3 +212,23 @@ async def test_models_are_listed_from_endpoints() -> None:
     client, _, _ = make(ok_completion)
     r = await client.get("/v1/models", headers=auth("k-acme"))
     assert [m["id"] for m in r.json()["data"]] == ["m"]
+
+
+async def test_when_every_pod_is_busy_a_request_with_slack_goes_round_again() -> None:
+    calls: list[str] = []
+
+    def upstream(req: httpx.Request) -> httpx.Response:
+        calls.append(req.url.host)
+        if len(calls) <= 2:  # both pods busy at first
+            return httpx.Response(503, headers={"retry-after": "0"}, json={"error": {"message": "busy"}})
+        return ok_completion(req)
+
+    client, state, _ = make(upstream)
+    body = {**BODY, "slo": {"tier": "batch"}}  # a 60 s deadline leaves room to wait
+    r = await client.post("/v1/completions", json=body, headers=auth("k-acme"))
+    assert r.status_code == 200 and len(calls) == 3
+    assert not state.endpoints["a"].breaker.failures  # busy is not broken
+    # a chat request's 1 s TTFT leaves no room: the pods' answer stands
+    calls.clear()
+    r = await client.post("/v1/completions", json=BODY, headers=auth("k-acme"))
+    assert r.status_code == 503 and len(calls) == 2
