@@ -9,7 +9,7 @@ import httpx
 import openai
 import pytest
 
-from slo_sidecar.engine_sim import EngineSimServer, serve_engine_sim
+from slo_sidecar.engine_sim import EngineSimServer, EngineSimThread, serve_engine_sim
 
 PROMPT = "Explain, in two short sentences, why batching helps GPU throughput."
 
@@ -127,3 +127,15 @@ async def test_models_and_health(sim) -> None:
     assert [m["id"] for m in models["data"]] == [sim.model]
     assert models["data"][0]["max_model_len"] == sim.runner.max_model_len
     assert health.status_code == 200
+
+
+def test_engine_sim_in_a_thread_serves_a_sync_client() -> None:
+    with EngineSimThread(speedup=50, max_num_seqs=4) as sim:
+        with openai.OpenAI(base_url=sim.base_url, api_key="unused", max_retries=0, timeout=20) as client:
+            out = client.completions.create(
+                model=sim.model, prompt=PROMPT, max_tokens=5, extra_body={"ignore_eos": True}
+            )
+        assert out.usage is not None and out.usage.completion_tokens == 5
+        assert httpx.get(sim.url + "/health").status_code == 200
+    with pytest.raises(httpx.TransportError):
+        httpx.get(sim.url + "/health", timeout=1)
