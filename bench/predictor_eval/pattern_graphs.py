@@ -10,8 +10,10 @@ Two workloads:
 Stage times use a simple model: 0.1 s + 25 ms per output token of the longest call + 0.25 ms per
 input token of the stage; tools take their drawn execution time.
 
-Error: |φ̂(s+1) − φ(s+1)| for the stage starting after s seen (its model/tool known), against an
-equal-split baseline φ = (s+1)/n̄ (n̄ = mean stage count in history, at least s+1).
+Error: |φ̂(s+1) − φ(s+1)| for the stage starting after s seen (its model/tool known), for the best
+match (the paper), the mean of the 8 best matches, an equal-split baseline φ = (s+1)/n̄ (n̄ = mean
+stage count in history, at least s+1), and Appendix A's alternatives (the stage gets t_s/t_total of
+the deadline, or t_s/t_≥s of the time left, after the request's true elapsed share).
 
     .venv/bin/python bench/predictor_eval/pattern_graphs.py --json bench/predictor_eval/pattern_graphs.json
 """
@@ -89,7 +91,11 @@ def research_graph(rng: random.Random) -> PatternGraph:
 
 
 def share_errors(history: PatternHistory, tests: list[PatternGraph]) -> dict[int, list[tuple[float, ...]]]:
-    """stages seen → [(best-match error, top-8 error, equal-split error)]; next stage's identity known."""
+    """stages seen → [(best-match, top-8, equal-split, Appendix A t_s/t_total, t_s/t_≥s) errors].
+
+    The next stage's identity is known. The Appendix A alternatives start from the request's true
+    elapsed share φ(s) and give the starting stage t_s/t_total of D, or t_s/t_≥s of the time left.
+    """
     n_bar = float(np.mean(history.n_stages[: len(history)]))
     top8 = MatchParams(**{**history.params.model_dump(), "top_k": 8})
     out: dict[int, list[tuple[float, ...]]] = defaultdict(list)
@@ -104,7 +110,17 @@ def share_errors(history: PatternHistory, tests: list[PatternGraph]) -> dict[int
             saved, history.params = history.params, top8
             phi8 = m.next_share(nxt.ident)
             history.params = saved
-            errs = [abs((base if p is None else p) - truth[s + 1]) for p in (phi, phi8, base)]
+            row = m.best(nxt.ident)
+            per_stage = remaining = None
+            if row is not None:
+                before = float(history.share[row, s - 1]) if s > 0 else 0.0  # matched φ before it
+                t_next = float(history.share[row, s]) - before  # t_s / t_total of the matched graph
+                per_stage = truth[s] + t_next
+                remaining = truth[s] + (1.0 - truth[s]) * t_next / max(1e-12, 1.0 - before)
+            errs = [
+                abs((base if p is None else p) - truth[s + 1])
+                for p in (phi, phi8, base, per_stage, remaining)
+            ]
             out[s + 1].append(tuple(errs))
     return out
 
@@ -120,6 +136,8 @@ def summarize(errors: dict[int, list[tuple[float, ...]]]) -> list[dict[str, floa
                 "matched_mean_abs_error": round(float(e[:, 0].mean()), 4),
                 "top8_mean_abs_error": round(float(e[:, 1].mean()), 4),
                 "equal_split_mean_abs_error": round(float(e[:, 2].mean()), 4),
+                "appendix_a_ts_over_total_error": round(float(e[:, 3].mean()), 4),
+                "appendix_a_ts_over_rest_error": round(float(e[:, 4].mean()), 4),
             }
         )
     return rows
@@ -199,11 +217,12 @@ def main() -> None:
     )
     for name in ("tot_share_error", "research_share_error"):
         print(f"\n{name}: mean |φ̂(s+1) − φ(s+1)| by stages seen s")
-        print("  seen     n  best-match  top-8  equal-split")
+        print("  seen     n  best-match  top-8  equal-split  A:t_s/t_total  A:t_s/t_>=s")
         for r in result[name]:  # type: ignore[attr-defined]
             print(
                 f"  {r['stages_seen']:>4} {r['n']:>5} {r['matched_mean_abs_error']:>11.4f} "
-                f"{r['top8_mean_abs_error']:>6.4f} {r['equal_split_mean_abs_error']:>12.4f}"
+                f"{r['top8_mean_abs_error']:>6.4f} {r['equal_split_mean_abs_error']:>12.4f} "
+                f"{r['appendix_a_ts_over_total_error']:>14.4f} {r['appendix_a_ts_over_rest_error']:>12.4f}"
             )
     km = result["kmedoids_500_to_50"]
     print(
