@@ -54,23 +54,21 @@ class Reconciler:
 
     # ------------------------------------------------------------------------------------ policy
 
-    def policy_state(
-        self, namespace: str, name: str
-    ) -> tuple[status.PolicyState, render.PolicyConfig | None]:
+    def policy_state(self, namespace: str, name: str) -> tuple[status.Blocker, render.PolicyConfig | None]:
         body = self.api.get(GROUP_VERSION, POLICY_PLURAL, namespace, name)
         if body is None:
             message = (
                 f'SLOPolicy "{name}" not found in namespace "{namespace}": create it, or set spec.policyRef '
                 "to an existing SLOPolicy"
             )
-            return status.PolicyState(False, "PolicyNotFound", message), None
+            return status.Blocker(False, "PolicyNotFound", message), None
         if body["metadata"].get("deletionTimestamp"):
-            return status.PolicyState(False, "PolicyNotFound", f'SLOPolicy "{name}" is being deleted'), None
+            return status.Blocker(False, "PolicyNotFound", f'SLOPolicy "{name}" is being deleted'), None
         try:
             config = policy_config(body)
         except PolicyInvalid as exc:
-            return status.PolicyState(False, "PolicyInvalid", f'SLOPolicy "{name}" is invalid: {exc}'), None
-        return status.PolicyState(True), config
+            return status.Blocker(False, "PolicyInvalid", f'SLOPolicy "{name}" is invalid: {exc}'), None
+        return status.Blocker(True), config
 
     def report_policy(self, body: dict[str, Any], deployments: int) -> None:
         """Write an SLOPolicy's own status: Ready, or Invalid with every problem in the Degraded condition."""
@@ -119,17 +117,32 @@ class Reconciler:
                 md = view(body)
             except ValueError as exc:
                 return self._write_invalid_spec(body, str(exc))
-            policy, config = self.policy_state(namespace, md.policy)
-            dep = None
+            blocker, config = self.policy_state(namespace, md.policy)
             if config is not None and apply:
-                for obj in render.children(md, config, self.settings):
-                    applied = self.api.apply(obj)
-                    if obj["kind"] == "Deployment":
-                        dep = applied
+                try:
+                    dep = self._apply_children(md, config)
+                except ApiError as err:  # say why in status, then let kopf retry
+                    refused = status.Blocker(False, "ApplyFailed", f"the API server refused {err.message}")
+                    dep = self.api.get("apps/v1", "deployments", namespace, name)
+                    self._write_status(body, md, refused, dep, self._pods(md) if dep is not None else [])
+                    raise
             else:  # without a usable policy the existing pods keep their last good configuration
                 dep = self.api.get("apps/v1", "deployments", namespace, name)
             pods = self._pods(md) if dep is not None else []
-            return self._write_status(body, md, policy, dep, pods)
+            return self._write_status(body, md, blocker, dep, pods)
+
+    def _apply_children(self, md: ModelDeploymentView, config: render.PolicyConfig) -> dict[str, Any] | None:
+        """Server-side apply every child; returns the Deployment as stored (with its status)."""
+        dep = None
+        for obj in render.children(md, config, self.settings):
+            try:
+                applied = self.api.apply(obj)
+            except ApiError as err:
+                what = f'{obj["kind"]} "{obj["metadata"]["name"]}"'
+                raise ApiError(err.code, err.reason, f"{what}: {err.message}") from err
+            if obj["kind"] == "Deployment":
+                dep = applied
+        return dep
 
     def _pods(self, md: ModelDeploymentView) -> list[dict[str, Any]]:
         selector = ",".join(f"{k}={v}" for k, v in render.selector_labels(md).items())
@@ -140,11 +153,11 @@ class Reconciler:
         self,
         body: dict[str, Any],
         md: ModelDeploymentView,
-        policy: status.PolicyState,
+        blocker: status.Blocker,
         dep: dict[str, Any] | None,
         pods: list[dict[str, Any]],
     ) -> str:
-        obs = status.observe(md, policy, dep)
+        obs = status.observe(md, blocker, dep)
         old = body.get("status") or {}
         config_map = render.config_map_name(md) if dep is not None else None
         new = status.status(md, obs, self.settings, old, self.clock(), pods=pods, config_map=config_map)

@@ -15,8 +15,9 @@ from slo_operator.settings import OperatorSettings
 
 
 @dataclass(frozen=True)
-class PolicyState:
-    """What the operator found behind ``spec.policyRef``: ok, or why not (reason and message)."""
+class Blocker:
+    """Whether anything stops the operator from converging (a missing or invalid policy, a child the API
+    server refused): ``ok``, or why not as a condition reason and a message saying what to change."""
 
     ok: bool
     reason: str = "PolicyValid"
@@ -53,12 +54,12 @@ def _deployment_progress(
     return want, ready, updated, rolled_out, stall
 
 
-def observe(md: ModelDeploymentView, policy: PolicyState, dep: dict[str, Any] | None) -> Observation:
+def observe(md: ModelDeploymentView, blocker: Blocker, dep: dict[str, Any] | None) -> Observation:
     """Phase and conditions (type, status, reason, message) for what was observed."""
     want, ready, updated, rolled_out, stall = _deployment_progress(md, dep)
     counts = f"{ready}/{want} replicas ready"
-    if not policy.ok:
-        degraded = ("Degraded", "True", policy.reason, policy.message)
+    if not blocker.ok:
+        degraded = ("Degraded", "True", blocker.reason, blocker.message)
     elif stall:
         degraded = ("Degraded", "True", "RolloutStalled", stall)
     else:
@@ -67,7 +68,7 @@ def observe(md: ModelDeploymentView, policy: PolicyState, dep: dict[str, Any] | 
         ready_c = ("Ready", "True", "ReplicasReady", counts)
         progressing = ("Progressing", "False", "RolloutComplete", counts)
     else:
-        why = "PolicyUnavailable" if dep is None and not policy.ok else "ReplicasNotReady"
+        why = "PolicyUnavailable" if dep is None and not blocker.ok else "ReplicasNotReady"
         ready_c = ("Ready", "False", why, counts)
         rolling = dep is not None and not stall
         progressing = (

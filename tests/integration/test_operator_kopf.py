@@ -12,6 +12,7 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -274,7 +275,7 @@ def test_the_slofleet_operator_command_runs_until_sigterm(cluster: Cluster, tmp_
     try:
         apply_example(cluster, "slopolicy-chat-agent.yaml")
         apply_example(cluster, "modeldeployment-llama-8b-h100.yaml")
-        dep = cluster.wait_for(lambda: cluster.get("deployment", "llama-8b", NS), 30, "the engine Deployment")
+        dep = cluster.wait_for(lambda: cluster.get("deployment", "llama-8b", NS), 60, "the engine Deployment")
         pod = dep["spec"]["template"]["spec"]
         assert pod["containers"][1]["image"] == "registry.example/slofleet:test"
         assert pod["terminationGracePeriodSeconds"] == 45 + 30
@@ -317,6 +318,13 @@ def test_with_peering_one_replica_acts_and_the_standby_takes_over(cluster: Clust
     leader = start_operator(cluster, LEADER, priority=20, **peering)
     standby = start_operator(cluster, STANDBY, priority=10, **peering)
     try:
+
+        def peers() -> int:
+            obj = cluster.get("clusterkopfpeering", "slofleet-operator", "")
+            return len((obj or {}).get("status") or {})
+
+        cluster.wait_for(lambda: peers() == 2, what="both replicas in the peering object")
+        time.sleep(0.5)  # the standby pauses as it sees the higher-priority peer
         apply_example(cluster, "slopolicy-chat-agent.yaml")
         apply_example(cluster, "modeldeployment-llama-8b-h100.yaml")
         wait_phase(cluster, "Progressing")

@@ -6,9 +6,10 @@ import copy
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 
-from slo_operator.kubeapi import PLURALS
+from slo_operator.kubeapi import PLURALS, ApiError
 from slo_operator.reconcile import Reconciler
 from slo_operator.settings import OperatorSettings
 
@@ -135,3 +136,29 @@ def test_a_deleted_model_deployment_is_left_alone() -> None:
     api, reconciler, _ = make()
     assert reconciler.converge("llm", "gone") is None
     assert api.writes == []
+
+
+def test_a_child_the_api_server_refuses_degrades_with_its_message_and_is_retried() -> None:
+    api, reconciler, events = make()
+    api.put(example("slopolicy-chat-agent.yaml"))
+    api.put(example("modeldeployment-llama-8b-h100.yaml"))
+    real_apply = api.apply
+
+    def refuse_deployments(obj: dict[str, Any]) -> dict[str, Any]:
+        if obj["kind"] == "Deployment":
+            raise ApiError(403, "Forbidden", "exceeded quota: gpu, requested: nvidia.com/gpu=1")
+        return real_apply(obj)
+
+    api.apply = refuse_deployments  # type: ignore[method-assign]
+    with pytest.raises(ApiError):
+        reconciler.converge("llm", "llama-8b")
+    status = api.get("", "modeldeployments", "llm", "llama-8b")["status"]
+    degraded = next(c for c in status["conditions"] if c["type"] == "Degraded")
+    assert degraded["reason"] == "ApplyFailed"
+    assert (
+        degraded["message"]
+        == 'the API server refused Deployment "llama-8b": exceeded quota: gpu, requested: nvidia.com/gpu=1'
+    )
+    api.apply = real_apply  # type: ignore[method-assign]
+    assert reconciler.converge("llm", "llama-8b") == "Progressing"
+    assert events == [("Warning", "ApplyFailed"), ("Normal", "Progressing")]

@@ -21,8 +21,8 @@ MD = ModelDeploymentView(
     policy="p",
     replicas=2,
 )
-OK = status.PolicyState(True)
-MISSING = status.PolicyState(False, "PolicyNotFound", 'SLOPolicy "p" not found')
+OK = status.Blocker(True)
+MISSING = status.Blocker(False, "PolicyNotFound", 'SLOPolicy "p" not found')
 
 
 def deployment(ready: int, updated: int = 2, observed: int = 1, conditions: list | None = None) -> dict:
