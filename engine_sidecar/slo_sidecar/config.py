@@ -1,7 +1,7 @@
 """The sidecar's runtime config: the SLOPolicy it serves (tiers, admission, goodput, policy) plus its knobs.
 
-The policy part comes from a mounted file rendered from the SLOPolicy (``kind: SLOPolicy`` manifest or a
-bare spec, camelCase keys). It is parsed with ``slo_core.crd.loads.load_policy`` when available and
+The policy part comes from a mounted file rendered from the SLOPolicy (the ``kind: SLOPolicy`` object
+as ``slo_core.crd.loads.render_policy_config`` writes it). It is parsed with ``load_policy`` and
 validated completely (tiers resolvable, policy name known and its parameters accepted) before it
 replaces the running config: a bad file never takes effect. Process knobs (capacity, limits) are
 command-line flags (:class:`SidecarKnobs`).
@@ -15,7 +15,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field
 
 from slo_core.gain import GainParams, goodput_function
@@ -88,33 +87,11 @@ class ConfigError(ValueError):
     """The policy file cannot be used; the message says what to fix."""
 
 
-def _spec_dict(doc: Any) -> dict[str, Any]:
-    if not isinstance(doc, dict):
-        raise ConfigError("the policy file must hold a YAML mapping (an SLOPolicy or its spec)")
-    if doc.get("kind") == "SLOPolicy" or "spec" in doc:
-        spec = doc.get("spec")
-        if not isinstance(spec, dict):
-            raise ConfigError("SLOPolicy.spec must be a mapping")
-        return spec
-    return doc
+def _load_spec(path: Path) -> Any:
+    """The SLOPolicySpec of the file the operator renders (``render_policy_config``), fully validated."""
+    from slo_core.crd.loads import load_policy
 
-
-def _parse_with_models(spec: dict[str, Any]) -> Any:
-    from slo_core.crd.policy import SLOPolicySpec
-
-    return SLOPolicySpec.model_validate(spec)
-
-
-def _load_spec(path: Path, text: str) -> Any:
-    """The parsed SLOPolicySpec (via H1's loader when present, else the pydantic models directly)."""
-    try:
-        from slo_core.crd.loads import load_policy
-    except ImportError:
-        load_policy = None
-    if load_policy is not None:
-        obj = load_policy(path)
-        return getattr(obj, "spec", obj)
-    return _parse_with_models(_spec_dict(yaml.safe_load(text)))
+    return load_policy(path).spec
 
 
 def parse_policy_file(path: Path) -> PolicyConfig:
@@ -124,7 +101,7 @@ def parse_policy_file(path: Path) -> PolicyConfig:
     except OSError as exc:
         raise ConfigError(f"cannot read {path}: {exc.strerror or exc}") from None
     try:
-        spec = _load_spec(path, raw.decode("utf-8"))
+        spec = _load_spec(path)
         tiers = spec.tiers_runtime()
         if spec.default_tier not in tiers:
             raise ConfigError(f"defaultTier {spec.default_tier!r} is not one of the tiers {sorted(tiers)}")
