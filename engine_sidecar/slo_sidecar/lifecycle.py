@@ -25,10 +25,12 @@ log = logging.getLogger(__name__)
 
 
 async def probe_loop(sc: Sidecar, every_s: float = 1.0) -> None:
+    """Probe the engine every ``every_s``; idle compound programs end (their pattern joins the history)."""
     assert sc.client is not None
     while True:
         was = sc.engine.healthy
         await probe(sc.client, sc.engine_url, sc.engine)
+        sc.tracker.expire_programs()
         if was != sc.engine.healthy:
             log.warning("engine %s is %s", sc.engine_url, "healthy" if sc.engine.healthy else sc.engine.error)
         await asyncio.sleep(every_s)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import time
 from collections import Counter
 from collections.abc import Callable, Mapping
@@ -35,6 +36,7 @@ log = logging.getLogger(__name__)
 
 # set by the router (which strips it from client requests): the tenant a request is accounted to
 TENANT_HEADER = "x-slofleet-tenant"
+_SAFE_ID = re.compile(r"[A-Za-z0-9._:-]{1,64}")
 
 
 class Sidecar:
@@ -120,11 +122,18 @@ class Sidecar:
             stage=slo.stage,
             stated_stages=slo.stages,
             tenant=headers.get(TENANT_HEADER) or "default",
+            request_id=self._request_id(headers.get("x-request-id")),
         )
         job = Job(live, parsed)
         self.jobs[live.request_id] = job
         self.tier_inflight[tier_name] += 1
         return job
+
+    def _request_id(self, given: str | None) -> str | None:
+        """Keep the router's request id (for tracing across hops) when it is safe and not in use."""
+        if given and _SAFE_ID.fullmatch(given) and given not in self.jobs:
+            return given
+        return None
 
     async def _off_loop(self, fn: Callable[..., int], *args: Any) -> int:
         """Predictor calls run in a thread (QRF: ~1 ms) unless the estimator says it is cheap."""

@@ -193,3 +193,23 @@ def test_the_routers_tenant_header_reaches_the_engine_tags() -> None:
         return job
 
     assert asyncio.run(accept()).live.tenant == "acme"
+
+
+def test_the_routers_request_id_is_kept_when_safe_and_unused() -> None:
+    async def ids() -> list[str]:
+        sc, _ = _sidecar()
+        sc.engine.healthy = True
+        body = {"model": "m", "prompt": "x"}
+        out = []
+        for rid in ("rtr-1", "rtr-1", "bad id\n", None):
+            headers = {"x-request-id": rid} if rid else {}
+            out.append((await sc.accept(headers, body, COMPLETION)).request_id)
+        return out
+
+    kept, duplicate, unsafe, absent = asyncio.run(ids())
+    assert (
+        kept == "rtr-1"
+        and duplicate.startswith("sc-")
+        and unsafe.startswith("sc-")
+        and absent.startswith("sc-")
+    )
