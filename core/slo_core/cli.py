@@ -37,9 +37,12 @@ def _unavailable(name: str, exc: ImportError) -> Register:
     return register
 
 
-def _commands() -> dict[str, Register]:
+def _commands(only: str | None = None) -> dict[str, Register]:
+    """Subcommands by name; with ``only``, just that one is imported (each pulls in its service)."""
     found: dict[str, Register] = {}
     for ep in sorted(entry_points(group="slofleet.commands"), key=lambda e: e.name):
+        if only is not None and ep.name != only:
+            continue
         try:
             found[ep.name] = ep.load()
         except ImportError as exc:
@@ -47,7 +50,24 @@ def _commands() -> dict[str, Register]:
     return found
 
 
-def build_parser() -> argparse.ArgumentParser:
+def _chosen(argv: Sequence[str]) -> str | None:
+    """The subcommand named on the command line, when it is a known one (else None: load all)."""
+    names = {ep.name for ep in entry_points(group="slofleet.commands")}
+    args = list(argv)
+    i = 0
+    while i < len(args):
+        arg = args[i]
+        if arg == "--log-level":
+            i += 2
+            continue
+        if arg.startswith("-"):
+            i += 1
+            continue
+        return arg if arg in names else None
+    return None
+
+
+def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="slofleet",
         description="SLO-aware LLM fleets: simulate, benchmark and run goodput-maximizing serving.",
@@ -55,7 +75,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"slofleet {__version__}")
     parser.add_argument("--log-level", default="INFO", help="logging level (DEBUG, INFO, WARNING, ERROR)")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for name, register in _commands().items():
+    only = _chosen(argv) if argv is not None else None
+    for name, register in _commands(only).items():
         doc = (register.__doc__ or "").strip().splitlines()
         help_text = doc[0] if doc else None
         register(sub.add_parser(name, help=help_text, description=help_text))
@@ -63,7 +84,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser(argv)
     args = parser.parse_args(argv)
     logging.basicConfig(
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
