@@ -5,7 +5,8 @@ separate processes on loopback, then drives both with the same closed-loop strea
 each sending requests back to back, ``ignore_eos`` so every request produces exactly ``max_tokens``)
 in alternating rounds — direct, sidecar, direct, sidecar, ... — so slow drift of a shared machine hits
 both sides alike. TTFT is measured by the client (request sent → first content chunk). Reported as
-ratios from this one run:
+ratios from this one run, with the CPU time each server process spends per streamed token (on a
+crowded machine the latency ratios mostly show CPU contention; the CPU cost does not):
 
     .venv/bin/python bench/sidecar_overhead.py [--rounds 3] [--clients 16] [--requests 48] [--json OUT]
 """
@@ -111,7 +112,13 @@ async def _round(
     return {"ttft_p50_s": statistics.median(ttfts), "tokens_per_s": total / wall, "wall_s": wall}
 
 
-async def _bench(args: argparse.Namespace, engine: str, sidecar: str) -> dict[str, Any]:
+def _cpu_s(pid: int) -> float:
+    """User + system CPU seconds a process has used (Linux /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+async def _bench(args: argparse.Namespace, engine: str, sidecar: str, pids: dict[str, int]) -> dict[str, Any]:
     await _wait_ready(engine + "/health")
     await _wait_ready(sidecar + "/ready")
     async with httpx.AsyncClient() as http:
@@ -122,9 +129,14 @@ async def _bench(args: argparse.Namespace, engine: str, sidecar: str) -> dict[st
     rounds: dict[str, list[dict[str, float]]] = {"direct": [], "sidecar": []}
     for _ in range(args.rounds):
         for name, base in (("direct", engine), ("sidecar", sidecar)):
-            rounds[name].append(await _round(base, model, prompts, args.clients, args.max_tokens))
+            cpu0 = {k: _cpu_s(pid) for k, pid in pids.items()}
+            r = await _round(base, model, prompts, args.clients, args.max_tokens)
+            tokens = len(prompts) * args.max_tokens
+            for k, pid in pids.items():  # CPU per streamed token: a cost the machine's load does not blur
+                r[f"{k}_cpu_us_per_token"] = 1e6 * (_cpu_s(pid) - cpu0[k]) / tokens
+            rounds[name].append(r)
     med = {
-        name: {k: statistics.median(r[k] for r in rs) for k in ("ttft_p50_s", "tokens_per_s")}
+        name: {k: statistics.median(r[k] for r in rs) for k in rs[0] if k != "wall_s"}
         for name, rs in rounds.items()
     }
     return {
@@ -158,7 +170,11 @@ def _report(res: dict[str, Any]) -> str:
         f"throughput    direct {d['tokens_per_s']:8.0f} tok/s sidecar {s['tokens_per_s']:8.0f} tok/s   "
         f"ratio {res['throughput_ratio']:.3f}"
     )
-    return "\n".join([head, ttft, tput])
+    cpu = (
+        f"CPU/token     engine-sim {s['engine_cpu_us_per_token']:6.0f} us   "
+        f"sidecar {s['sidecar_cpu_us_per_token']:6.0f} us   (per streamed token, rounds through the sidecar)"
+    )
+    return "\n".join([head, ttft, tput, cpu])
 
 
 def main() -> int:
@@ -185,7 +201,7 @@ def main() -> int:
         ),
     ]  # fmt: skip
     try:
-        res = asyncio.run(_bench(args, engine, sidecar))
+        res = asyncio.run(_bench(args, engine, sidecar, {"engine": procs[0].pid, "sidecar": procs[1].pid}))
     finally:
         for p in procs:
             p.terminate()

@@ -61,7 +61,16 @@ class _JobStream(StreamingResponse):
         while True:
             kind, payload = event
             if kind == "chunk":
-                yield payload
+                pending, after = [payload], None  # chunks that piled up for a slow client: one write
+                while after is None and not job.events.empty():
+                    queued = job.events.get_nowait()
+                    if queued[0] == "chunk":
+                        pending.append(queued[1])
+                    else:
+                        after = queued
+                yield b"".join(pending) if len(pending) > 1 else payload
+                # the generation task always ends with done or error: this never waits forever
+                event = after if after is not None else await job.events.get()
             elif kind == "done":
                 if job.parsed.include_usage:
                     yield sse(usage_chunk(job))
@@ -72,7 +81,6 @@ class _JobStream(StreamingResponse):
                 self.status = "error"
                 yield error_event(payload)
                 return
-            event = await job.events.get()  # the generation task always ends with done or error
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:

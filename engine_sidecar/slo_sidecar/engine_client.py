@@ -43,13 +43,29 @@ def _error_message(raw: bytes) -> str:
     return str(err or doc)[:200]
 
 
+async def _sse_data(resp: httpx.Response) -> AsyncIterator[bytes]:
+    """The ``data:`` payloads of an SSE byte stream (events end with a blank line; chunks split anywhere)."""
+    buf = b""
+    async for data in resp.aiter_bytes():
+        piece = data.replace(b"\r\n", b"\n") if b"\r" in data else data
+        buf = buf + piece if buf else piece
+        while True:
+            end = buf.find(b"\n\n")
+            if end < 0:
+                break
+            event, buf = buf[:end], buf[end + 2 :]
+            for line in event.split(b"\n"):
+                if line.startswith(b"data:"):
+                    yield line[5:].strip()
+
+
 async def stream_chunks(
     client: httpx.AsyncClient,
     url: str,
     body: dict[str, Any],
     headers: dict[str, str],
     read_timeout_s: float,
-) -> AsyncIterator[tuple[dict[str, Any], str]]:
+) -> AsyncIterator[tuple[dict[str, Any], bytes]]:
     """Yield the engine's SSE chunks (parsed, and as sent) until ``[DONE]``; failures raise, never hang."""
     timeout = httpx.Timeout(read_timeout_s, connect=2.0, write=10.0, pool=10.0)
     try:
@@ -59,11 +75,8 @@ async def stream_chunks(
                 if 400 <= resp.status_code < 500 and resp.status_code not in (408, 429):
                     raise EngineRejected(resp.status_code, message)
                 raise EngineUnavailable(f"engine answered {resp.status_code}: {message}")
-            async for line in resp.aiter_lines():
-                if not line.startswith("data:"):
-                    continue
-                payload = line[5:].strip()
-                if payload == "[DONE]":
+            async for payload in _sse_data(resp):
+                if payload == b"[DONE]":
                     return
                 try:
                     chunk = json.loads(payload)
@@ -72,7 +85,7 @@ async def stream_chunks(
                 if not isinstance(chunk, dict):
                     raise EngineUnavailable("engine sent a malformed stream event")
                 if "error" in chunk:
-                    raise EngineUnavailable(f"engine failed: {_error_message(payload.encode())}")
+                    raise EngineUnavailable(f"engine failed: {_error_message(payload)}")
                 yield chunk, payload
     except httpx.TimeoutException as exc:
         raise EngineUnavailable(f"engine timed out ({type(exc).__name__})") from None

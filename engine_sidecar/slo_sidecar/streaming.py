@@ -64,7 +64,7 @@ async def run_attempt(sc: Sidecar, job: Job, body: dict[str, Any]) -> str:
         if job.stream_id is None:
             job.stream_id = str(chunk.get("id") or job.request_id)
         if job.attempts == 1 and (running_usage is None or job.parsed.include_usage):
-            job.emit("chunk", b"data: " + raw.encode() + b"\n\n")  # as the engine sent it: no re-encoding
+            job.emit("chunk", b"data: " + raw + b"\n\n")  # as the engine sent it: no re-encoding
             continue
         if chat and isinstance(choice.get("delta"), dict):
             choice["delta"].pop("role", None)
