@@ -32,9 +32,10 @@ class EngineConfig(BaseModel):
 class StepOutcome:
     """The token events of one completed step.
 
-    ``emitted``: every request that received one new output token at ``end_s`` (its newest entry of
-    ``token_times`` is ``end_s``; ``generated`` is its token count): requests whose
-    prefill completed first, then the decodes; ``finished``: those of them that reached their length and left the engine (state FINISHED, blocks freed).
+    ``emitted``: every request that received one new output token at ``end_s`` (its newest entry
+    of ``token_times`` is ``end_s``; ``generated`` is its token count): requests whose prefill
+    completed first, then the decodes. ``finished``: those of them that reached their length and
+    left the engine (state FINISHED, blocks freed).
     """
 
     end_s: float
