@@ -151,7 +151,7 @@ def _handler(endpoint: str) -> Callable[[Request], Any]:
                 raise APIError(400, f"request body is not valid JSON ({exc})", code="invalid_json") from None
             job = await sc.accept(request.headers, body, endpoint)
         except APIError as err:
-            sc.note_reject(err)
+            sc.note_reject(err, *err.labels)
             return error_response(err)
         return await _serve(sc, request, job)
 

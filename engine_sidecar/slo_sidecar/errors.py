@@ -23,6 +23,7 @@ class APIError(Exception):
         super().__init__(message)
         self.status, self.message, self.kind, self.param = status, message, kind, param
         self.code, self.retry_after_s = code, retry_after_s
+        self.labels = ("-", "-")  # (tier, priority class) for metrics, once the request's tier is known
 
     def body(self) -> dict[str, object]:
         return {"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}}

@@ -93,8 +93,11 @@ class Scheduler:
     # ---- the loop ----------------------------------------------------------------------------
     async def run(self) -> None:
         while True:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), timeout=self.frame_s)
+            if self.waiting if self.mode == "proxy" else self.running:
+                with contextlib.suppress(TimeoutError):  # frames tick while there is something to decide
+                    await asyncio.wait_for(self._wake.wait(), timeout=self.frame_s)
+            else:
+                await self._wake.wait()  # idle: sleep until an arrival
             self._wake.clear()
             self.frame()
             await asyncio.sleep(0)

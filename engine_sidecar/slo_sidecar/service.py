@@ -19,12 +19,13 @@ from typing import Any
 import httpx
 
 from slo_core.engine_tags import EngineTags
-from slo_core.request_slo import SLOParamError, parse_slo
+from slo_core.request_slo import SLOParamError, SLORequest, parse_slo
+from slo_core.slo import SLOTargets, SLOTier
 from slo_sidecar.config import PolicyConfig, SidecarKnobs
 from slo_sidecar.engine_client import EngineRejected, EngineStatus, EngineUnavailable
 from slo_sidecar.errors import APIError, overloaded
 from slo_sidecar.estimators import LengthEstimator
-from slo_sidecar.front import CHAT, parse_body
+from slo_sidecar.front import CHAT, ParsedBody, parse_body
 from slo_sidecar.history import History
 from slo_sidecar.job import Job
 from slo_sidecar.metrics import SidecarMetrics
@@ -80,8 +81,8 @@ class Sidecar:
 
     # ---- admission ---------------------------------------------------------------------------
     async def accept(self, headers: Mapping[str, str], body: Any, endpoint: str) -> Job:
-        k, cfg = self.knobs, self.config
-        parsed = parse_body(body, endpoint, k.default_max_tokens)
+        cfg = self.config
+        parsed = parse_body(body, endpoint, self.knobs.default_max_tokens)
         try:
             slo = parse_slo(headers, body)
         except SLOParamError as exc:
@@ -99,6 +100,21 @@ class Sidecar:
             targets = tier.targets(ttft_s=slo.ttft_s, tbt_s=slo.tbt_s, deadline_s=slo.deadline_s)
         except ValueError as exc:
             raise APIError(400, f"tier {tier_name!r}: {exc}", param="slo", code="invalid_slo") from None
+        try:
+            return await self._admit(headers, parsed, slo, tier, targets)
+        except APIError as err:
+            err.labels = (tier_name, targets.priority_class)
+            raise
+
+    async def _admit(
+        self,
+        headers: Mapping[str, str],
+        parsed: ParsedBody,
+        slo: SLORequest,
+        tier: SLOTier,
+        targets: SLOTargets,
+    ) -> Job:
+        cfg, tier_name = self.config, tier.name
         self._check_size(parsed.prompt_tokens, parsed.max_tokens)
         self._check_capacity(tier_name)  # early, before spending time on the bound; again below
         bound = await self._off_loop(

@@ -96,6 +96,7 @@ async def test_200_concurrent_streams_under_overload_all_end_explicitly_and_reco
     assert _total(metrics, "slofleet_sidecar_requests_total") - ok == outcomes["503"] - _early(metrics)
     assert _total(metrics, "slofleet_sidecar_rejects_total") == outcomes["429"] + outcomes["503"]
     assert _total(metrics, "slofleet_sidecar_rejects_total", reason="tier_limit") == outcomes["429"]
+    assert _total(metrics, "slofleet_sidecar_rejects_total", tier="-") == 0  # every refusal names its tier
     assert _total(metrics, "slofleet_sidecar_requests_total", outcome="error") == 0
     assert _total(engine, "vllm:num_requests_running") == 0
     per_tier = {t: _total(metrics, "slofleet_sidecar_requests_total", tier=t) for t in TIERS}
