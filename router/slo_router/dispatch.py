@@ -5,8 +5,9 @@ prompt + output bound, GPU class (when the tier restricts it), usable (ready, ci
 stream live, healthy, not draining). The policy (GoRouting by default) then picks among the survivors
 from their sidecars' streamed snapshots, which carry their own timestamps so the policy can compensate
 for their age. A policy that scores pods by estimated gain (GoRouting's Δ_p) also tells when *no* pod
-gains from the request: then the request is infeasible (``infeasible=True``) and the caller answers an
-honest early 503 or moves it to the best-effort tier (SLOs-Serve §4.2's backup policy).
+gains from the request; a policy may also decline it (no replica) or send it to best effort itself
+(SLOs-Serve's re-routing backup). Then the request is infeasible (``infeasible=True``) and the caller
+answers an honest early 503 or moves it to the best-effort tier (SLOs-Serve §4.2's backup policy).
 
 Affinity (optional) keeps a session, or requests sharing a prompt prefix, on one pod as long as that
 pod is among the policy's candidates (Δ_p ≥ α·Δ_max, or any survivor for policies without scores).
@@ -28,6 +29,8 @@ from slo_core.slo import RequestKind
 from slo_router.endpoints import EndpointState
 
 FILTERS = ("excluded", "model", "context", "gpu_class", "unhealthy")
+# Policies whose RouteDecision.scores are estimated gains Δ_p (others score load, priority, ...).
+GAIN_SCORED_POLICIES = frozenset({"go-routing"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -172,8 +175,10 @@ def dispatch(
     decision = policy.route(request, views, now_s, rng)
     if decision.replica_id is None:
         return DispatchResult(None, decision, filtered, infeasible=True)
-    gains = [g for _, g in decision.scores]
+    gains = [g for _, g in decision.scores] if policy.name in GAIN_SCORED_POLICIES else []
     infeasible = bool(gains) and max(gains) <= 0 and request.kind is not RequestKind.BEST_EFFORT
+    if decision.to_best_effort and request.kind is not RequestKind.BEST_EFFORT:
+        infeasible = True  # the policy's own backup decision (SLOs-Serve §4.2)
     pick, kind = decision.replica_id, None
     if affinity is not None and not infeasible:
         sticky, kind = _affine(decision, survivors, affinity, sessions, affinity_alpha)

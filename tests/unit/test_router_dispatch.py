@@ -156,3 +156,11 @@ async def test_sent_requests_are_forgotten_when_they_finish() -> None:
     assert 'slofleet_router_chosen_total{endpoint="a"} 1.0' in r.text
     assert "slofleet_router_dispatch_seconds_count" in r.text
     assert json.loads((await client.get("/v1/models", headers=H)).text)["data"][0]["id"] == "m"
+
+
+async def test_policies_that_score_load_not_gain_never_make_a_request_infeasible() -> None:
+    a, b = ep("a"), ep("b")
+    client, _, seen = make([a, b], policy=make_router_policy("min-load"), clock=lambda: 100.0)
+    a.view, b.view = busy_view("a", 100.0), busy_view("b", 100.0, n=1)
+    r = await client.post("/v1/completions", json=BODY, headers=H)
+    assert r.status_code == 200 and seen[0].url.host == "b.pod"  # the lighter one, not a 503
