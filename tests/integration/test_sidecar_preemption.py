@@ -10,6 +10,7 @@ from collections.abc import Sequence
 import httpx
 
 from slo_core.policies.base import BaseEnginePolicy, Decision, EngineView, RequestView
+from slo_core.policies.registry import engine_policy_names, make_engine_policy
 from slo_core.slo import PriorityClass, RequestKind, SLOTier
 from slo_sidecar.config import PolicyConfig, SidecarKnobs
 from slo_sidecar.estimators import FallbackEstimator
@@ -70,3 +71,43 @@ async def test_preempted_request_resumes_as_a_continuation_and_its_client_sees_o
     assert done >= 3 and resumed["prompt"].startswith(first["prompt"] + " w0 w1 w2")
     assert len(resumed["prompt"].split()) == len(first["prompt"].split()) + done
     assert sc.history.rows[-1]["preemptions"] == 1
+
+
+async def test_every_registered_engine_policy_serves_mixed_tiers_in_proxy_mode() -> None:
+    tiers = {
+        "gold": SLOTier("gold", RequestKind.LATENCY, PriorityClass("high", 4.0), ttft_s=1.0, tbt_s=0.05),
+        "silver": SLOTier("silver", RequestKind.DEADLINE, PriorityClass("mid", 2.0), deadline_s=5.0),
+        "flow": SLOTier("flow", RequestKind.COMPOUND, PriorityClass("low", 1.0), deadline_s=20.0),
+        "bronze": LOW,
+    }
+    eng = FakeEngine(ttft_s=0.002, tbt_s=0.002)
+    async with serve_fake_engine(eng) as url:
+        sc = Sidecar(
+            knobs=SidecarKnobs(max_running=3),
+            config=PolicyConfig(tiers=tiers, default_tier="bronze"),
+            engine_url=url,
+            estimator=FallbackEstimator(),
+        )
+        async with running_sidecar(sc, grpc_port=None) as run, httpx.AsyncClient(timeout=30) as http:
+
+            async def ask(i: int) -> int:
+                tier = list(tiers)[i % 4]
+                slo: dict[str, object] = {"tier": tier}
+                if tier == "flow":
+                    slo.update(program_id=f"p{i % 2}", stage=i // 8)
+                body = {
+                    "model": eng.model,
+                    "prompt": f"q{i}",
+                    "max_tokens": 8,
+                    "ignore_eos": True,
+                    "slo": slo,
+                }
+                r = await http.post(run.http_url + "/v1/completions", json=body)
+                assert r.status_code == 200, r.text
+                return int(r.json()["usage"]["completion_tokens"])
+
+            for name in engine_policy_names():
+                sc.scheduler.set_policy(make_engine_policy(name))
+                tokens = await asyncio.wait_for(asyncio.gather(*(ask(i) for i in range(12))), timeout=30)
+                assert tokens == [8] * 12, name
+                assert sc.scheduler.policy_errors == 0, name
