@@ -122,7 +122,7 @@ async def test_engine_mode_tags_requests_and_serves_their_bounds_to_the_engine()
                 and abs(tags.deadline_at_s - sc.tracker.unix(sc.jobs[key].live.deadline_at_s)) < 1e-3
             )
             fresh = None
-            for _ in range(200):
+            for _ in range(500):
                 fresh = sim.runner.analyzer.bounds_if_fresh(5.0)
                 if fresh and key in fresh:
                     break
