@@ -28,6 +28,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from slo_core.perf.model import PerfProfile
 from slo_core.policies.base import EnginePolicy, RouterPolicy
 from slo_core.policies.registry import make_engine_policy, make_router_policy
+from slo_core.sim.analyzer import SimAnalyzer
 from slo_core.sim.engine import SimEngine
 from slo_core.sim.engine_types import EngineConfig
 from slo_core.sim.jobs import Job
@@ -102,7 +103,12 @@ class FleetSim:
         config: SimConfig | None = None,
         policy_params: Mapping[str, Any] | None = None,
         router_params: Mapping[str, Any] | None = None,
+        analyzer: SimAnalyzer | None = None,
     ) -> None:
+        """``analyzer``: the sidecar's request analyzer (QRF bounds refined as tokens stream, pattern-graph
+        stage sub-deadlines); None leaves bounds unknown (policies fall back to max_tokens) and splits a
+        program's remaining time equally over its remaining stages."""
+        self.analyzer = analyzer
         if not replicas:
             raise ValueError("a fleet needs at least one replica")
         self.config = config or SimConfig()
@@ -131,6 +137,8 @@ class FleetSim:
         """Simulate ``jobs`` (any order); ``progress`` gets the fraction of arrivals done now and then."""
         started = time.perf_counter()
         ordered = sorted(jobs, key=lambda j: j.arrival_s)
+        if self.analyzer is not None:
+            self.analyzer.prepare(ordered)
         self._requests: list[SimRequest] = []
         self._programs: list[ProgramState] = []
         self._heap: list[tuple[float, int, int, int]] = []
@@ -219,9 +227,16 @@ class FleetSim:
 
     def _call_left(self, p: ProgramState, t: float) -> None:
         p.pending_calls -= 1
-        if p.pending_calls > 0 or p.failed:
+        analyzer = self.analyzer
+        if p.pending_calls > 0:
+            return
+        if p.failed:
+            if analyzer is not None:
+                analyzer.program_finished(p, t, completed=False)
             return
         p.attained_done_tokens = sum(c.attained_tokens() for c in p.calls)
+        if analyzer is not None:
+            analyzer.stage_finished(p, p.next_stage - 1, t)
         if p.next_stage < len(p.stages):
             if self.config.tool_latency_s > 0:
                 self._push(t + self.config.tool_latency_s, _ARRIVAL, p.index)
@@ -229,11 +244,18 @@ class FleetSim:
                 self._release_stage(p, t)
         else:
             p.finish_s = t
+            if analyzer is not None:
+                analyzer.program_finished(p, t, completed=True)
 
     # ---- arrivals and routing -----------------------------------------------------------------------
 
     def _arrive(self, job: Job, t: float) -> None:
         if job.stages is None:
+            schedule = None
+            bound = job.output_bound
+            if self.analyzer is not None and bound is None:
+                schedule = self.analyzer.schedule(job.prompt_tokens, job.slo.kind.value, job.max_tokens)
+                bound = schedule.at(0)
             r = SimRequest(
                 job.job_id,
                 t,
@@ -244,10 +266,11 @@ class FleetSim:
                 deadline_at_s=None
                 if job.slo.kind is RequestKind.LATENCY
                 else t + job.slo.effective_deadline_s,
-                output_bound=job.output_bound,
+                output_bound=bound,
                 tier=job.tier,
                 tenant=job.tenant,
             )
+            r.bound_schedule = schedule
             self._requests.append(r)
             self._route(r, t)
             return
@@ -269,22 +292,29 @@ class FleetSim:
         p.next_stage += 1
         calls = p.stages[s]
         p.pending_calls = len(calls)
-        deadline_at = p.stage_deadline_at_s(s, t)
+        analyzer = self.analyzer
+        deadline_at = (
+            p.stage_deadline_at_s(s, t) if analyzer is None else analyzer.stage_deadline_at_s(p, s, t)
+        )
         new = []
         for k, (inp, out) in enumerate(calls):
+            max_tokens = max(out, p.max_tokens)
+            schedule = None if analyzer is None else analyzer.schedule(inp, p.slo.kind.value, max_tokens)
             r = SimRequest(
                 f"{p.program_id}/s{s}/c{k}",
                 t,
                 p.slo,
                 inp,
                 output_tokens=out,
-                max_tokens=max(out, p.max_tokens),
+                max_tokens=max_tokens,
                 deadline_at_s=deadline_at,
+                output_bound=None if schedule is None else schedule.at(0),
                 tier=p.tier,
                 tenant=p.tenant,
                 program=p,
                 stage=s,
             )
+            r.bound_schedule = schedule
             p.calls.append(r)
             self._requests.append(r)
             new.append(r)

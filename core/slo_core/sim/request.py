@@ -9,7 +9,12 @@ token comes out.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from slo_core.slo import SLOTargets
+
+if TYPE_CHECKING:
+    from slo_core.predict.estimator import BoundSchedule
 
 WAITING = 0
 RUNNING = 1
@@ -96,6 +101,7 @@ class SimRequest:
     __slots__ = (
         "arrival_s",
         "blocks",
+        "bound_schedule",
         "computed",
         "deadline_at_s",
         "expected_tokens",
@@ -169,6 +175,7 @@ class SimRequest:
         self.replica = -1
         self.state = UNARRIVED
         self.view: object | None = None
+        self.bound_schedule: BoundSchedule | None = None  # the analyzer's bounds by generated tokens
         self.view_key: tuple[int, int, int, int, int] | None = None
 
     def cap_to_context(self, max_model_len: int) -> bool:

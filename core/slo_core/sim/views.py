@@ -25,6 +25,8 @@ def request_view(r: SimRequest, program_attained: int | None = None) -> RequestV
     key = (r.computed, r.generated, r.preemptions, r.state, attained)
     if r.view_key == key:
         return r.view  # type: ignore[return-value]
+    if r.bound_schedule is not None:  # the analyzer re-estimates the bound as tokens stream (§4.1)
+        r.output_bound = r.bound_schedule.at(r.generated)
     view = RequestView(
         r.request_id,
         r.slo,

@@ -1,0 +1,98 @@
+"""The sidecar's request analyzer inside the simulator (JITServe §4.1): bounds and sub-deadlines.
+
+In a real pod the sidecar gives every request an output-length upper bound on arrival, re-estimates
+it every N generated tokens, and gives each stage of a compound program a sub-deadline from the
+best-matching past program. :class:`SimAnalyzer` does the same for simulated requests with the same
+code: the QRF estimator's text-free bound schedules (``OutputBoundEstimator.schedules``: the bound at
+every checkpoint from one forest pass) and the pattern-graph :class:`CompoundTracker`, which learns
+from the programs the run completes. Without a matching pattern a stage keeps the simulator's
+equal-split rule. Policies see the result as ``RequestView.output_bound`` and ``deadline_at_s``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from slo_core.predict import BoundQuery, BoundSchedule, OutputBoundEstimator, load_estimator
+from slo_core.predict.compound import CompoundTracker
+from slo_core.predict.patterns import Stage
+from slo_core.sim.jobs import Job
+from slo_core.sim.request import ProgramState
+
+LLM_STAGE = "llm"  # node identity of a stage of LLM calls (the simulator has one model, no tools)
+
+
+class SimAnalyzer:
+    """Bound schedules per request and pattern-matched stage sub-deadlines for one fleet run."""
+
+    def __init__(self, estimator: OutputBoundEstimator | None = None, *, patterns: bool = True) -> None:
+        self.estimator = estimator if estimator is not None else load_estimator()
+        self.tracker = CompoundTracker() if patterns else None
+        self._schedules: dict[tuple[int, str, int], BoundSchedule] = {}
+        self._stage_start_s: dict[str, float] = {}
+        self.matched_stages = 0
+        self.default_stages = 0
+
+    def prepare(self, jobs: Sequence[Job]) -> None:
+        """Compute every schedule the run will need in one batched pass (optional; else on demand)."""
+        keys = set()
+        for j in jobs:
+            if j.stages is None:
+                keys.add((j.prompt_tokens, j.slo.kind.value, j.max_tokens))
+            else:
+                for stage in j.stages:
+                    for inp, out in stage:
+                        keys.add((inp, j.slo.kind.value, max(out, j.max_tokens)))
+        self._compute(sorted(keys - self._schedules.keys()))
+
+    def _compute(self, keys: Sequence[tuple[int, str, int]]) -> None:
+        if not keys:
+            return
+        queries = [BoundQuery(None, p, kind, m) for p, kind, m in keys]
+        for key, schedule in zip(keys, self.estimator.schedules(queries), strict=True):
+            self._schedules[key] = schedule
+
+    def schedule(self, prompt_tokens: int, kind: str, max_tokens: int) -> BoundSchedule:
+        """The request's bound at every checkpoint (``schedule.at(generated_tokens)``)."""
+        key = (prompt_tokens, kind, max_tokens)
+        if key not in self._schedules:
+            self._compute([key])
+        return self._schedules[key]
+
+    # ---- compound programs -----------------------------------------------------------------------
+
+    def stage_deadline_at_s(self, p: ProgramState, stage: int, now_s: float) -> float:
+        """The sub-deadline of ``stage`` starting now: φ(s)·D from the best match, else equal split."""
+        self._stage_start_s[p.program_id] = now_s
+        fallback = p.stage_deadline_at_s(stage, now_s)
+        if self.tracker is None:
+            return fallback
+        deadline_s = p.deadline_at_s - p.arrival_s
+        matched = self.tracker.sub_deadline_at_s(p.program_id, LLM_STAGE, p.arrival_s, deadline_s, now_s)
+        if matched is None or matched <= now_s:
+            self.default_stages += 1
+            return fallback
+        self.matched_stages += 1
+        return min(matched, p.deadline_at_s)
+
+    def stage_finished(self, p: ProgramState, stage: int, now_s: float) -> None:
+        if self.tracker is None:
+            return
+        calls = p.stages[stage]
+        started = self._stage_start_s.get(p.program_id, now_s)
+        self.tracker.stage_finished(
+            p.program_id,
+            Stage(
+                LLM_STAGE,
+                output_tokens=float(sum(o for _, o in calls)),
+                input_tokens=float(sum(i for i, _ in calls)),
+                duration_s=max(0.0, now_s - started),
+                calls=len(calls),
+            ),
+        )
+
+    def program_finished(self, p: ProgramState, now_s: float, completed: bool) -> None:
+        """Forget the program; a completed one becomes a pattern for later programs."""
+        self._stage_start_s.pop(p.program_id, None)
+        if self.tracker is not None:
+            self.tracker.finish(p.program_id, now_s, store=completed)
