@@ -41,11 +41,10 @@ from slo_core.policies.base import (
     BaseEnginePolicy,
     Decision,
     EnginePolicy,
-    EngineView,
     FinishedView,
     ReplicaCapabilities,
-    ReplicaView,
 )
+from slo_core.sim.engine_snapshots import EngineSnapshots
 from slo_core.sim.engine_types import EngineConfig, StepOutcome
 from slo_core.sim.request import ABORTED, FINISHED, REJECTED, RUNNING, WAITING, SimRequest
 from slo_core.sim.views import request_views
@@ -53,7 +52,7 @@ from slo_core.sim.views import request_views
 FeedbackFn = Callable[[SimRequest], FinishedView]
 
 
-class SimEngine:
+class SimEngine(EngineSnapshots):
     """A replica: waiting and running queues, a KV-block pool and the policy that orders them."""
 
     def __init__(
@@ -146,20 +145,6 @@ class SimEngine:
         self._leave(r, REJECTED, now_s)
 
     # ---- decisions --------------------------------------------------------------------------------
-
-    def engine_view(self, now_s: float) -> EngineView:
-        cfg = self.config
-        return EngineView(
-            now_s=now_s,
-            step=self.step,
-            max_num_seqs=cfg.max_num_seqs,
-            max_num_batched_tokens=cfg.max_num_batched_tokens,
-            kv_blocks_total=self.kv_blocks_total,
-            kv_blocks_free=self.free_blocks,
-            block_size=self.block_size,
-            profile=self.profile,
-            engine_id=self.engine_id,
-        )
 
     def _set_knobs(self, d: Decision) -> None:
         cap = self.config.max_num_batched_tokens
@@ -403,28 +388,3 @@ class SimEngine:
         r.finish_s = now_s
         self.done.append(r)
         self.events = True
-
-    # ---- router snapshot --------------------------------------------------------------------------
-
-    def replica_view(self, now_s: float, *, with_requests: bool = True) -> ReplicaView:
-        """This replica as a router sees it; without requests only the counters are filled in."""
-        cfg = self.config
-        return ReplicaView(
-            replica_id=self.engine_id,
-            snapshot_s=now_s,
-            waiting=tuple(request_views(self.waiting)) if with_requests else (),
-            running=tuple(request_views(self.running)) if with_requests else (),
-            kv_blocks_total=self.kv_blocks_total,
-            kv_blocks_free=self.free_blocks,
-            max_num_seqs=cfg.max_num_seqs,
-            max_num_batched_tokens=cfg.max_num_batched_tokens,
-            block_size=self.block_size,
-            profile=self.profile,
-            engine_policy=str(getattr(self.policy, "name", "")),
-            capabilities=self.capabilities,
-            reported_outstanding_tokens=self.outstanding_tokens,
-        )
-
-    @property
-    def outstanding_tokens(self) -> int:
-        return self.prompt_left_tokens + self.output_left_tokens

@@ -1,0 +1,65 @@
+"""The snapshots a policy (EngineView) and a router (ReplicaView) see of a simulated engine."""
+
+from __future__ import annotations
+
+from slo_core.perf.model import PerfProfile
+from slo_core.policies.base import EnginePolicy, EngineView, ReplicaCapabilities, ReplicaView
+from slo_core.sim.engine_types import EngineConfig
+from slo_core.sim.request import SimRequest
+from slo_core.sim.views import request_views
+
+
+class EngineSnapshots:
+    """Mixin of :class:`~slo_core.sim.engine.SimEngine`: its state as immutable snapshots."""
+
+    engine_id: str
+    profile: PerfProfile
+    policy: EnginePolicy
+    config: EngineConfig
+    capabilities: ReplicaCapabilities
+    waiting: list[SimRequest]
+    running: list[SimRequest]
+    step: int
+    kv_blocks_total: int
+    free_blocks: int
+    block_size: int
+    prompt_left_tokens: int
+    output_left_tokens: int
+
+    def engine_view(self, now_s: float) -> EngineView:
+        """The engine state and limits a policy sees at ``now_s``."""
+        cfg = self.config
+        return EngineView(
+            now_s=now_s,
+            step=self.step,
+            max_num_seqs=cfg.max_num_seqs,
+            max_num_batched_tokens=cfg.max_num_batched_tokens,
+            kv_blocks_total=self.kv_blocks_total,
+            kv_blocks_free=self.free_blocks,
+            block_size=self.block_size,
+            profile=self.profile,
+            engine_id=self.engine_id,
+        )
+
+    def replica_view(self, now_s: float, *, with_requests: bool = True) -> ReplicaView:
+        """This replica as a router sees it; without requests only the counters are filled in."""
+        cfg = self.config
+        return ReplicaView(
+            replica_id=self.engine_id,
+            snapshot_s=now_s,
+            waiting=tuple(request_views(self.waiting)) if with_requests else (),
+            running=tuple(request_views(self.running)) if with_requests else (),
+            kv_blocks_total=self.kv_blocks_total,
+            kv_blocks_free=self.free_blocks,
+            max_num_seqs=cfg.max_num_seqs,
+            max_num_batched_tokens=cfg.max_num_batched_tokens,
+            block_size=self.block_size,
+            profile=self.profile,
+            engine_policy=str(getattr(self.policy, "name", "")),
+            capabilities=self.capabilities,
+            reported_outstanding_tokens=self.outstanding_tokens,
+        )
+
+    @property
+    def outstanding_tokens(self) -> int:
+        return self.prompt_left_tokens + self.output_left_tokens
