@@ -19,7 +19,7 @@ from slo_sidecar.tracker import LiveRequest
 Event = tuple[str, Any]
 
 
-@dataclass
+@dataclass(eq=False)  # identity: queues find and remove this very job
 class Job:
     """One accepted request with its scheduling state."""
 

@@ -22,7 +22,7 @@ from slo_sidecar.history import History
 _SEQ = itertools.count()
 
 
-@dataclass
+@dataclass(eq=False)
 class LiveRequest:
     """One accepted request from arrival to its end."""
 
