@@ -9,12 +9,14 @@ from __future__ import annotations
 import traceback
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from slo_core.metrics import job_outcomes, latency_samples, summarize
 from slo_core.perf.model import PerfProfile
+from slo_core.predict import load_estimator
+from slo_core.sim.analyzer import SimAnalyzer
 from slo_core.sim.engine_types import EngineConfig
 from slo_core.sim.fleet import FleetSim, ReplicaSpec, SimConfig
 from slo_core.workloads import WorkloadSpec, build_workload
@@ -34,6 +36,11 @@ class BenchConfig(BaseModel):
     engine: EngineConfig = Field(default_factory=EngineConfig)
     sim: SimConfig = Field(default_factory=SimConfig)
     bucket_s: float = Field(60.0, gt=0, description="goodput-over-time bucket (s)")
+    analyzer: Literal["qrf", "none"] = Field(
+        "qrf",
+        description="qrf: requests carry the sidecar analyzer's QRF bounds (refined as tokens stream) and "
+        "pattern-graph stage sub-deadlines, as in a deployment; none: no bounds, equal stage split",
+    )
 
 
 @dataclass
@@ -62,6 +69,7 @@ def _record_head(cfg: BenchConfig, policy: str, router: str, rps: float, n_jobs:
         "seed": w.seed,
         "slo_scale": w.slo_scale,
         "jobs_offered": n_jobs,
+        "analyzer": cfg.analyzer,
     }
 
 
@@ -69,6 +77,7 @@ def run_bench(cfg: BenchConfig, progress: Progress | None = None) -> BenchResult
     """Run every (load, policy, router); ``progress(label, fraction of this run)`` as runs go."""
     out = BenchResult()
     specs = [ReplicaSpec(cfg.profiles[i % len(cfg.profiles)], cfg.engine) for i in range(cfg.replicas)]
+    estimator = load_estimator() if cfg.analyzer == "qrf" else None
     for rps in cfg.rps:
         spec = cfg.workload.model_copy(update={"rps": rps})
         jobs = build_workload(spec)
@@ -83,7 +92,9 @@ def run_bench(cfg: BenchConfig, progress: Progress | None = None) -> BenchResult
                         progress(label, frac)
 
                 try:
-                    sim = FleetSim(specs, policy, router, seed=spec.seed, config=cfg.sim)
+                    # a fresh analyzer per run: pattern history is learned within the run only
+                    analyzer = SimAnalyzer(estimator) if estimator is not None else None
+                    sim = FleetSim(specs, policy, router, seed=spec.seed, config=cfg.sim, analyzer=analyzer)
                     result = sim.run(jobs, progress=tick)
                     outcomes = job_outcomes(result)
                     metrics = summarize(result, bucket_s=cfg.bucket_s, jobs=outcomes)

@@ -90,6 +90,12 @@ def register(parser: argparse.ArgumentParser) -> None:
         default="slo",
         help="stop once no SLO gain is possible (slo) or when all requests are done (all)",
     )
+    p.add_argument(
+        "--analyzer",
+        choices=("qrf", "none"),
+        default="qrf",
+        help="request analyzer: QRF length bounds and pattern-graph sub-deadlines (qrf, as deployed) or none",
+    )
     o = parser.add_argument_group("output")
     o.add_argument(
         "--goodput",
@@ -196,6 +202,7 @@ def build_config(args: argparse.Namespace) -> BenchConfig:
         engine=engine,
         sim=SimConfig(drain=args.drain),
         bucket_s=args.bucket,
+        analyzer=args.analyzer,
     )
 
 
