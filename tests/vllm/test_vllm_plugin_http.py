@@ -2,13 +2,18 @@
 
 A vLLM OpenAI server is started with ``--scheduler-cls slo_sidecar.vllm_plugin.scheduler.SLOScheduler``
 and one sequence slot, so queued requests are admitted strictly in the order the plugin gives. The
-engine-side trace (``SLOFLEET_ENGINE_TRACE``) shows what the engine did.
+engine-side trace (``SLOFLEET_ENGINE_TRACE``) shows what the engine did. The slofleet sidecar runs in
+front of it in engine mode (from the project's main virtual environment, as in a pod where the sidecar
+is its own container): it tags each request's SLO into ``vllm_xargs`` and serves the plugin's bounds
+over gRPC.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -33,6 +38,7 @@ pytestmark = pytest.mark.vllm
 
 SCHEDULER_CLS = "slo_sidecar.vllm_plugin.scheduler.SLOScheduler"
 PROMPT = "def add(a, b):\n    return a + b\n"
+BLOCKER_TOKENS = 480  # long enough that all queued requests arrive while it holds the one slot
 
 
 def free_port() -> int:
@@ -41,7 +47,7 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def wait_healthy(url: str, proc: subprocess.Popen[bytes], log: Path, timeout_s: float = 240.0) -> None:
+def wait_healthy(url: str, proc: subprocess.Popen[bytes], log: Path, timeout_s: float = 420.0) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if proc.poll() is not None:
@@ -65,8 +71,10 @@ class VLLMServer:
         return [e for e in map(json.loads, lines) if e["event"] == kind]
 
 
-def start_vllm(model: Path, workdir: Path, **env: str) -> tuple[subprocess.Popen[bytes], VLLMServer, Path]:
-    port = free_port()
+def start_vllm(
+    model: Path, workdir: Path, port: int | None = None, **env: str
+) -> tuple[subprocess.Popen[bytes], VLLMServer, Path]:
+    port = port or free_port()
     trace = workdir / "engine-trace.jsonl"
     log = workdir / "vllm.log"
     child_env = {
@@ -85,23 +93,30 @@ def start_vllm(model: Path, workdir: Path, **env: str) -> tuple[subprocess.Popen
         "--max-num-seqs", "1", "--scheduler-cls", SCHEDULER_CLS,
     ]  # fmt: skip
     with log.open("wb") as fh:
-        proc = subprocess.Popen(cmd, env=child_env, stdout=fh, stderr=subprocess.STDOUT)
+        # its own process group: stopping it also stops vLLM's EngineCore and worker processes
+        proc = subprocess.Popen(
+            cmd, env=child_env, stdout=fh, stderr=subprocess.STDOUT, start_new_session=True
+        )
     url = f"http://127.0.0.1:{port}"
     try:
         wait_healthy(url, proc, log)
     except Exception:
-        proc.kill()
+        stop(proc)
         raise
     return proc, VLLMServer(url, trace), log
 
 
 def stop(proc: subprocess.Popen[bytes]) -> None:
-    proc.terminate()
+    """SIGTERM the process group (vLLM and the sidecar drain), SIGKILL it if it lingers."""
     try:
+        os.killpg(proc.pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return
+    with contextlib.suppress(subprocess.TimeoutExpired):
         proc.wait(timeout=30)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
 
 
 def xargs(deadline_s: float, key: str) -> dict[str, Any]:
@@ -122,32 +137,93 @@ def queue_behind_a_blocker(
 ) -> list[int]:
     """Occupy the one slot with a long request, queue the others (in the given order), return lengths."""
     with ThreadPoolExecutor(max_workers=len(deadlines) + 1) as pool:
-        blocker = pool.submit(complete, client, 120, {"vllm_xargs": xargs(1000.0, "blocker")})
+        blocker = pool.submit(complete, client, BLOCKER_TOKENS, {"vllm_xargs": xargs(1000.0, "blocker")})
         deadline = time.monotonic() + 30
         while not server.events("admit") and time.monotonic() < deadline:
             time.sleep(0.05)
         futures = []
         for key, dl in deadlines.items():
             futures.append(pool.submit(complete, client, 4, {"vllm_xargs": xargs(dl, key)}))
-            time.sleep(0.2)  # distinct arrival order
+            time.sleep(0.1)  # distinct arrival order
         return [blocker.result(timeout=120), *(f.result(timeout=120) for f in futures)]
 
 
+ROOT = Path(__file__).resolve().parents[2]
+MAIN_PYTHON = ROOT / ".venv" / "bin" / "python"
+SIDECAR_POLICY = """\
+apiVersion: slofleet.io/v1alpha1
+kind: SLOPolicy
+metadata: {name: plugin-test}
+spec:
+  priorityClasses: [{name: standard, weight: 1}]
+  tiers: [{name: batch, kind: deadline, deadlineS: 600, priorityClass: standard}]
+  defaultTier: batch
+  scheduling: {name: edf}
+  routing: {name: round-robin}
+"""
+
+
+@dataclass
+class Fleet:
+    server: VLLMServer
+    sidecar_url: str
+
+
+def start_sidecar(workdir: Path, engine_port: int, grpc_port: int) -> tuple[subprocess.Popen[bytes], str]:
+    if not MAIN_PYTHON.exists():
+        pytest.skip("the main virtual environment (.venv, made by scripts/test.sh) runs the sidecar")
+    policy = workdir / "policy.yaml"
+    policy.write_text(SIDECAR_POLICY)
+    port = free_port()
+    cmd = [
+        str(MAIN_PYTHON), "-m", "slo_core.cli", "sidecar", "--host", "127.0.0.1", "--port", str(port),
+        "--engine-url", f"http://127.0.0.1:{engine_port}", "--policy-file", str(policy),
+        "--grpc-port", str(grpc_port), "--mode", "engine", "--state-dir", str(workdir / "state"),
+    ]  # fmt: skip
+    log = (workdir / "sidecar.log").open("wb")
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    return proc, f"http://127.0.0.1:{port}"
+
+
 @pytest.fixture(scope="module")
-def edf_server(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[VLLMServer]:
-    proc, server, _ = start_vllm(tiny_model, tmp_path_factory.mktemp("vllm-edf"), SLOFLEET_POLICY="edf")
+def edf_fleet(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
+    workdir = tmp_path_factory.mktemp("vllm-edf")
+    engine_port, grpc_port = free_port(), free_port()
+    sidecar, sidecar_url = start_sidecar(workdir, engine_port, grpc_port)
     try:
-        yield server
+        proc, server, _ = start_vllm(
+            tiny_model,
+            workdir,
+            engine_port,
+            SLOFLEET_POLICY="edf",
+            SLOFLEET_ANALYZER=f"127.0.0.1:{grpc_port}",
+            # a loaded CI machine can delay the sidecar's answers by seconds; keep ordering deterministic
+            SLOFLEET_STALE_AFTER_S="120",
+        )
+        try:
+            deadline = time.monotonic() + 60
+            while httpx.get(f"{sidecar_url}/ready", timeout=2).status_code != 200:
+                assert time.monotonic() < deadline, (workdir / "sidecar.log").read_text()[-3000:]
+                time.sleep(0.3)
+            yield Fleet(server, sidecar_url)
+        finally:
+            stop(proc)
     finally:
-        stop(proc)
+        stop(sidecar)
+
+
+@pytest.fixture(scope="module")
+def edf_server(edf_fleet: Fleet) -> VLLMServer:
+    return edf_fleet.server
 
 
 def test_served_requests_are_admitted_in_the_policys_order(edf_server: VLLMServer) -> None:
     client = openai.OpenAI(base_url=f"{edf_server.url}/v1", api_key="unused", max_retries=0)
     deadlines = {"d40": 40.0, "d10": 10.0, "d30": 30.0, "d20": 20.0}
     lengths = queue_behind_a_blocker(client, edf_server, deadlines)
-    assert lengths == [120, 4, 4, 4, 4]
+    assert lengths == [BLOCKER_TOKENS, 4, 4, 4, 4]
     assert edf_server.events("start")[0]["policy"] == "edf"
+    assert not edf_server.events("degraded")
     admitted = [e["key"] for e in edf_server.events("admit")]
     assert admitted == ["blocker", "d10", "d20", "d30", "d40"]  # arrival order was d40 d10 d30 d20
     # the engine applied what the policy decided once all four were queued
@@ -177,10 +253,47 @@ def test_unreachable_sidecar_degrades_to_stock_order_without_failing_requests(
     client = openai.OpenAI(base_url=f"{degraded_server.url}/v1", api_key="unused", max_retries=0)
     deadlines = {"d40": 40.0, "d10": 10.0, "d30": 30.0}
     lengths = queue_behind_a_blocker(client, degraded_server, deadlines)
-    assert lengths == [120, 4, 4, 4]
+    assert lengths == [BLOCKER_TOKENS, 4, 4, 4]
     assert degraded_server.events("degraded")
     # stock vLLM order: first come, first served
     assert [e["key"] for e in degraded_server.events("admit")] == ["blocker", "d40", "d10", "d30"]
     assert not degraded_server.events("decide"), "with the analyzer unreachable the policy is not consulted"
     metrics = httpx.get(f"{degraded_server.url}/metrics", timeout=5).text
     assert "vllm:request_success_total" in metrics
+
+
+def test_sidecar_in_front_tags_each_request_and_the_engine_orders_by_its_slo(edf_fleet: Fleet) -> None:
+    server = edf_fleet.server
+    client = openai.OpenAI(base_url=f"{edf_fleet.sidecar_url}/v1", api_key="unused", max_retries=0)
+    before = len(server.events("admit"))
+
+    def send(max_tokens: int, deadline_s: float, key: str) -> int:
+        out = client.completions.create(
+            model="tiny",
+            prompt=PROMPT,
+            max_tokens=max_tokens,
+            extra_body={"ignore_eos": True},
+            # the sidecar keeps a caller's request id (as it keeps the router's) as the request's key
+            extra_headers={"x-slo-tier": "batch", "x-slo-deadline-s": str(deadline_s), "x-request-id": key},
+        )
+        assert out.usage is not None
+        return out.usage.completion_tokens
+
+    deadlines = {"sc-d40": 40.0, "sc-d10": 10.0, "sc-d30": 30.0, "sc-d20": 20.0}
+    with ThreadPoolExecutor(max_workers=5) as pool:
+        blocker = pool.submit(send, BLOCKER_TOKENS, 500.0, "sc-blocker")
+        wait_until = time.monotonic() + 30
+        while len(server.events("admit")) == before and time.monotonic() < wait_until:
+            time.sleep(0.05)
+        futures = []
+        for key, dl in deadlines.items():
+            futures.append(pool.submit(send, 4, dl, key))
+            time.sleep(0.1)
+        lengths = [blocker.result(timeout=120), *(f.result(timeout=120) for f in futures)]
+    assert lengths == [BLOCKER_TOKENS, 4, 4, 4, 4]
+    # the engine knows each request by the sidecar's key (slo_request_key) and admits by deadline
+    admitted = [e["key"] for e in server.events("admit")[before:]]
+    assert admitted == ["sc-blocker", "sc-d10", "sc-d20", "sc-d30", "sc-d40"]
+    assert not server.events("degraded"), "the plugin reached the sidecar's analyzer"
+    metrics = httpx.get(f"{edf_fleet.sidecar_url}/metrics", timeout=5).text
+    assert 'tier="batch"' in metrics

@@ -17,7 +17,7 @@ log = logging.getLogger(__name__)
 Fetch = Callable[[], dict[str, int]]
 
 
-def grpc_fetch(target: str, timeout_s: float = 0.5) -> Fetch:
+def grpc_fetch(target: str, timeout_s: float = 2.0) -> Fetch:
     """A fetch function over the sidecar's ``Analyzer.GetBounds`` RPC (all live requests)."""
     import grpc
 
