@@ -12,7 +12,6 @@ the goodput computed here is what the client really got.
 from __future__ import annotations
 
 import asyncio
-import itertools
 import math
 import time
 from collections.abc import Callable, Sequence
@@ -20,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
+import numpy as np
 import openai
 
 from slo_core.gain import GOODPUT_FUNCTIONS, Delivery, GainParams, ideal_gain
@@ -90,12 +90,19 @@ class Replayer:
             messages=[{"role": "user", "content": filler_prompt(prompt_tokens, chat=True)}],
             max_tokens=out_tokens,
             stream=True,
+            stream_options={"include_usage": True},
             extra_body={"ignore_eos": True},
             extra_headers=_headers(job),
         )
+        used = 0
         async for chunk in stream:
             if chunk.choices and chunk.choices[0].delta.content:
                 rec.token_times_s.append(self.clock())
+            if chunk.usage is not None:
+                used = chunk.usage.completion_tokens
+        # a chunk may carry several tokens that piled up: the usage count is the truth
+        if used > len(rec.token_times_s) and rec.token_times_s:
+            rec.token_times_s.extend([rec.token_times_s[-1]] * (used - len(rec.token_times_s)))
 
     async def _complete(
         self, job: Job, rec: CallRecord, prompt_tokens: int, out_tokens: int, stage: int | None
@@ -151,9 +158,9 @@ def outcome(record: JobRecord, start_s: float, params: GainParams) -> JobOutcome
     job = record.job
     times = sorted(t - start_s for c in record.calls for t in c.token_times_s)
     delivery = Delivery(job.slo, job.arrival_s, job.total_input_tokens, times, record.completed)
-    gaps: list[float] = []
+    gaps = np.zeros(0)
     if job.stages is None and job.slo.kind is RequestKind.LATENCY:
-        gaps = [b - a for a, b in itertools.pairwise(times)]
+        gaps = np.diff(np.asarray(times, dtype=float))
     o = JobOutcome(
         delivery,
         job.slo.kind.value,
