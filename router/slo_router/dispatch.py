@@ -52,9 +52,9 @@ class DispatchResult:
 
 def capabilities(ep: EndpointState) -> ReplicaCapabilities:
     """What the pod's sidecar reports it serves, else what discovery declared."""
-    view = ep.view
-    if view is not None and view.capabilities.models:
-        return view.capabilities
+    reported = ep.reported_capabilities()
+    if reported is not None and reported.models:
+        return reported
     return ep.spec.capabilities()
 
 

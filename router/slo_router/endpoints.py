@@ -66,7 +66,9 @@ class CircuitBreaker:
 class EndpointState:
     """What the router currently believes about one endpoint.
 
-    The load view comes from the pod's sidecar (``view``, refreshed by the state stream). Requests this
+    The load view comes from the pod's sidecar (``view``, refreshed by the state stream; a snapshot is
+    turned into a :class:`ReplicaView` only when a dispatch needs it, since most are superseded unread,
+    while its health and capabilities are read at once for the filters). Requests this
     router sent after that snapshot was taken are added to it as waiting (``sent``) until a newer
     snapshot covers them, so a burst between two snapshots does not all land on one pod. An endpoint
     with a gRPC state stream is usable only while the stream is live (``feed_ok``).
@@ -79,6 +81,9 @@ class EndpointState:
     ready: bool = True
     feed_ok: bool | None = None
     sent: list[tuple[float, RequestView]] = field(default_factory=list)
+    _build: Callable[[], ReplicaView] | None = field(default=None, repr=False)
+    _healthy: bool = True
+    _caps: ReplicaCapabilities | None = None
 
     @property
     def usable(self) -> bool:
@@ -86,14 +91,42 @@ class EndpointState:
             return False
         if self.spec.grpc_target and not self.feed_ok:
             return False
+        if self._build is not None:
+            return self._healthy
         return self.view is None or self.view.healthy
+
+    def reported_capabilities(self) -> ReplicaCapabilities | None:
+        """What the sidecar last said the pod serves (None before any report)."""
+        if self._build is not None:
+            return self._caps
+        return self.view.capabilities if self.view is not None else None
 
     def update_view(self, view: ReplicaView, now_s: float) -> None:
         """A fresh snapshot: forget sent requests it already accounts for."""
-        self.view = view
+        self.view, self._build = view, None
         self.last_state_s = now_s
         self.feed_ok = True
         self.sent = [(t, r) for t, r in self.sent if t > view.snapshot_s]
+
+    def update_lazy(
+        self,
+        build: Callable[[], ReplicaView],
+        *,
+        snapshot_s: float,
+        healthy: bool,
+        capabilities: ReplicaCapabilities,
+        now_s: float,
+    ) -> None:
+        """A fresh snapshot, converted by ``build`` only if a dispatch asks for it."""
+        self._build, self._healthy, self._caps = build, healthy, capabilities
+        self.last_state_s = now_s
+        self.feed_ok = True
+        self.sent = [(t, r) for t, r in self.sent if t > snapshot_s]
+
+    def current_view(self) -> ReplicaView | None:
+        if self._build is not None:
+            self.view, self._build = self._build(), None
+        return self.view
 
     def feed_lost(self) -> None:
         self.feed_ok = False
@@ -110,7 +143,7 @@ class EndpointState:
 
     def replica_view(self, now_s: float) -> ReplicaView:
         """The latest snapshot plus requests sent since, or an empty one before any report."""
-        base = self.view
+        base = self.current_view()
         if base is None:
             base = ReplicaView(
                 replica_id=self.spec.endpoint_id,

@@ -93,6 +93,21 @@ def request_view(msg: Any, offset_s: float, tiers: Mapping[str, SLOTier] | None 
     )
 
 
+def capabilities_of(msg: Any) -> ReplicaCapabilities:
+    caps = msg.capabilities
+    return ReplicaCapabilities(
+        models=tuple(caps.models),
+        max_context_tokens=int(caps.max_context_tokens) or 1 << 30,
+        gpu_class=caps.gpu_class,
+        lora_adapters=tuple(caps.lora_adapters),
+    )
+
+
+def snapshot_age_s(msg: Any, wall_now_s: float) -> float:
+    """How old the snapshot is by the wall clock (never negative: a pod clock ahead counts as fresh)."""
+    return max(0.0, wall_now_s - msg.snapshot_unix_s) if msg.snapshot_unix_s > 0 else 0.0
+
+
 def replica_view(
     msg: Any,
     *,
@@ -103,11 +118,10 @@ def replica_view(
 ) -> ReplicaView:
     """A ``PodState`` as a replica snapshot placed on the router's clock (``now_s`` ↔ ``wall_now_s``)."""
     offset = now_s - wall_now_s
-    age = max(0.0, wall_now_s - msg.snapshot_unix_s) if msg.snapshot_unix_s > 0 else 0.0
+    age = snapshot_age_s(msg, wall_now_s)
     waiting, running = [], []
     for r in msg.requests:
         (waiting if r.phase == "waiting" else running).append(request_view(r, offset, tiers))
-    caps = msg.capabilities
     kv_total_tokens = max(BLOCK_SIZE_TOKENS, int(msg.kv_cache_tokens) or 1 << 20)
     blocks_total = kv_total_tokens // BLOCK_SIZE_TOKENS
     usage = min(1.0, max(0.0, msg.kv_usage))
@@ -124,12 +138,7 @@ def replica_view(
         profile=lookup_profile(msg.profile),
         engine_policy=msg.engine_policy or "fcfs",
         healthy=bool(msg.healthy) and not msg.draining,
-        capabilities=ReplicaCapabilities(
-            models=tuple(caps.models),
-            max_context_tokens=int(caps.max_context_tokens) or 1 << 30,
-            gpu_class=caps.gpu_class,
-            lora_adapters=tuple(caps.lora_adapters),
-        ),
+        capabilities=capabilities_of(msg),
         reported_outstanding_tokens=(
             int(msg.outstanding_tokens) if msg.outstanding_tokens > 0 or not msg.requests else None
         ),

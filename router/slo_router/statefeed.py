@@ -10,6 +10,7 @@ The router's load view therefore comes only from the sidecars: replicas of the r
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 from collections.abc import Callable, Mapping
@@ -19,7 +20,7 @@ import grpc
 
 from slo_core.slo import SLOTier
 from slo_router.endpoints import EndpointState
-from slo_router.podstate import replica_view
+from slo_router.podstate import capabilities_of, replica_view, snapshot_age_s
 from slo_router.proto import slofleet_pb2, slofleet_pb2_grpc
 
 log = logging.getLogger(__name__)
@@ -34,7 +35,7 @@ class StateFeed:
         *,
         clock: Callable[[], float] = time.monotonic,
         wall_clock: Callable[[], float] = time.time,
-        interval_ms: int = 50,
+        interval_ms: int = 100,
         stale_after_s: float = 10.0,
         backoff_s: tuple[float, float] = (0.1, 5.0),
         on_snapshot: Callable[[str], None] | None = None,
@@ -51,9 +52,13 @@ class StateFeed:
 
     async def run(self, poll_s: float = 0.1) -> None:
         try:
+            last_tick = self.clock()
             while True:
                 self.reconcile()
-                self._expire_stale()
+                now = self.clock()
+                if now - last_tick < poll_s + 1.0:  # after a stall of our own loop, blame no pod yet
+                    self._expire_stale()
+                last_tick = now
                 await asyncio.sleep(poll_s)
         finally:
             await self.close()
@@ -117,12 +122,15 @@ class StateFeed:
                 if ep is None:
                     call.cancel()
                     return got_one
-                now = self.clock()
-                ep.update_view(
-                    replica_view(
-                        msg, replica_id=ep_id, now_s=now, wall_now_s=self.wall_clock(), tiers=self.tiers
+                now, wall = self.clock(), self.wall_clock()
+                ep.update_lazy(
+                    functools.partial(
+                        replica_view, msg, replica_id=ep_id, now_s=now, wall_now_s=wall, tiers=self.tiers
                     ),
-                    now,
+                    snapshot_s=now - snapshot_age_s(msg, wall),
+                    healthy=bool(msg.healthy) and not msg.draining,
+                    capabilities=capabilities_of(msg),
+                    now_s=now,
                 )
                 got_one = True
                 if self.on_snapshot is not None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable
+from typing import Any
 
 from slo_core.policies.go_routing import GoRouting
 from slo_core.slo import PriorityClass, RequestKind, SLOTier
@@ -122,15 +123,16 @@ async def test_stream_feeds_the_view_and_loss_marks_the_pod_unusable_until_it_re
         feed = StateFeed(table, interval_ms=20, backoff_s=(0.05, 0.2))
         task = asyncio.create_task(feed.run(poll_s=0.02))
         try:
-            await wait_until(lambda: table["a"].view is not None)
+            await wait_until(lambda: table["a"].current_view() is not None)
             assert table["a"].usable
-            assert [r.request_id for r in table["a"].view.waiting] == ["r1"]  # type: ignore[union-attr]
+            assert [r.request_id for r in table["a"].current_view().waiting] == ["r1"]  # type: ignore[union-attr]
             port = running.grpc_port
             await running.kill()
             await wait_until(lambda: not table["a"].usable)
             async with RunningPod(FakePod("a"), grpc_port=port):  # comes back on the same address
                 await wait_until(lambda: table["a"].usable, timeout_s=5)
-                assert table["a"].view is not None and not table["a"].view.waiting
+                view = table["a"].current_view()
+                assert view is not None and not view.waiting
         finally:
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)
@@ -179,3 +181,23 @@ async def test_requests_sent_since_the_snapshot_count_as_load_until_covered() ->
     newer = replica_view(pod_state(snapshot_unix_s=1001.0), replica_id="a", now_s=11.0, wall_now_s=1001.0)
     ep.update_view(newer, 11.0)  # the sidecar's snapshot now covers it
     assert not ep.sent
+
+
+def test_snapshots_are_converted_only_when_a_dispatch_reads_them() -> None:
+    ep = EndpointState(EndpointSpec("a", "http://a", grpc_target="a:1"))
+    built: list[int] = []
+
+    def build(n: int) -> Callable[[], Any]:
+        def make() -> Any:
+            built.append(n)
+            return replica_view(pod_state(), replica_id="a", now_s=0.0, wall_now_s=1000.0)
+
+        return make
+
+    caps = replica_view(pod_state(), replica_id="a", now_s=0, wall_now_s=1000).capabilities
+    for n in range(5):
+        ep.update_lazy(build(n), snapshot_s=0.0, healthy=n != 3, capabilities=caps, now_s=0.0)
+        assert ep.usable is (n != 3)  # health is known without converting
+    assert ep.reported_capabilities() == caps and not built
+    assert ep.replica_view(0.0).capabilities.gpu_class == "h100"
+    assert built == [4]  # only the newest, once
