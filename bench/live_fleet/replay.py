@@ -127,6 +127,7 @@ def score(results: list[dict[str, Any]], tiers: dict[str, Any]) -> dict[str, dic
         delivery = Delivery(slo=targets, arrival_s=0.0, input_tokens=r["prompt_tokens"],
                             token_times_s=r["token_times_s"], completed=r["completed"])  # fmt: skip
         row["completed"] += r["completed"]
+        row[f"status_{r['status']}"] += 1
         row["goodput_tokens"] += fn(delivery, params)
         row["met_slo"] += r["completed"] and request_goodput(delivery) > 0
     for row in out.values():
@@ -134,6 +135,19 @@ def score(results: list[dict[str, Any]], tiers: dict[str, Any]) -> dict[str, dic
     total = {k: sum(row[k] for row in out.values()) for k in ("requests", "goodput_tokens", "met_slo")}
     out["all"] = {**total, "attainment": total["met_slo"] / max(1, total["requests"])}
     return {k: dict(v) for k, v in out.items()}
+
+
+def router_counters(url: str) -> dict[str, float]:
+    """The router's own rejects, retries and upstream failures (its /metrics), summed per series name."""
+    wanted = ("slofleet_router_rejects_total", "slofleet_router_retries_total",
+              "slofleet_router_upstream_failures_total", "slofleet_router_downgraded_total")  # fmt: skip
+    out: dict[str, float] = {}
+    for line in httpx.get(url + "/metrics", timeout=10).text.splitlines():
+        name = line.split("{", 1)[0].split(" ", 1)[0]
+        if name in wanted:
+            key = line.rsplit(" ", 1)[0]
+            out[key] = out.get(key, 0.0) + float(line.rsplit(" ", 1)[1])
+    return out
 
 
 def run_router(fleet: LocalFleet, policy_file: Path, routing: str) -> tuple[subprocess.Popen[bytes], str]:
@@ -186,7 +200,11 @@ def main() -> None:
             try:
                 t0 = time.monotonic()
                 raw = asyncio.run(replay(url, model, trace))
-                results["policies"][routing] = {"wall_s": time.monotonic() - t0, "tiers": score(raw, tiers)}
+                results["policies"][routing] = {
+                    "wall_s": time.monotonic() - t0,
+                    "tiers": score(raw, tiers),
+                    "router": router_counters(url),
+                }
                 print(routing, json.dumps(results["policies"][routing]["tiers"]["all"]), flush=True)
             finally:
                 proc.terminate()
