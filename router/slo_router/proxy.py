@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import re
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
@@ -20,6 +21,8 @@ import httpx
 log = logging.getLogger(__name__)
 
 RETRYABLE_STATUS = frozenset({500, 502, 503, 504})
+# A chunk whose "text" or "content" is a non-empty string carries output (no JSON parse needed).
+_HAS_TEXT = re.compile(rb'"(?:text|content)":\s*"(?!")')
 CONNECT_TIMEOUT_S = 5.0
 
 
@@ -57,6 +60,11 @@ class StreamStats:
             payload = line[5:].strip()
             if payload == b"[DONE]":
                 self.completed = self.error is None
+                continue
+            if b'"error"' not in payload and b'"usage"' not in payload:
+                # the common token chunk: no JSON parse, just whether it carries text
+                if _HAS_TEXT.search(payload):
+                    self.token_times_s.append(now_s)
                 continue
             try:
                 chunk = json.loads(payload)
