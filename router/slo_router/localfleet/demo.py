@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import signal
 import sys
 import time
 from pathlib import Path
@@ -151,7 +152,17 @@ def summary(outs: list[JobOutcome], span_s: float, bucket_s: float) -> dict[str,
     return m
 
 
+def _stop_on_sigterm() -> None:
+    """SIGTERM unwinds like Ctrl-C, so the running fleet is stopped instead of orphaned."""
+
+    def handler(signum: int, _frame: object) -> None:
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    signal.signal(signal.SIGTERM, handler)
+
+
 def run(args: argparse.Namespace) -> int:
+    _stop_on_sigterm()
     try:
         mix = parse_mix(args.mix)
         if not 0 < args.speedup <= 100:
@@ -190,6 +201,9 @@ def run(args: argparse.Namespace) -> int:
     except (ValueError, FleetError) as exc:
         print(f"slofleet demo: {exc}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print("\nslofleet demo: interrupted; the fleets are stopped", file=sys.stderr)
+        return 130
     meta = {"workload": workload.model_dump(mode="json"), "speedup": args.speedup, "engines": args.engines,
             "profile": args.profile, "jobs": len(jobs)}  # fmt: skip
     table = write_report(out, runs, meta)
