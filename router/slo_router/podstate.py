@@ -119,7 +119,8 @@ def replica_view(
     """A ``PodState`` as a replica snapshot placed on the router's clock (``now_s`` ↔ ``wall_now_s``)."""
     offset = now_s - wall_now_s
     age = snapshot_age_s(msg, wall_now_s)
-    waiting, running = [], []
+    waiting: list[RequestView] = []
+    running: list[RequestView] = []
     for r in msg.requests:
         (waiting if r.phase == "waiting" else running).append(request_view(r, offset, tiers))
     kv_total_tokens = max(BLOCK_SIZE_TOKENS, int(msg.kv_cache_tokens) or 1 << 20)

@@ -75,7 +75,8 @@ class StreamStats:
     def _observe_chunk(self, chunk: dict[str, object], now_s: float) -> None:
         if "error" in chunk:
             self.error = str(chunk["error"])
-        for choice in chunk.get("choices") or []:  # type: ignore[union-attr]
+        choices = chunk.get("choices")
+        for choice in choices if isinstance(choices, list) else []:
             if not isinstance(choice, dict):
                 continue
             delta = choice.get("delta") or {}

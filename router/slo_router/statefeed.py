@@ -71,10 +71,10 @@ class StateFeed:
                 task.cancel()
                 del self._tasks[ep_id]
         for ep_id, ep in self.endpoints.items():
-            target = ep.spec.grpc_target
-            if target and ep_id not in self._tasks:
-                task = asyncio.create_task(self._follow(ep_id, target), name=f"statefeed-{ep_id}")
-                self._tasks[ep_id] = (target, task)
+            wanted = ep.spec.grpc_target
+            if wanted and ep_id not in self._tasks:
+                task = asyncio.create_task(self._follow(ep_id, wanted), name=f"statefeed-{ep_id}")
+                self._tasks[ep_id] = (wanted, task)
 
     def _expire_stale(self) -> None:
         now = self.clock()
