@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import functools
-import json
 import logging
 import random
 import time
@@ -31,24 +30,28 @@ from starlette.routing import Route
 from slo_core.policies.base import RequestView, RouterPolicy
 from slo_core.policies.registry import make_router_policy
 from slo_core.policies.seed_estimates import first_token_due_s
-from slo_core.request_slo import SLOParamError, SLORequest, parse_slo, strip_slo_fields, to_headers
-from slo_core.slo import RequestKind, SLOTargets
+from slo_core.request_slo import strip_slo_fields
+from slo_core.slo import RequestKind
 from slo_router.accounting import respond
 from slo_router.config import RouterConfig
-from slo_router.dispatch import Affinity, DispatchResult, SessionTable, dispatch
+from slo_router.dispatch import DispatchResult, SessionTable, dispatch
 from slo_router.endpoints import EndpointState
 from slo_router.errors import APIError, error_response
+from slo_router.intake import (
+    affinity_of,
+    authenticate,
+    read_body,
+    request_view,
+    resolve,
+    upstream_headers,
+)
 from slo_router.metrics import RouterMetrics
 from slo_router.proxy import UpstreamUnavailable, open_upstream
 from slo_router.ratelimit import RateLimiter
-from slo_router.tenants import KeyStore, Tenant
+from slo_router.tenants import KeyStore
 
 log = logging.getLogger(__name__)
 
-INTERNAL_PREFIX = "x-slofleet-"
-DEFAULT_MAX_TOKENS = 1024
-PREFIX_AFFINITY_CHARS = 512
-PREFIX_AFFINITY_MIN_CHARS = 64
 MAX_ATTEMPTS = 12
 
 
@@ -74,95 +77,6 @@ class RouterState:
         return [ep for ep in self.endpoints.values() if ep.usable]
 
 
-def _estimate_prompt_tokens(body: dict[str, Any]) -> int:
-    """Rough prompt size (≈4 characters a token); the pod's sidecar counts exactly."""
-    if "messages" in body:
-        msgs = body["messages"]
-        text = (
-            "".join(str(m.get("content", "")) for m in msgs if isinstance(m, dict))
-            if isinstance(msgs, list)
-            else ""
-        )
-    else:
-        prompt = body.get("prompt", "")
-        text = prompt if isinstance(prompt, str) else json.dumps(prompt)
-    return max(1, len(text) // 4)
-
-
-def _max_tokens(body: dict[str, Any]) -> int:
-    value = body.get("max_tokens", body.get("max_completion_tokens"))
-    if value is None:
-        return DEFAULT_MAX_TOKENS
-    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise APIError(400, "max_tokens must be a positive integer", param="max_tokens")
-    return value
-
-
-def _authenticate(state: RouterState, request: Request) -> Tenant:
-    auth = request.headers.get("authorization", "")
-    key = auth[7:].strip() if auth.lower().startswith("bearer ") else ""
-    if not key:
-        if state.config.require_keys:
-            raise APIError(
-                401, "missing API key: send 'Authorization: Bearer <key>'", kind="authentication_error"
-            )
-        return state.config.anonymous()
-    name = state.keys.tenant_of(key)
-    if name is None:
-        if not state.config.require_keys and len(state.keys) == 0:
-            return state.config.anonymous()
-        raise APIError(401, "invalid API key", kind="authentication_error", code="invalid_api_key")
-    tenant = state.config.tenants.get(name)
-    if tenant is None:
-        raise APIError(
-            401,
-            f"API key belongs to tenant {name!r}, which the SLOPolicy does not define",
-            kind="authentication_error",
-        )
-    return tenant
-
-
-def _upstream_headers(slo: SLORequest, tier: str, tenant: Tenant, request_id: str) -> dict[str, str]:
-    """The SLO as headers with the bound tier; the body's SLO fields are stripped before forwarding."""
-    headers = to_headers(slo.model_copy(update={"tier": tier}))
-    headers.update(
-        {
-            "content-type": "application/json",
-            "x-request-id": request_id,
-            f"{INTERNAL_PREFIX}tenant": tenant.name,
-        }
-    )
-    return headers
-
-
-def _resolve(
-    state: RouterState, request: Request, body: dict[str, Any]
-) -> tuple[Tenant, SLORequest, str, SLOTargets]:
-    tenant = _authenticate(state, request)
-    stripped = [h for h in request.headers if h.lower().startswith(INTERNAL_PREFIX)]
-    try:
-        slo = parse_slo(request.headers, body)
-    except SLOParamError as exc:
-        raise APIError(400, str(exc), param=exc.param, code="invalid_slo") from None
-    tier, was_stripped = tenant.bind_tier(slo.tier)
-    if was_stripped or stripped:
-        state.metrics.stripped.labels(tenant.name).inc()
-    targets = state.config.tiers[tier].targets(ttft_s=slo.ttft_s, tbt_s=slo.tbt_s, deadline_s=slo.deadline_s)
-    return tenant, slo, tier, targets
-
-
-async def _read_body(request: Request) -> dict[str, Any]:
-    try:
-        body = await request.json()
-    except (ValueError, UnicodeDecodeError):
-        raise APIError(400, "request body is not valid JSON") from None
-    if not isinstance(body, dict):
-        raise APIError(400, "request body must be a JSON object")
-    if not isinstance(body.get("model"), str) or not body["model"]:
-        raise APIError(400, "'model' is required and must be a string", param="model")
-    return body
-
-
 async def completions(request: Request) -> Response:
     state: RouterState = request.app.state.router
     labels = ["", "", ""]
@@ -173,48 +87,13 @@ async def completions(request: Request) -> Response:
         return error_response(err)
 
 
-def _request_view(
-    request_id: str, targets: SLOTargets, now: float, *, body: dict[str, Any], tenant: Tenant, slo: SLORequest
-) -> RequestView:
-    deadline_at = (
-        now + targets.deadline_s
-        if targets.deadline_s
-        else (now + targets.effective_deadline_s if targets.kind is RequestKind.BEST_EFFORT else None)
-    )
-    return RequestView(
-        request_id=request_id,
-        slo=targets,
-        arrival_s=now,
-        prompt_tokens=_estimate_prompt_tokens(body),
-        max_tokens=_max_tokens(body),
-        deadline_at_s=deadline_at,
-        tenant=tenant.name,
-        program_id=slo.program_id,
-        stage=slo.stage,
-    )
-
-
-def _affinity(state: RouterState, request: Request, body: dict[str, Any], slo: SLORequest) -> Affinity | None:
-    wanted = state.config.affinity
-    if not wanted:
-        return None
-    session = None
-    if "session" in wanted:
-        session = request.headers.get("x-session-id") or slo.program_id or body.get("user") or None
-    prefix = None
-    if "prefix" in wanted:
-        text = json.dumps(body.get("messages") if "messages" in body else body.get("prompt"))
-        prefix = text[:PREFIX_AFFINITY_CHARS] if len(text) >= PREFIX_AFFINITY_MIN_CHARS else None
-    return Affinity(session=str(session) if session else None, prefix=prefix)
-
-
 async def _serve(state: RouterState, request: Request, labels: list[str]) -> Response:
-    body = await _read_body(request)
-    tenant, slo, tier, targets = _resolve(state, request, body)
+    body = await read_body(request)
+    tenant, slo, tier, targets = resolve(state, request, body)
     model = body["model"]
     labels[:] = [tier, tenant.name, model]
     request_id = request.headers.get("x-request-id") or f"rtr-{uuid.uuid4().hex[:16]}"
-    view = _request_view(request_id, targets, state.clock(), body=body, tenant=tenant, slo=slo)
+    view = request_view(request_id, targets, state.clock(), body=body, tenant=tenant, slo=slo)
     wait = state.limiter.check(
         tenant.name, tenant.requests_per_s, tenant.tokens_per_s, view.prompt_tokens + view.max_tokens
     )
@@ -227,7 +106,7 @@ async def _serve(state: RouterState, request: Request, labels: list[str]) -> Res
             retry_after_s=wait,
         )
     forward_body = strip_slo_fields(body)
-    affinity = _affinity(state, request, body, slo)
+    affinity = affinity_of(state, request, body, slo)
     tried: set[str] = set()
     last_reason = "no replica available"
     retry_after: float | None = 1.0
@@ -280,7 +159,7 @@ async def _serve(state: RouterState, request: Request, labels: list[str]) -> Res
                 state.client,
                 ep.spec.http_url + request.url.path,
                 forward_body,
-                _upstream_headers(slo, tier, tenant, request_id),
+                upstream_headers(slo, tier, tenant, request_id),
                 state.upstream_timeout_s,
             )
         except UpstreamUnavailable as exc:
@@ -368,7 +247,7 @@ def _retry_hint_s(view: RequestView) -> float:
 async def models(request: Request) -> Response:
     state: RouterState = request.app.state.router
     try:
-        _authenticate(state, request)
+        authenticate(state, request)
     except APIError as err:
         return error_response(err)
     names: dict[str, str] = dict(state.catalog)
