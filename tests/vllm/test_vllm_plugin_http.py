@@ -144,7 +144,7 @@ def queue_behind_a_blocker(
         futures = []
         for key, dl in deadlines.items():
             futures.append(pool.submit(complete, client, 4, {"vllm_xargs": xargs(dl, key)}))
-            time.sleep(0.1)  # distinct arrival order
+            time.sleep(0.02)  # distinct arrival order, all queued well before the blocker ends
         return [blocker.result(timeout=120), *(f.result(timeout=120) for f in futures)]
 
 
@@ -288,7 +288,7 @@ def test_sidecar_in_front_tags_each_request_and_the_engine_orders_by_its_slo(edf
         futures = []
         for key, dl in deadlines.items():
             futures.append(pool.submit(send, 4, dl, key))
-            time.sleep(0.1)
+            time.sleep(0.02)
         lengths = [blocker.result(timeout=120), *(f.result(timeout=120) for f in futures)]
     assert lengths == [BLOCKER_TOKENS, 4, 4, 4, 4]
     # the engine knows each request by the sidecar's key (slo_request_key) and admits by deadline
