@@ -168,11 +168,13 @@ def write_plots(by_scen: dict[str, list[Rec]], out: Path) -> None:
     conv = [r for r in by_scen.get("conv", []) if "error" not in r and _an(r) == an]
     if conv:
         fig, axes = plt.subplots(1, 3, figsize=(16, 4.5))
-        for p in dict.fromkeys(r["policy"] for r in conv):
+        cmap = plt.get_cmap("tab20")
+        for i, p in enumerate(sorted(dict.fromkeys(r["policy"] for r in conv))):
             rs = sorted((r for r in conv if r["policy"] == p), key=lambda r: r["rps"])
             style = "-" if p.startswith("gmax") or p in ("fcfs", "sarathi") else "--"
             for ax, m in zip(axes, ("goodput_token_ratio", "goodput_tdg_ratio", "attainment"), strict=True):
-                ax.plot([r["rps"] for r in rs], [r.get(m) or 0 for r in rs], style, marker="o", label=p)
+                ys = [r.get(m) or 0 for r in rs]
+                ax.plot([r["rps"] for r in rs], ys, style, marker="o", color=cmap(i), label=p)
         for ax, t in zip(axes, ("token goodput", "TDG ratio", "attainment"), strict=True):
             ax.set(
                 xlabel="load (req/s, 1 replica)", ylabel=t, ylim=(0, 1.05), title=f"conv 1:1:1 ({an}): {t}"
