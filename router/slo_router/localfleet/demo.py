@@ -36,12 +36,12 @@ from slo_router.localfleet.spec import DEFAULT_PROFILE, EngineGroup, FleetSpec
 
 def register(parser: argparse.ArgumentParser) -> None:
     """Replay a real trace through a local slofleet fleet and a stock FCFS/round-robin one; compare."""
-    parser.add_argument("--duration", type=float, default=60.0, help="seconds of trace arrivals (GPU time)")
-    parser.add_argument("--rps", type=float, default=6.0, help="arrival rate, requests/s (GPU time)")
-    parser.add_argument("--engines", type=int, default=2, help="simulated engines per fleet")
+    parser.add_argument("--duration", type=float, default=40.0, help="seconds of trace arrivals (GPU time)")
+    parser.add_argument("--rps", type=float, default=12.0, help="arrival rate, requests/s (GPU time)")
+    parser.add_argument("--engines", type=int, default=1, help="simulated engines per fleet")
     parser.add_argument("--profile", default=DEFAULT_PROFILE, help="GPU/model performance profile")
     parser.add_argument(
-        "--speedup", type=float, default=0.5, help="time runs this fast vs the GPU (< 1: slower)"
+        "--speedup", type=float, default=1.0, help="time runs this fast vs the GPU (< 1: slower)"
     )
     parser.add_argument("--trace", default="azure-conv-2023", help="built-in trace name or trace file path")
     parser.add_argument("--mix", default="1:1:1", help="latency:deadline:compound ratio")
@@ -50,6 +50,9 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--baseline-policy", default="fcfs", help="stock fleet's engine policy")
     parser.add_argument("--baseline-routing", default="round-robin", help="stock fleet's routing policy")
     parser.add_argument("--max-tokens", type=int, default=1024, help="cap on each request's output length")
+    parser.add_argument(
+        "--max-prompt-tokens", type=int, default=3000, help="cap on each request's prompt (fit the context)"
+    )
     parser.add_argument("--seed", type=int, default=0, help="workload seed")
     parser.add_argument("--out", default="slofleet-demo", help="report folder")
     parser.set_defaults(func=run)
@@ -173,7 +176,7 @@ def run(args: argparse.Namespace) -> int:
             slo_scale=scale, max_tokens=args.max_tokens, seed=args.seed,
         )  # fmt: skip
         jobs = [j for j in build_workload(workload) if j.total_output_tokens > 0]
-        jobs = [_capped(j, args.max_tokens) for j in jobs]
+        jobs = [_capped(j, args.max_tokens, args.max_prompt_tokens) for j in jobs]
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)
         runs = {}
@@ -212,11 +215,19 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _capped(job: Job, max_tokens: int) -> Job:
-    """Cap output lengths at ``max_tokens`` so one very long answer cannot dominate a short demo."""
+def _capped(job: Job, max_tokens: int, max_prompt_tokens: int) -> Job:
+    """Cap lengths so every request fits the model's context and one very long answer cannot dominate
+    a short demo (both fleets replay the same capped jobs)."""
     from dataclasses import replace
 
     if job.stages is None:
-        return replace(job, output_tokens=min(job.output_tokens, max_tokens), max_tokens=max_tokens)
-    stages = tuple(tuple((i, min(o, max_tokens)) for i, o in stage) for stage in job.stages)
+        return replace(
+            job,
+            prompt_tokens=min(job.prompt_tokens, max_prompt_tokens),
+            output_tokens=min(job.output_tokens, max_tokens),
+            max_tokens=max_tokens,
+        )
+    stages = tuple(
+        tuple((min(i, max_prompt_tokens), min(o, max_tokens)) for i, o in stage) for stage in job.stages
+    )
     return replace(job, stages=stages, max_tokens=max_tokens)
