@@ -1,7 +1,8 @@
 """The scheduler plugin inside a real ``vllm serve`` (CPU build), driven over HTTP by the ``openai`` client.
 
 A vLLM OpenAI server is started with ``--scheduler-cls slo_sidecar.vllm_plugin.scheduler.SLOScheduler``
-and one sequence slot, so queued requests are admitted strictly in the order the plugin gives. The
+and one sequence slot, so queued requests are admitted strictly in the order the plugin gives; the
+requests are queued in a paused engine (vLLM's dev-mode ``/pause?mode=keep``) and released together. The
 engine-side trace (``SLOFLEET_ENGINE_TRACE``) shows what the engine did. The slofleet sidecar runs in
 front of it in engine mode (from the project's main virtual environment, as in a pod where the sidecar
 is its own container): it tags each request's SLO into ``vllm_xargs`` and serves the plugin's bounds
@@ -18,7 +19,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,7 +39,6 @@ pytestmark = pytest.mark.vllm
 
 SCHEDULER_CLS = "slo_sidecar.vllm_plugin.scheduler.SLOScheduler"
 PROMPT = "def add(a, b):\n    return a + b\n"
-BLOCKER_TOKENS = 480  # long enough that all queued requests arrive while it holds the one slot
 
 
 def free_port() -> int:
@@ -83,6 +83,7 @@ def start_vllm(
         "VLLM_CACHE_ROOT": str(workdir / "cache"),
         "VLLM_ENABLE_V1_MULTIPROCESSING": "1",
         "SLOFLEET_ENGINE_TRACE": str(trace),
+        "VLLM_SERVER_DEV_MODE": "1",  # the /pause and /resume endpoints the tests queue requests with
         **env,
     }
     cmd = [
@@ -132,20 +133,45 @@ def complete(client: openai.OpenAI, max_tokens: int, extra_body: dict[str, Any])
     return out.usage.completion_tokens
 
 
-def queue_behind_a_blocker(
-    client: openai.OpenAI, server: VLLMServer, deadlines: dict[str, float]
+def wait_for(condition: Callable[[], bool], what: str, timeout_s: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.02)
+
+
+def queue_while_paused(
+    server: VLLMServer, send: Callable[[str, float], int], deadlines: dict[str, float]
 ) -> list[int]:
-    """Occupy the one slot with a long request, queue the others (in the given order), return lengths."""
-    with ThreadPoolExecutor(max_workers=len(deadlines) + 1) as pool:
-        blocker = pool.submit(complete, client, BLOCKER_TOKENS, {"vllm_xargs": xargs(1000.0, "blocker")})
-        deadline = time.monotonic() + 30
-        while not server.events("admit") and time.monotonic() < deadline:
-            time.sleep(0.05)
-        futures = []
-        for key, dl in deadlines.items():
-            futures.append(pool.submit(complete, client, 4, {"vllm_xargs": xargs(dl, key)}))
-            time.sleep(0.02)  # distinct arrival order, all queued well before the blocker ends
-        return [blocker.result(timeout=120), *(f.result(timeout=120) for f in futures)]
+    """Queue requests in a paused engine, one at a time in the order given, then resume it.
+
+    The engine is paused in vLLM's ``keep`` mode: it takes requests into the scheduler's waiting queue
+    but schedules none. Each request is sent once the previous one has reached the queue (its
+    ``arrive`` trace event), so the arrival order is exactly the order of ``deadlines`` however slow
+    the machine; on resume the scheduler admits the queue one at a time (one sequence slot). Nothing
+    here depends on timing, unlike holding the slot with a long request, which a loaded two-core
+    machine can finish before the queue has formed. Returns the requests' completion lengths.
+    """
+    seen_before = len(server.events("arrive"))
+    admitted_before = len(server.events("admit"))
+
+    def arrived() -> list[str]:
+        return [e["key"] for e in server.events("arrive")[seen_before:]]
+
+    httpx.post(f"{server.url}/pause", params={"mode": "keep"}, timeout=30).raise_for_status()
+    try:
+        with ThreadPoolExecutor(max_workers=len(deadlines)) as pool:
+            futures = []
+            for key, dl in deadlines.items():
+                futures.append(pool.submit(send, key, dl))
+                done = futures[-1]
+                wait_for(lambda key=key, done=done: key in arrived() or done.done(), f"{key} to be queued")
+            assert arrived() == list(deadlines), "the requests reached the engine in the order sent"
+            assert len(server.events("admit")) == admitted_before, "a paused engine admits nothing"
+            httpx.post(f"{server.url}/resume", timeout=30).raise_for_status()
+            return [f.result(timeout=120) for f in futures]
+    finally:
+        httpx.post(f"{server.url}/resume", timeout=30)  # idempotent; never leave the engine paused
 
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -220,12 +246,14 @@ def edf_server(edf_fleet: Fleet) -> VLLMServer:
 def test_served_requests_are_admitted_in_the_policys_order(edf_server: VLLMServer) -> None:
     client = openai.OpenAI(base_url=f"{edf_server.url}/v1", api_key="unused", max_retries=0)
     deadlines = {"d40": 40.0, "d10": 10.0, "d30": 30.0, "d20": 20.0}
-    lengths = queue_behind_a_blocker(client, edf_server, deadlines)
-    assert lengths == [BLOCKER_TOKENS, 4, 4, 4, 4]
+    lengths = queue_while_paused(
+        edf_server, lambda key, dl: complete(client, 4, {"vllm_xargs": xargs(dl, key)}), deadlines
+    )
+    assert lengths == [4, 4, 4, 4]
     assert edf_server.events("start")[0]["policy"] == "edf"
     assert not edf_server.events("degraded")
     admitted = [e["key"] for e in edf_server.events("admit")]
-    assert admitted == ["blocker", "d10", "d20", "d30", "d40"]  # arrival order was d40 d10 d30 d20
+    assert admitted == ["d10", "d20", "d30", "d40"]  # arrival order was d40 d10 d30 d20
     # the engine applied what the policy decided once all four were queued
     decided = [e["admit_keys"] for e in edf_server.events("decide") if len(e["admit"]) == 4]
     assert decided and decided[-1] == ["d10", "d20", "d30", "d40"]
@@ -252,11 +280,13 @@ def test_unreachable_sidecar_degrades_to_stock_order_without_failing_requests(
 ) -> None:
     client = openai.OpenAI(base_url=f"{degraded_server.url}/v1", api_key="unused", max_retries=0)
     deadlines = {"d40": 40.0, "d10": 10.0, "d30": 30.0}
-    lengths = queue_behind_a_blocker(client, degraded_server, deadlines)
-    assert lengths == [BLOCKER_TOKENS, 4, 4, 4]
+    lengths = queue_while_paused(
+        degraded_server, lambda key, dl: complete(client, 4, {"vllm_xargs": xargs(dl, key)}), deadlines
+    )
+    assert lengths == [4, 4, 4]
     assert degraded_server.events("degraded")
     # stock vLLM order: first come, first served
-    assert [e["key"] for e in degraded_server.events("admit")] == ["blocker", "d40", "d10", "d30"]
+    assert [e["key"] for e in degraded_server.events("admit")] == ["d40", "d10", "d30"]
     assert not degraded_server.events("decide"), "with the analyzer unreachable the policy is not consulted"
     metrics = httpx.get(f"{degraded_server.url}/metrics", timeout=5).text
     assert "vllm:request_success_total" in metrics
@@ -280,20 +310,11 @@ def test_sidecar_in_front_tags_each_request_and_the_engine_orders_by_its_slo(edf
         return out.usage.completion_tokens
 
     deadlines = {"sc-d40": 40.0, "sc-d10": 10.0, "sc-d30": 30.0, "sc-d20": 20.0}
-    with ThreadPoolExecutor(max_workers=5) as pool:
-        blocker = pool.submit(send, BLOCKER_TOKENS, 500.0, "sc-blocker")
-        wait_until = time.monotonic() + 30
-        while len(server.events("admit")) == before and time.monotonic() < wait_until:
-            time.sleep(0.05)
-        futures = []
-        for key, dl in deadlines.items():
-            futures.append(pool.submit(send, 4, dl, key))
-            time.sleep(0.02)
-        lengths = [blocker.result(timeout=120), *(f.result(timeout=120) for f in futures)]
-    assert lengths == [BLOCKER_TOKENS, 4, 4, 4, 4]
+    lengths = queue_while_paused(server, lambda key, dl: send(4, dl, key), deadlines)
+    assert lengths == [4, 4, 4, 4]
     # the engine knows each request by the sidecar's key (slo_request_key) and admits by deadline
     admitted = [e["key"] for e in server.events("admit")[before:]]
-    assert admitted == ["sc-blocker", "sc-d10", "sc-d20", "sc-d30", "sc-d40"]
+    assert admitted == ["sc-d10", "sc-d20", "sc-d30", "sc-d40"]
     assert not server.events("degraded"), "the plugin reached the sidecar's analyzer"
     metrics = httpx.get(f"{edf_fleet.sidecar_url}/metrics", timeout=5).text
     assert 'tier="batch"' in metrics

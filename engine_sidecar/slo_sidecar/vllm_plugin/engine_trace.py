@@ -1,4 +1,4 @@
-"""Engine-side trace: one JSON line per admission, preemption, rejection, finish and policy decision."""
+"""Engine-side trace: a JSON line per arrival, admission, preemption, rejection, finish and decision."""
 
 from __future__ import annotations
 

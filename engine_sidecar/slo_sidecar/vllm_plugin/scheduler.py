@@ -72,6 +72,9 @@ class SLOScheduler(Scheduler):  # type: ignore[misc]
     def add_request(self, request: Any) -> None:
         super().add_request(request)
         self.slo_bridge.note_event()
+        if self.slo_trace.enabled:
+            rid = request.request_id
+            self.slo_trace.event("arrive", request_id=rid, key=self._slo_key(rid))
 
     def finish_requests(self, request_ids: Any, finished_status: Any) -> list[Any]:
         finished = super().finish_requests(request_ids, finished_status)
