@@ -72,9 +72,22 @@ class RouterState:
     background: list[Any] = field(default_factory=list)
     sessions: SessionTable = field(default_factory=SessionTable)
     catalog: dict[str, str] = field(default_factory=dict)
+    # False while a policy the router must follow (``--policy-name``) has not been read yet: not ready
+    policy_loaded: bool = True
+    policy_source: str = ""
 
     def usable_endpoints(self) -> list[EndpointState]:
         return [ep for ep in self.endpoints.values() if ep.usable]
+
+    def apply_config(self, config: RouterConfig, source: str = "") -> None:
+        """Switch to a new policy (tiers, tenants, routing); requests already dispatched are unaffected.
+
+        The routing policy is built first, so a config it rejects (``ValueError``) changes nothing.
+        """
+        policy = make_router_policy(config.routing_policy, config.routing_params)
+        self.config, self.policy = config, policy
+        self.policy_loaded = True
+        self.policy_source = source
 
 
 async def completions(request: Request) -> Response:
@@ -88,6 +101,14 @@ async def completions(request: Request) -> Response:
 
 
 async def _serve(state: RouterState, request: Request, labels: list[str]) -> Response:
+    if not state.policy_loaded:  # no tiers or tenants to bind the caller to yet
+        raise APIError(
+            503,
+            f"the router has not read SLOPolicy {state.policy_source or '(unnamed)'} yet; retry shortly",
+            kind="server_error",
+            code="policy_not_loaded",
+            retry_after_s=5.0,
+        )
     body = await read_body(request)
     tenant, slo, tier, targets = resolve(state, request, body)
     model = body["model"]
@@ -268,7 +289,11 @@ async def ready(request: Request) -> Response:
     state: RouterState = request.app.state.router
     n = len(state.usable_endpoints())
     state.metrics.endpoints_ready.set(n)
-    return JSONResponse({"ready": n > 0, "endpoints": n}, status_code=200 if n else 503)
+    ok = n > 0 and state.policy_loaded
+    body: dict[str, Any] = {"ready": ok, "endpoints": n, "policy_loaded": state.policy_loaded}
+    if state.policy_source:
+        body["policy"] = state.policy_source
+    return JSONResponse(body, status_code=200 if ok else 503)
 
 
 async def metrics(request: Request) -> Response:

@@ -22,7 +22,12 @@ def register(parser: argparse.ArgumentParser) -> None:
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--endpoints", help="YAML file of endpoints (re-read when it changes)")
     source.add_argument("--kubernetes", action="store_true", help="discover pods of ModelDeployments")
-    parser.add_argument("--policy-file", help="SLOPolicy YAML (tiers, tenants, routing policy)")
+    policy = parser.add_mutually_exclusive_group()
+    policy.add_argument("--policy-file", help="SLOPolicy YAML (tiers, tenants, routing policy)")
+    policy.add_argument(
+        "--policy-name",
+        help="with --kubernetes: follow this SLOPolicy object in --namespace (re-read as it changes)",
+    )
     parser.add_argument("--keys-file", help="local API keys: 'tenants: {NAME: [KEY, ...]}'")
     parser.add_argument("--routing-policy", help="override the SLOPolicy's routing policy name")
     parser.add_argument(
@@ -46,19 +51,31 @@ def load_config(args: argparse.Namespace) -> tuple[RouterConfig, str]:
         policy = load_policy(args.policy_file)
         config = from_policy(policy.spec, require_keys=require_keys)
         namespace = args.namespace or policy.metadata.namespace or "default"
-    else:
-        config = RouterConfig.single_tier()
+    else:  # one open tier; with --kubernetes keys stay required (a named policy brings tenants)
+        config = dataclasses.replace(RouterConfig.single_tier(), require_keys=require_keys)
+    return overrides(config, args), namespace
+
+
+def overrides(config: RouterConfig, args: argparse.Namespace) -> RouterConfig:
+    """What the command line sets over any policy the router reads (at start or when it changes)."""
     if args.routing_policy:
         config = dataclasses.replace(config, routing_policy=args.routing_policy, routing_params={})
     affinity = tuple(a.strip() for a in args.affinity.split(",") if a.strip())
     if affinity:
         config = dataclasses.replace(config, affinity=affinity)
-    return config, namespace
+    return config
 
 
 def run(args: argparse.Namespace) -> int:
     import uvicorn
 
+    if args.policy_name and not args.kubernetes:
+        log.error("--policy-name needs --kubernetes (it names an SLOPolicy object); use --policy-file")
+        return 2
+    if args.kubernetes and not (args.policy_file or args.policy_name):
+        log.warning(
+            "no --policy-file or --policy-name: one open tier, but every request needs a known API key"
+        )
     try:
         config, secrets_namespace = load_config(args)
         file_keys = load_keys_file(args.keys_file) if args.keys_file else {}
@@ -82,7 +99,12 @@ def run(args: argparse.Namespace) -> int:
 
         def kube(state: Any) -> Any:
             return watch_kubernetes(
-                state, namespace=namespace, secrets_namespace=secrets_namespace, file_keys=file_keys
+                state,
+                namespace=namespace,
+                secrets_namespace=secrets_namespace,
+                file_keys=file_keys,
+                policy_name=args.policy_name,
+                adjust=lambda config: overrides(config, args),
             )
 
         background.append(kube)

@@ -9,6 +9,12 @@ endpoint while it is Ready, has an IP and is not being deleted. What to reach an
 from the annotations the operator writes on the pod template (``slofleet.io/http-port``,
 ``grpc-port``, ``served-model``, ``context-length``, ``gpu-class``, ``lora-adapters``). Tenant keys are
 re-read from the Secrets the SLOPolicy references every ``secrets_every_s``; key values are never logged.
+
+With ``policy_name`` the router follows that SLOPolicy object (in its namespace) instead of a file: it
+is re-read every ``policy_every_s``, and each new version that validates (the same checks as
+``slofleet validate``) replaces tiers, tenants and the routing policy; an invalid version is logged
+with what to change and the last good one stays in force. Until the first good version is read the
+router is not ready.
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+from slo_router.config import RouterConfig
 from slo_router.endpoints import EndpointSpec, EndpointState
 from slo_router.tenants import keys_from_secret_data
 
@@ -101,6 +108,9 @@ class KubeDiscovery:
         backoff_s: float = 1.0,
         file_keys: dict[str, str] | None = None,
         watch_timeout_s: int = WATCH_TIMEOUT_S,
+        policy_name: str | None = None,
+        policy_every_s: float = 5.0,
+        adjust: Callable[[RouterConfig], RouterConfig] = lambda config: config,
     ) -> None:
         self.state = state
         self.namespace = namespace
@@ -113,6 +123,13 @@ class KubeDiscovery:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._mds: dict[str, list[str]] = {}
         self.file_keys: dict[str, str] = dict(file_keys or {})
+        self.policy_name = policy_name
+        self.policy_every_s = policy_every_s
+        self.adjust = adjust
+        self._secrets_due = threading.Event()  # set: re-read the Secrets now (the tenants changed)
+        if policy_name:
+            state.policy_loaded = False
+            state.policy_source = f"{self.secrets_namespace}/{policy_name}"
 
     # ------------------------------------------------------------------------- lifecycle
 
@@ -154,12 +171,17 @@ class KubeDiscovery:
             ),
             threading.Thread(target=self._refresh_secrets, args=(core,), name="kube-secrets", daemon=True),
         ]
+        if self.policy_name:
+            workers.append(
+                threading.Thread(target=self._follow_policy, args=(custom,), name="kube-policy", daemon=True)
+            )
         for w in workers:
             w.start()
         try:
             await asyncio.Event().wait()
         finally:
             self._stop.set()
+            self._secrets_due.set()
 
     def _post(self, fn: Callable[..., None], *args: Any) -> None:
         assert self._loop is not None
@@ -220,9 +242,62 @@ class KubeDiscovery:
                 for k, t in secret_keys(secret, key, tenant).items():
                     keys.setdefault(k, t)
             self._post(self._set_keys, keys)
-            self._stop.wait(self.secrets_every_s)
+            self._secrets_due.wait(self.secrets_every_s)
+            self._secrets_due.clear()
+
+    def _follow_policy(self, custom: Any) -> None:
+        """Re-read the named SLOPolicy; apply each new version that validates, keep the last good one."""
+        from slo_core.crd.loads import policy_from_object
+        from slo_router.config import from_policy
+
+        ns, name = self.secrets_namespace, self.policy_name
+        source = f"SLOPolicy {ns}/{name}"
+        seen: str | None = None
+        problem = ""
+        while not self._stop.is_set():
+            try:
+                obj = custom.get_namespaced_custom_object(API_GROUP, API_VERSION, ns, "slopolicies", name)
+                version = str((obj.get("metadata") or {}).get("resourceVersion") or "")
+                if version != seen:
+                    seen = version
+                    policy = policy_from_object(obj, source)
+                    require_keys = self.state.config.require_keys
+                    config = self.adjust(from_policy(policy.spec, require_keys=require_keys))
+                    self._post(self._set_policy, config, f"{ns}/{name}", version)
+                problem = ""
+            except ValueError as exc:  # this version is invalid: say what to change, keep the last good
+                log.error(
+                    "%s (resourceVersion %s) not applied; the last good version stays: %s", source, seen, exc
+                )
+            except Exception as exc:  # not found, forbidden, API server unreachable: try again later
+                parts = (type(exc).__name__, getattr(exc, "status", None), getattr(exc, "reason", None))
+                now = " ".join(str(p) for p in parts if p)
+                if now != problem:
+                    problem = now
+                    log.warning(
+                        "cannot read %s (%s); retrying every %.0f s", source, now, self.policy_every_s
+                    )
+            self._stop.wait(self.policy_every_s)
 
     # ------------------------------------------------------------- applied on the event loop
+
+    def _set_policy(self, config: RouterConfig, source: str, version: str) -> None:
+        first = not self.state.policy_loaded
+        try:
+            self.state.apply_config(config, source)
+        except ValueError as exc:  # e.g. a routing parameter the policy rejects
+            log.error("SLOPolicy %s (resourceVersion %s) not applied: %s", source, version, exc)
+            return
+        log.info(
+            "%s SLOPolicy %s (resourceVersion %s): %d tiers, %d tenants, routing %s",
+            "following" if first else "updated to",
+            source,
+            version,
+            len(config.tiers),
+            len(config.tenants),
+            config.routing_policy,
+        )
+        self._secrets_due.set()
 
     def _set_keys(self, keys: dict[str, str]) -> None:
         before = len(self.state.keys)

@@ -40,6 +40,10 @@ VALUE_SETS = {
         "metrics": {"serviceMonitor": {"enabled": True, "labels": {"release": "prom"}}},
         "imagePullSecrets": [{"name": "registry"}],
     },
+    "named-policy": {
+        "router": {"policyName": "chat-agent", "apiKeySecrets": ["product-keys", "ops-keys"]},
+        "defaultPolicy": {"enabled": False},
+    },
     "operator-only": {
         "router": {"enabled": False},
         "defaultPolicy": {"enabled": False},
@@ -173,6 +177,31 @@ def test_rbac_is_least_privilege(chart: helm.Chart) -> None:
         assert any("kopfpeerings" in rule["resources"] for rule in operator[ns]["rules"]), (
             "peering with replicas > 1"
         )
+
+
+def test_a_named_policy_is_followed_with_only_the_access_it_needs(chart: helm.Chart) -> None:
+    docs = render(chart, VALUE_SETS["named-policy"])
+    (router,) = [d for d in docs if d["kind"] == "Deployment" and d["metadata"]["name"] == "slofleet-router"]
+    pod = router["spec"]["template"]["spec"]
+    args = pod["containers"][0]["args"]
+    assert "--policy-name=chat-agent" in args and not [a for a in args if a.startswith("--policy-file")]
+    assert [v["name"] for v in pod["volumes"]] == ["tmp"], "no policy ConfigMap to mount"
+    (role,) = [d for d in docs if d["kind"] == "Role" and d["metadata"]["name"].endswith("-router")]
+    rules = {rule["resources"][0]: rule for rule in role["rules"]}
+    assert rules["slopolicies"]["resourceNames"] == ["chat-agent"] and rules["slopolicies"]["verbs"] == [
+        "get"
+    ]
+    assert rules["secrets"]["resourceNames"] == ["product-keys", "ops-keys"]
+    # the chart's own policy is not followed: no reason to read it
+    assert "slopolicies" not in {r["resources"][0] for r in render_role(chart, {})}
+
+
+def render_role(chart: helm.Chart, values: dict) -> list[dict]:
+    (role,) = [
+        d for d in render(chart, values) if d["kind"] == "Role" and d["metadata"]["name"].endswith("-router")
+    ]
+    rules: list[dict] = role["rules"]
+    return rules
 
 
 def _service_metrics() -> dict[str, str]:

@@ -8,21 +8,24 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import dataclasses
 import logging
 import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
+import httpx
 import kubernetes
 import openai
 import pytest
+import yaml
 from kube.harness import Cluster
 
-from slo_core.crd.generate import modeldeployment_crd
+from slo_core.crd.generate import modeldeployment_crd, slopolicy_crd
 from slo_core.crd.loads import parse_policy
 from slo_router.app import build_state, create_app
-from slo_router.config import from_policy
+from slo_router.config import RouterConfig, from_policy
 from slo_router.fakepod import FakePod, RunningPod, ServedApp
 from slo_router.kube import KubeDiscovery
 from slo_router.statefeed import StateFeed
@@ -166,3 +169,127 @@ async def test_pods_keys_and_models_follow_the_cluster(
 
     logged = "\n".join(r.getMessage() for r in caplog.records)
     assert "sk-one" not in logged and "sk-new" not in logged
+
+
+def bound_tier(running: RunningPod) -> str:
+    """The tier the router bound the pod's last request to (the header it forwards)."""
+    return running.pod.seen_headers[-1].get("x-slo-tier", "")
+
+
+async def test_the_router_follows_a_named_slopolicy_as_it_changes(
+    cluster: Cluster, fleet: list[RunningPod], caplog: pytest.LogCaptureFixture
+) -> None:
+    """``--policy-name``: not ready until the policy is read; valid edits apply, a bad one is refused."""
+    caplog.set_level(logging.INFO)
+    api = kubernetes.config.new_client_from_config(config_file=str(cluster.kubeconfig()))
+    core = kubernetes.client.CoreV1Api(api)
+    custom = kubernetes.client.CustomObjectsApi(api)
+    extensions = kubernetes.client.ApiextensionsV1Api(api)
+    extensions.create_custom_resource_definition(modeldeployment_crd())
+    extensions.create_custom_resource_definition(slopolicy_crd())
+    await asyncio.sleep(0.2)
+    secret = {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "product-keys"}}
+    core.create_namespaced_secret("default", {**secret, "data": {"keys": b64("sk-one\n")}})
+    core.create_namespaced_pod("default", pod_object("p0", fleet[0]))
+    core.patch_namespaced_pod_status("p0", "default", READY)
+
+    # what the CLI starts from before the named policy is read: one tier, keys required
+    state = build_state(dataclasses.replace(RouterConfig.single_tier(), require_keys=True), KeyStore(), {})
+    discovery = KubeDiscovery(
+        state,
+        namespace="default",
+        api_client=api,
+        secrets_every_s=30,  # long: a policy change itself must trigger the re-read of its Secrets
+        backoff_s=0.2,
+        watch_timeout_s=1,
+        policy_name="p",
+        policy_every_s=0.2,
+    )
+    jobs = [discovery.run, StateFeed(state.endpoints, interval_ms=20).run]
+    async with ServedApp(create_app(state, background=[lambda s, j=j: j() for j in jobs])) as router:
+        http = httpx.AsyncClient(base_url=router.url)
+        client = openai.AsyncOpenAI(base_url=router.url + "/v1", api_key="sk-one", max_retries=0)
+        await until(lambda: [e for e in state.endpoints.values() if e.usable], what="p0 usable")
+        # the policy does not exist yet: not ready, and requests get a clear 503, not a wrong tier
+        ready = await http.get("/ready")
+        assert ready.status_code == 503 and ready.json()["policy_loaded"] is False
+        with pytest.raises(openai.InternalServerError, match="has not read SLOPolicy default/p"):
+            await client.completions.create(model="llama-8b", prompt="hi", max_tokens=2)
+
+        policy = yaml.safe_load(POLICY)
+        custom.create_namespaced_custom_object("slofleet.io", "v1alpha1", "default", "slopolicies", policy)
+        await until(
+            lambda: state.policy_loaded and state.keys.tenant_of("sk-one") == "product", what="policy"
+        )
+        assert (await http.get("/ready")).json() == {
+            "ready": True,
+            "endpoints": 1,
+            "policy_loaded": True,
+            "policy": "default/p",
+        }
+        assert set(state.config.tiers) == {"chat", "batch"}
+        out = await client.completions.create(
+            model="llama-8b", prompt="hi", max_tokens=2, extra_headers={"x-slo-tier": "batch"}
+        )
+        assert out.choices[0].text == "xx"
+        assert bound_tier(fleet[0]) == "batch"
+        # a tier the policy does not have (yet) binds the tenant's default tier
+        await client.completions.create(
+            model="llama-8b", prompt="hi", max_tokens=2, extra_headers={"x-slo-tier": "bulk"}
+        )
+        assert bound_tier(fleet[0]) == "chat"
+
+        # an edit adds a tier and a tenant whose keys live in another Secret: both apply live
+        core.create_namespaced_secret(
+            "default",
+            {
+                "apiVersion": "v1",
+                "kind": "Secret",
+                "metadata": {"name": "ops-keys"},
+                "data": {"k": b64("sk-ops")},
+            },
+        )
+        edited = custom.get_namespaced_custom_object("slofleet.io", "v1alpha1", "default", "slopolicies", "p")
+        edited["spec"]["tiers"].append({"name": "bulk", "kind": "best-effort", "priorityClass": "bronze"})
+        edited["spec"]["tenants"][0]["allowedTiers"].append("bulk")
+        edited["spec"]["tenants"].append(
+            {
+                "name": "ops",
+                "apiKeysSecret": {"name": "ops-keys", "key": "k"},
+                "allowedTiers": ["batch"],
+                "defaultTier": "batch",
+            }
+        )
+        custom.replace_namespaced_custom_object(
+            "slofleet.io", "v1alpha1", "default", "slopolicies", "p", edited
+        )
+        await until(
+            lambda: state.keys.tenant_of("sk-ops") == "ops", what="the edit and the new tenant's keys"
+        )
+        assert set(state.config.tiers) == {"chat", "batch", "bulk"}
+        out = await client.completions.create(
+            model="llama-8b", prompt="hi", max_tokens=2, extra_headers={"x-slo-tier": "bulk"}
+        )
+        assert out.choices and bound_tier(fleet[0]) == "bulk"
+
+        # an edit the API server accepts but that names a tier that does not exist: refused, logged
+        bad = custom.get_namespaced_custom_object("slofleet.io", "v1alpha1", "default", "slopolicies", "p")
+        bad["spec"]["tenants"][0]["allowedTiers"] = ["chat", "gold"]
+        custom.replace_namespaced_custom_object("slofleet.io", "v1alpha1", "default", "slopolicies", "p", bad)
+        await until(lambda: "not applied" in caplog.text, what="the bad edit to be refused")
+        assert "spec.tenants[0].allowedTiers[1]: 'gold' is not a tier" in caplog.text
+        assert set(state.config.tiers) == {"chat", "batch", "bulk"}, "the last good version stays"
+        out = await client.completions.create(
+            model="llama-8b", prompt="hi", max_tokens=2, extra_headers={"x-slo-tier": "bulk"}
+        )
+        assert out.choices and bound_tier(fleet[0]) == "bulk"
+
+        # deleted: the router keeps serving with the last good version and says why it cannot read it
+        custom.delete_namespaced_custom_object("slofleet.io", "v1alpha1", "default", "slopolicies", "p")
+        await until(
+            lambda: "cannot read SLOPolicy default/p" in caplog.text, what="the deletion to be noticed"
+        )
+        assert (await http.get("/ready")).status_code == 200
+        assert (await client.completions.create(model="llama-8b", prompt="hi", max_tokens=1)).choices
+        await http.aclose()
+    assert "sk-one" not in caplog.text and "sk-ops" not in caplog.text

@@ -58,3 +58,21 @@ def test_bad_inputs_exit_2_saying_why(tmp_path: Path, caplog: pytest.LogCaptureF
     with caplog.at_level(logging.ERROR):
         assert cli.run(args(tmp_path, routing_policy="nope")) == 2
     assert "unknown router policy 'nope'" in caplog.text
+
+
+def test_a_named_policy_needs_kubernetes_and_excludes_a_policy_file(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    (tmp_path / "endpoints.yaml").write_text("endpoints: []\n")
+    with caplog.at_level(logging.ERROR):
+        assert cli.run(args(tmp_path, policy_name="chat-agent")) == 2
+    assert "--policy-name needs --kubernetes" in caplog.text
+    parser = argparse.ArgumentParser()
+    cli.register(parser)
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--kubernetes", "--policy-name", "a", "--policy-file", "b.yaml"])
+    # until the named policy is read, the cluster router starts closed: keys are required
+    named = parser.parse_args(["--kubernetes", "--policy-name", "a", "--affinity", "prefix"])
+    config, _ = cli.load_config(named)
+    assert config.require_keys and not config.tenants
+    assert cli.overrides(config, named).affinity == ("prefix",), "CLI overrides apply to each new version"

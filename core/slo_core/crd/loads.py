@@ -37,7 +37,10 @@ def _document(text: str, source: str, kind: str) -> dict[str, Any]:
 
 
 def _parse(model: type[M], text: str, source: str, kind: str) -> M:
-    doc = _document(text, source, kind)
+    return _validate(model, _document(text, source, kind), source, kind)
+
+
+def _validate(model: type[M], doc: dict[str, Any], source: str, kind: str) -> M:
     try:
         return model.model_validate(doc)
     except ValidationError as exc:
@@ -47,7 +50,16 @@ def _parse(model: type[M], text: str, source: str, kind: str) -> M:
 
 def parse_policy(text: str, source: str = "<policy>", *, check_semantics: bool = True) -> SLOPolicy:
     """An SLOPolicy from YAML text; with ``check_semantics`` also cross-references and policy params."""
-    policy = _parse(SLOPolicy, text, source, "SLOPolicy")
+    return _checked(_parse(SLOPolicy, text, source, "SLOPolicy"), source, check_semantics)
+
+
+def policy_from_object(obj: dict[str, Any], source: str = "<policy>") -> SLOPolicy:
+    """An SLOPolicy from the object the API server returns (its status is ignored), fully checked."""
+    doc = {k: v for k, v in obj.items() if k != "status"}
+    return _checked(_validate(SLOPolicy, doc, source, "SLOPolicy"), source, True)
+
+
+def _checked(policy: SLOPolicy, source: str, check_semantics: bool) -> SLOPolicy:
     if check_semantics:
         problems = policy.spec.validate_semantics()
         if problems:
