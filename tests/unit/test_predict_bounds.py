@@ -139,3 +139,29 @@ def test_text_free_schedules_are_shared_between_equal_requests(est: OutputBoundE
     assert first[0] is first[2] is first[4] and first[1] is first[3]
     again = est.schedules(qs[:2])
     assert again[0] is first[0] and again[1] is first[1]
+
+
+def test_compound_calls_are_bounded_at_their_own_quantile(est: OutputBoundEstimator) -> None:
+    held = [r for r in synthetic_rows(400, 2) if r.prompt.startswith("write an essay")]
+
+    def coverage(kind: str) -> float:
+        bounds = est.bounds([BoundQuery(r.prompt, r.prompt_tokens, kind, 4096) for r in held])
+        return float(np.mean([r.output_tokens <= b for r, b in zip(held, bounds, strict=True)]))
+
+    prompt = "write an essay about rivers"
+    original = est.params
+    try:
+        est.params = original.model_copy(update={"compound_quantile": None})
+        assert est.bound(prompt, 5, "compound", 4096) == est.bound(prompt, 5, "deadline", 4096)
+        est.params = original.model_copy(update={"quantile": 0.95, "compound_quantile": 0.5})
+        call = est.bound(prompt, 5, "compound", 4096)
+        alone = est.bound(prompt, 5, "deadline", 4096)
+        assert 350 < call < alone, "a compound call's bound is the lower quantile"
+        assert 0.3 <= coverage("compound") <= 0.7 and coverage("deadline") >= 0.9
+        # the simulator's precomputed schedules follow the same rule
+        (sched,) = est.schedules([BoundQuery(None, 5, "compound", 4096)])
+        (plain,) = est.schedules([BoundQuery(None, 5, "deadline", 4096)])
+        assert sched.at(0) < plain.at(0)
+    finally:
+        est.params = original
+    assert original.compound_quantile == 0.8 and original.quantile == 0.95  # the shipped defaults

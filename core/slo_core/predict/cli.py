@@ -25,7 +25,8 @@ def _train(args: argparse.Namespace) -> int:
     if not rows:
         print("no training rows", file=sys.stderr)
         return 2
-    params = EstimatorParams(quantile=args.quantile, refine_every_tokens=args.refine_every)
+    chosen = {"compound_quantile": args.compound_quantile} if args.compound_quantile is not None else {}
+    params = EstimatorParams(quantile=args.quantile, refine_every_tokens=args.refine_every, **chosen)
     est = train_estimator(
         rows, n_trees=args.trees, min_samples_leaf=args.min_samples_leaf, seed=args.seed, params=params
     )
@@ -85,6 +86,11 @@ def register(parser: argparse.ArgumentParser) -> None:
     train.add_argument("--trees", type=int, default=50, help="number of trees")
     train.add_argument("--min-samples-leaf", type=int, default=8, help="minimum training rows per leaf")
     train.add_argument("--quantile", type=float, default=0.95, help="bound quantile (fraction)")
+    train.add_argument(
+        "--compound-quantile",
+        type=float,
+        help="bound quantile for the calls of compound programs (fraction; default 0.8)",
+    )
     train.add_argument("--refine-every", type=int, default=50, help="refinement period (tokens)")
     train.add_argument("--seed", type=int, default=0)
     train.set_defaults(func=_train)

@@ -1,6 +1,7 @@
 """OutputBoundEstimator: q-quantile output-length bounds at submission and refined while generating.
 
-At submission: bound = Q_q(lengths | prompt) from the forest (JITServe §4.1), within [1, max_tokens].
+At submission: bound = Q_q(lengths | prompt) from the forest (JITServe §4.1), within [1, max_tokens];
+q = ``quantile`` (0.95), or ``compound_quantile`` (0.8) for the calls of compound programs.
 Every ``refine_every_tokens`` generated tokens (checkpoint g = N·⌊generated/N⌋) the bound is
 re-estimated as Q_q(lengths | features, length > g) — features from prompt + generated text when the
 text is known, from the prompt alone otherwise (the simulator). Bounds only relax (loosen): a refined
@@ -34,10 +35,26 @@ class EstimatorParams(BaseModel):
     """Serving-time knobs of the bound estimator."""
 
     quantile: float = Field(0.95, gt=0.0, lt=1.0, description="quantile used as the upper bound (fraction)")
+    compound_quantile: float | None = Field(
+        0.8,
+        gt=0.0,
+        lt=1.0,
+        description=(
+            "quantile for the calls of compound programs (fraction); None: `quantile`. Lower than "
+            "`quantile` because a stage's sub-deadline comes from the realized durations of past "
+            "programs (typical calls, not 95th-percentile ones); see bench/results/gmax/README.md"
+        ),
+    )
     refine_every_tokens: int = Field(50, ge=1, description="re-estimate every N generated tokens (tokens)")
     tail_growth: float = Field(
         1.25, ge=1.0, description="beyond every sample the forest knows: bound = g·growth (ratio)"
     )
+
+    def quantile_for(self, kind: str) -> float:
+        """The quantile that bounds a request of ``kind`` (a ``RequestKind`` value)."""
+        if kind == "compound" and self.compound_quantile is not None:
+            return self.compound_quantile
+        return self.quantile
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,11 +101,21 @@ class OutputBoundEstimator:
             raise artefact.ArtefactError("forest uses features beyond the recorded feature width")
         self.forest = forest
         self.features = features
-        self.params = params or EstimatorParams()
+        self._params = params or EstimatorParams()
         self.meta = dict(meta or {})
         self._marginal = (forest.marginal.astype(np.float64), np.ones(len(forest.marginal)))
         # text-free schedules depend only on (tokens, kind, model, cap, start): the simulator's case
         self._schedule_cache: dict[_Key, BoundSchedule] = {}
+
+    @property
+    def params(self) -> EstimatorParams:
+        return self._params
+
+    @params.setter
+    def params(self, value: EstimatorParams) -> None:
+        """New knobs (e.g. ``slofleet predictor eval --quantile``) invalidate precomputed schedules."""
+        self._params = value
+        self._schedule_cache.clear()
 
     @property
     def training_mean_tokens(self) -> float:
@@ -129,7 +156,8 @@ class OutputBoundEstimator:
             g = max(0, int(b.generated_tokens))
             checkpoint = (g // step) * step
             vals, w = self.forest.distribution(row)
-            est = float(self.quantiles_above(vals, w, np.asarray([checkpoint], dtype=np.float64))[0])
+            above = np.asarray([checkpoint], dtype=np.float64)
+            est = float(self.quantiles_above(vals, w, above, self.params.quantile_for(b.kind))[0])
             out.append(self._finish(b, g, est))
         return out
 
@@ -179,7 +207,7 @@ class OutputBoundEstimator:
             cap = max(1, int(b.max_tokens))
             checkpoints = np.arange(0, cap + step, step, dtype=np.float64)
             vals, w = self.forest.distribution(row)
-            est = np.ceil(self.quantiles_above(vals, w, checkpoints))
+            est = np.ceil(self.quantiles_above(vals, w, checkpoints, self.params.quantile_for(b.kind)))
             est = np.maximum(est, checkpoints + 1.0)
             if b.bound_at_start is not None:
                 est = np.maximum(est, float(b.bound_at_start))
@@ -199,9 +227,9 @@ class OutputBoundEstimator:
             text = (text or "") + b.generated_text
         return RequestFeatures(max(1, int(b.prompt_tokens)), text, b.kind, b.model)
 
-    def quantiles_above(self, vals: F64, w: F64, above: F64) -> F64:
+    def quantiles_above(self, vals: F64, w: F64, above: F64, q: float | None = None) -> F64:
         """Q_q(length | length > a) for each a, with the fallbacks of the module docstring."""
-        q = self.params.quantile
+        q = self.params.quantile if q is None else q
         est = conditional_quantiles(vals, w, q, above)
         # the request outlived every similar sample: use all training lengths ...
         est = np.where(np.isnan(est), conditional_quantiles(*self._marginal, q, above), est)
