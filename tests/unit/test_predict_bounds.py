@@ -164,4 +164,4 @@ def test_compound_calls_are_bounded_at_their_own_quantile(est: OutputBoundEstima
         assert sched.at(0) < plain.at(0)
     finally:
         est.params = original
-    assert original.compound_quantile == 0.8 and original.quantile == 0.95  # the shipped defaults
+    assert original.compound_quantile is None and original.quantile == 0.95  # the shipped defaults

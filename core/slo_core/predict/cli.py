@@ -89,7 +89,7 @@ def register(parser: argparse.ArgumentParser) -> None:
     train.add_argument(
         "--compound-quantile",
         type=float,
-        help="bound quantile for the calls of compound programs (fraction; default 0.8)",
+        help="bound quantile for the calls of compound programs (fraction; default: --quantile)",
     )
     train.add_argument("--refine-every", type=int, default=50, help="refinement period (tokens)")
     train.add_argument("--seed", type=int, default=0)

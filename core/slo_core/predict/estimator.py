@@ -1,7 +1,7 @@
 """OutputBoundEstimator: q-quantile output-length bounds at submission and refined while generating.
 
 At submission: bound = Q_q(lengths | prompt) from the forest (JITServe §4.1), within [1, max_tokens];
-q = ``quantile`` (0.95), or ``compound_quantile`` (0.8) for the calls of compound programs.
+q = ``quantile`` (0.95), or ``compound_quantile`` for the calls of compound programs when it is set.
 Every ``refine_every_tokens`` generated tokens (checkpoint g = N·⌊generated/N⌋) the bound is
 re-estimated as Q_q(lengths | features, length > g) — features from prompt + generated text when the
 text is known, from the prompt alone otherwise (the simulator). Bounds only relax (loosen): a refined
@@ -36,13 +36,13 @@ class EstimatorParams(BaseModel):
 
     quantile: float = Field(0.95, gt=0.0, lt=1.0, description="quantile used as the upper bound (fraction)")
     compound_quantile: float | None = Field(
-        0.8,
+        None,
         gt=0.0,
         lt=1.0,
         description=(
-            "quantile for the calls of compound programs (fraction); None: `quantile`. Lower than "
-            "`quantile` because a stage's sub-deadline comes from the realized durations of past "
-            "programs (typical calls, not 95th-percentile ones); see bench/results/gmax/README.md"
+            "quantile for the calls of compound programs (fraction); None: `quantile`. Lower values "
+            "buy compound (and token) goodput with latency attainment; the trade-off is measured in "
+            "bench/results/gmax/README.md"
         ),
     )
     refine_every_tokens: int = Field(50, ge=1, description="re-estimate every N generated tokens (tokens)")
