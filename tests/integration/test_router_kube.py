@@ -96,6 +96,15 @@ async def until(cond: Callable[[], Any], timeout_s: float = 10.0, what: str = "c
         await asyncio.sleep(0.05)
 
 
+async def client_with_crds(cluster: Cluster, *crds: dict[str, Any]) -> Any:
+    """An API client for the emulated cluster, with ``crds`` installed and established."""
+    api = kubernetes.config.new_client_from_config(config_file=str(cluster.kubeconfig()))
+    for crd in crds:
+        kubernetes.client.ApiextensionsV1Api(api).create_custom_resource_definition(crd)
+    await asyncio.sleep(0.2)
+    return api
+
+
 @pytest.fixture
 def cluster(tmp_path: Path) -> Any:
     with Cluster(tmp_path) as c:
@@ -116,10 +125,8 @@ async def test_pods_keys_and_models_follow_the_cluster(
     cluster: Cluster, fleet: list[RunningPod], caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.DEBUG)
-    api = kubernetes.config.new_client_from_config(config_file=str(cluster.kubeconfig()))
+    api = await client_with_crds(cluster, modeldeployment_crd())
     core = kubernetes.client.CoreV1Api(api)
-    kubernetes.client.ApiextensionsV1Api(api).create_custom_resource_definition(modeldeployment_crd())
-    await asyncio.sleep(0.2)
     kubernetes.client.CustomObjectsApi(api).create_namespaced_custom_object(
         "slofleet.io", "v1alpha1", "default", "modeldeployments", MD
     )
@@ -181,13 +188,9 @@ async def test_the_router_follows_a_named_slopolicy_as_it_changes(
 ) -> None:
     """``--policy-name``: not ready until the policy is read; valid edits apply, a bad one is refused."""
     caplog.set_level(logging.INFO)
-    api = kubernetes.config.new_client_from_config(config_file=str(cluster.kubeconfig()))
+    api = await client_with_crds(cluster, modeldeployment_crd(), slopolicy_crd())
     core = kubernetes.client.CoreV1Api(api)
     custom = kubernetes.client.CustomObjectsApi(api)
-    extensions = kubernetes.client.ApiextensionsV1Api(api)
-    extensions.create_custom_resource_definition(modeldeployment_crd())
-    extensions.create_custom_resource_definition(slopolicy_crd())
-    await asyncio.sleep(0.2)
     secret = {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "product-keys"}}
     core.create_namespaced_secret("default", {**secret, "data": {"keys": b64("sk-one\n")}})
     core.create_namespaced_pod("default", pod_object("p0", fleet[0]))
