@@ -155,11 +155,14 @@ async def relay_stream(
             stats.error = "upstream stream ended early"
             yield error_event("the serving pod ended the stream early; the response is incomplete")
     except (TimeoutError, httpx.HTTPError) as exc:
-        stats.error = f"upstream failed mid-stream: {type(exc).__name__}"
-        log.warning("stream from %s broke: %s", resp.request.url.host, type(exc).__name__)
-        yield error_event("the serving pod failed while streaming; the response is incomplete")
+        if not stats.completed:  # after [DONE] the answer is whole, whatever the connection does
+            stats.error = f"upstream failed mid-stream: {type(exc).__name__}"
+            log.warning("stream from %s broke: %s", resp.request.url.host, type(exc).__name__)
+            yield error_event("the serving pod failed while streaming; the response is incomplete")
     except (asyncio.CancelledError, GeneratorExit):  # the client went away: close the upstream too
-        stats.error = "client disconnected"
+        # a client that hangs up right after [DONE] (as the openai client does) got everything
+        if not stats.completed:
+            stats.error = "client disconnected"
         raise
     finally:
         await resp.aclose()
