@@ -116,9 +116,6 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as exc:  # e.g. an unknown routing policy or parameter
         log.error("%s", exc)
         return 2
-    if args.policy_name:  # closed until discovery has read the policy (no window with the placeholder)
-        state.policy_loaded = False
-        state.policy_source = f"{secrets_namespace}/{args.policy_name}"
     app = create_app(state, background=background)
     log.info(
         "router on http://%s:%d (policy %s, %d endpoints)",

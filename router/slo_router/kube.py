@@ -127,9 +127,10 @@ class KubeDiscovery:
         self.policy_every_s = policy_every_s
         self.adjust = adjust
         self._secrets_due = threading.Event()  # set: re-read the Secrets now (the tenants changed)
-        if policy_name:
+        self.policy_source = f"{self.secrets_namespace}/{policy_name}" if policy_name else ""
+        if policy_name:  # closed until the policy is read; set before the app takes any request
             state.policy_loaded = False
-            state.policy_source = f"{self.secrets_namespace}/{policy_name}"
+            state.policy_source = self.policy_source
 
     # ------------------------------------------------------------------------- lifecycle
 
@@ -251,7 +252,7 @@ class KubeDiscovery:
         from slo_router.config import from_policy
 
         ns, name = self.secrets_namespace, self.policy_name
-        source = f"SLOPolicy {ns}/{name}"
+        source = f"SLOPolicy {self.policy_source}"
         seen: str | None = None
         problem = ""
         while not self._stop.is_set():
@@ -263,7 +264,7 @@ class KubeDiscovery:
                     policy = policy_from_object(obj, source)
                     require_keys = self.state.config.require_keys
                     config = self.adjust(from_policy(policy.spec, require_keys=require_keys))
-                    self._post(self._set_policy, config, f"{ns}/{name}", version)
+                    self._post(self._set_policy, config, version)
                 problem = ""
             except ValueError as exc:  # this version is invalid: say what to change, keep the last good
                 log.error(
@@ -281,8 +282,9 @@ class KubeDiscovery:
 
     # ------------------------------------------------------------- applied on the event loop
 
-    def _set_policy(self, config: RouterConfig, source: str, version: str) -> None:
+    def _set_policy(self, config: RouterConfig, version: str) -> None:
         first = not self.state.policy_loaded
+        source = self.policy_source
         try:
             self.state.apply_config(config, source)
         except ValueError as exc:  # e.g. a routing parameter the policy rejects

@@ -227,9 +227,8 @@ class OutputBoundEstimator:
             text = (text or "") + b.generated_text
         return RequestFeatures(max(1, int(b.prompt_tokens)), text, b.kind, b.model)
 
-    def quantiles_above(self, vals: F64, w: F64, above: F64, q: float | None = None) -> F64:
+    def quantiles_above(self, vals: F64, w: F64, above: F64, q: float) -> F64:
         """Q_q(length | length > a) for each a, with the fallbacks of the module docstring."""
-        q = self.params.quantile if q is None else q
         est = conditional_quantiles(vals, w, q, above)
         # the request outlived every similar sample: use all training lengths ...
         est = np.where(np.isnan(est), conditional_quantiles(*self._marginal, q, above), est)
