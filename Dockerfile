@@ -16,14 +16,18 @@ COPY core ./core
 COPY operator ./operator
 COPY router ./router
 COPY engine_sidecar ./engine_sidecar
+COPY vllm_plugin ./vllm_plugin
+COPY proto ./proto
+COPY lab ./lab
+COPY examples ./examples
 # Everything the three services need (the bench extra, plotting, stays out).
 RUN python -m venv /opt/venv \
  && /opt/venv/bin/pip install ".[service,operator,predictor]" \
  && /opt/venv/bin/slofleet --help > /dev/null
-# The plugin is pure Python; vLLM's own image brings what it imports (vllm, grpc, protobuf,
-# prometheus_client, numpy, pydantic, yaml).
+# The plugin is pure Python: only slo_vllm_plugin, slo_core and the generated slo_proto go into vLLM pods;
+# vLLM's own image brings what they import (vllm, grpc, protobuf, prometheus_client, numpy, pydantic, yaml).
 RUN mkdir -p /opt/slofleet/plugin \
- && cp -R core/slo_core engine_sidecar/slo_sidecar /opt/slofleet/plugin/ \
+ && cp -R core/slo_core vllm_plugin/slo_vllm_plugin proto/slo_proto /opt/slofleet/plugin/ \
  && find /opt/slofleet/plugin -name __pycache__ -prune -exec rm -rf {} +
 
 FROM python:${PYTHON_VERSION}-slim

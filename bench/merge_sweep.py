@@ -12,7 +12,7 @@ import json
 import sys
 from pathlib import Path
 
-from slo_core.sim.bench import markdown_table
+from slo_core.bench.runner import markdown_table
 from slo_core.sim.plots import write_plots
 
 

@@ -23,8 +23,8 @@ from typing import Any
 
 import httpx
 
-from slo_router.localfleet.launcher import LocalFleet
-from slo_router.localfleet.spec import EngineGroup, FleetSpec
+from slo_lab.localfleet.launcher import LocalFleet
+from slo_lab.localfleet.spec import EngineGroup, FleetSpec
 
 ROOT = Path(__file__).resolve().parents[1]
 POLICY = """\

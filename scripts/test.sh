@@ -40,7 +40,7 @@ fi
 
 echo "== ruff"; .venv/bin/ruff check .
 echo "== ruff format"; .venv/bin/ruff format --check .
-echo "== mypy (strict, slo_core)"; .venv/bin/mypy
+echo "== mypy (strict, every package)"; .venv/bin/mypy
 echo "== import contracts"; .venv/bin/lint-imports
 echo "== pytest"
 .venv/bin/pytest "$@"

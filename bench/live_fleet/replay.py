@@ -33,8 +33,8 @@ import httpx
 from slo_core import data
 from slo_core.crd.loads import parse_policy
 from slo_core.gain import Delivery, GainParams, goodput_function, request_goodput
-from slo_router.localfleet.launcher import LocalFleet, free_port
-from slo_router.localfleet.spec import EngineGroup, FleetSpec
+from slo_lab.localfleet.launcher import LocalFleet, free_port
+from slo_lab.localfleet.spec import EngineGroup, FleetSpec
 
 POLICY = """\
 apiVersion: slofleet.io/v1alpha1

@@ -32,9 +32,9 @@ from pathlib import Path
 import numpy as np
 
 from slo_core.data import path as data_path
-from slo_core.predict.features import approx_tokens
 from slo_core.predict.pattern_store import MatchParams, PatternHistory
 from slo_core.predict.patterns import PatternGraph, Stage
+from slo_core.wire.tokens import approx_tokens
 
 
 def _llm_time_s(out_longest: float, in_total: float) -> float:

@@ -21,6 +21,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
+from slo_core.wire import openai
 from slo_sidecar.errors import APIError, error_event, error_response, overloaded
 from slo_sidecar.front import CHAT, COMPLETION
 from slo_sidecar.job import Event, Job
@@ -75,7 +76,7 @@ class _JobStream(StreamingResponse):
                 if job.parsed.include_usage:
                     yield sse(usage_chunk(job))
                 self.status = "ok"
-                yield b"data: [DONE]\n\n"
+                yield openai.SSE_DONE
                 return
             else:
                 self.status = "error"

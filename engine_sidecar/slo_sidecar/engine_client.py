@@ -15,6 +15,8 @@ from typing import Any
 
 import httpx
 
+from slo_core.wire import openai
+
 log = logging.getLogger(__name__)
 
 
@@ -76,7 +78,7 @@ async def stream_chunks(
                     raise EngineRejected(resp.status_code, message)
                 raise EngineUnavailable(f"engine answered {resp.status_code}: {message}")
             async for payload in _sse_data(resp):
-                if payload == b"[DONE]":
+                if payload == openai.DONE_PAYLOAD:
                     return
                 try:
                     chunk = json.loads(payload)

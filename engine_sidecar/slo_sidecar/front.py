@@ -7,14 +7,13 @@ engine-sim's rule, an estimate for a real model. The engine's usage replaces it 
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from typing import Any
 
-from slo_core.request_slo import strip_slo_fields
+from slo_core.wire.request_slo import strip_slo_fields
+from slo_core.wire.tokens import approx_tokens
 from slo_sidecar.errors import APIError
 
-_PIECE = re.compile(r"\w{1,8}|[^\w\s]")
 CHAT = "chat"
 COMPLETION = "completion"
 
@@ -32,10 +31,6 @@ class ParsedBody:
     include_usage: bool
     resumable: bool
     forward: dict[str, Any]
-
-
-def count_tokens(text: str) -> int:
-    return len(_PIECE.findall(text))
 
 
 def _bad(message: str, param: str) -> APIError:
@@ -69,7 +64,7 @@ def _chat_prompt(body: dict[str, Any]) -> tuple[str, int]:
             raise _bad(f"messages[{i}] must be an object with a string 'role'", f"messages[{i}]")
         texts.append(_content_text(m.get("content"), f"messages[{i}].content"))
     text = "\n".join(texts)
-    return text, 1 + sum(count_tokens(t) + 4 for t in texts) + 3
+    return text, 1 + sum(approx_tokens(t) + 4 for t in texts) + 3
 
 
 def _completion_prompt(body: dict[str, Any]) -> tuple[str, int, bool]:
@@ -77,7 +72,7 @@ def _completion_prompt(body: dict[str, Any]) -> tuple[str, int, bool]:
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
         prompt = prompt[0]
     if isinstance(prompt, str):
-        return prompt, 1 + count_tokens(prompt), True
+        return prompt, 1 + approx_tokens(prompt), True
     if (
         isinstance(prompt, list)
         and prompt

@@ -18,9 +18,10 @@ from typing import Any
 
 import httpx
 
-from slo_core.engine_tags import EngineTags
-from slo_core.request_slo import SLOParamError, SLORequest, parse_slo
 from slo_core.slo import SLOTargets, SLOTier
+from slo_core.wire.headers import TENANT_HEADER
+from slo_core.wire.request_slo import SLOParamError, SLORequest, parse_slo
+from slo_core.wire.tags import EngineTags
 from slo_sidecar.config import PolicyConfig, SidecarKnobs
 from slo_sidecar.engine_client import EngineRejected, EngineStatus, EngineUnavailable
 from slo_sidecar.errors import APIError, overloaded
@@ -36,7 +37,6 @@ from slo_sidecar.tracker import Tracker
 log = logging.getLogger(__name__)
 
 # set by the router (which strips it from client requests): the tenant a request is accounted to
-TENANT_HEADER = "x-slofleet-tenant"
 _SAFE_ID = re.compile(r"[A-Za-z0-9._:-]{1,64}")
 
 

@@ -8,9 +8,9 @@ over attempts: the prompt as the client sent it, every completion token of every
 
 from __future__ import annotations
 
-import json
 from typing import TYPE_CHECKING, Any
 
+from slo_core.wire import openai
 from slo_sidecar.engine_client import stream_chunks
 from slo_sidecar.front import CHAT
 from slo_sidecar.job import Job
@@ -64,7 +64,7 @@ async def run_attempt(sc: Sidecar, job: Job, body: dict[str, Any]) -> str:
         if job.stream_id is None:
             job.stream_id = str(chunk.get("id") or job.request_id)
         if job.attempts == 1 and (running_usage is None or job.parsed.include_usage):
-            job.emit("chunk", b"data: " + raw + b"\n\n")  # as the engine sent it: no re-encoding
+            job.emit("chunk", openai.sse_event(raw))  # as the engine sent it: no re-encoding
             continue
         if chat and isinstance(choice.get("delta"), dict):
             choice["delta"].pop("role", None)
@@ -98,7 +98,7 @@ def usage_of(job: Job) -> dict[str, int]:
 
 
 def sse(obj: dict[str, Any]) -> bytes:
-    return b"data: " + json.dumps(obj, separators=(",", ":")).encode() + b"\n\n"
+    return openai.sse_json(obj)
 
 
 def usage_chunk(job: Job) -> dict[str, Any]:

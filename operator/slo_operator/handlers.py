@@ -14,20 +14,20 @@ from typing import Any
 
 import kopf
 
+from slo_core.wire.k8s import API_GROUP, API_VERSION, MANAGED_BY, MANAGED_BY_LABEL
 from slo_operator.kubeapi import ApiError, load_configuration
-from slo_operator.model import API_GROUP, API_VERSION, MD_PLURAL, POLICY_PLURAL
+from slo_operator.model import MD_PLURAL, POLICY_PLURAL
 from slo_operator.reconcile import Reconciler, safe
-from slo_operator.render import MANAGED_BY
 
 log = logging.getLogger(__name__)
 
 RETRY_DELAY_S = 10.0
-MANAGED_LABELS = {"app.kubernetes.io/managed-by": MANAGED_BY}
+MANAGED_LABELS = {MANAGED_BY_LABEL: MANAGED_BY}
 
 
 def post_event(body: dict[str, Any], type_: str, reason: str, message: str) -> None:
     """A Kubernetes Event about ``body`` (kopf posts it in the background)."""
-    kopf.event(kopf.Body(body), type=type_, reason=reason, message=message)  # type: ignore[arg-type]
+    kopf.event(kopf.Body(body), type=type_, reason=reason, message=message)
 
 
 def login(kubeconfig: str | None) -> kopf.ConnectionInfo:
@@ -89,7 +89,12 @@ def build_registry(reconciler: Reconciler, kubeconfig: str | None = None) -> kop
 
     @kopf.on.event(API_GROUP, API_VERSION, POLICY_PLURAL, id="slo_policy", registry=registry)
     def slo_policy(
-        event: Any, body: Any, namespace: str, name: str, md_by_policy: kopf.Index, **_: Any
+        event: Any,
+        body: Any,
+        namespace: str,
+        name: str,
+        md_by_policy: kopf.Index[tuple[str, str], str],
+        **_: Any,
     ) -> None:
         deployments = sorted(md_by_policy.get((namespace, name), []))
         deleted = event.get("type") == "DELETED"

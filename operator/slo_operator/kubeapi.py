@@ -85,7 +85,7 @@ class KubeApi:
             data = {"message": raw.decode(errors="replace")[:500]}
         if resp.status >= 400:
             raise ApiError(resp.status, str(data.get("reason", resp.reason)), str(data.get("message", "")))
-        return data  # type: ignore[no-any-return]
+        return data
 
     def get(self, api_version: str, plural: str, namespace: str, name: str) -> dict[str, Any] | None:
         try:

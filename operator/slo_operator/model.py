@@ -14,8 +14,6 @@ from pydantic import BaseModel, ValidationError
 from slo_core.crd.deployment import ModelDeploymentSpec
 from slo_core.crd.errors import validation_problems
 
-API_GROUP = "slofleet.io"
-API_VERSION = "v1alpha1"
 MD_PLURAL = "modeldeployments"
 POLICY_PLURAL = "slopolicies"
 

@@ -1,7 +1,8 @@
 """The engine pod of a ModelDeployment: vLLM with the slofleet scheduler plugin, and the sidecar in front.
 
-The init container copies the plugin (``slo_core`` and ``slo_sidecar``, pure Python) from the slofleet
-image into a shared volume; vLLM imports it through ``PYTHONPATH`` and loads it with ``--scheduler-cls``.
+The init container copies the plugin (``slo_vllm_plugin``, ``slo_core``, ``slo_proto``: pure Python) from
+the slofleet image into a shared volume; vLLM imports it through ``PYTHONPATH`` and loads it with
+``--scheduler-cls``.
 The plugin's engine policy comes from the policy ConfigMap as environment variables resolved when the
 container starts, so a policy edit never changes the pod template (no vLLM restart): the sidecar
 hot-reloads the mounted file and new pods pick up the engine policy.
@@ -14,7 +15,7 @@ from typing import Any
 from slo_operator.model import ModelDeploymentView
 from slo_operator.settings import OperatorSettings
 
-SCHEDULER_CLS = "slo_sidecar.vllm_plugin.scheduler.SLOScheduler"
+SCHEDULER_CLS = "slo_vllm_plugin.scheduler.SLOScheduler"
 PLUGIN_SOURCE_DIR = "/opt/slofleet/plugin"  # where the Dockerfile puts the plugin's packages
 PLUGIN_MOUNT = "/opt/slofleet/plugin"
 PLUGIN_TARGET = "/plugin-out"

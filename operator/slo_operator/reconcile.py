@@ -13,9 +13,10 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+from slo_core.wire.k8s import API_GROUP, API_VERSION
 from slo_operator import render, status
 from slo_operator.kubeapi import ApiError, KubeApi
-from slo_operator.model import API_GROUP, API_VERSION, MD_PLURAL, POLICY_PLURAL, ModelDeploymentView, view
+from slo_operator.model import MD_PLURAL, POLICY_PLURAL, ModelDeploymentView, view
 from slo_operator.policy import PolicyInvalid, policy_config
 from slo_operator.settings import OperatorSettings
 

@@ -11,14 +11,11 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from slo_core.wire import k8s
+from slo_core.wire.k8s import API_GROUP, API_VERSION, ENGINE_NAME, MANAGED_BY, MD_LABEL, POLICY_LABEL
 from slo_operator import pod
-from slo_operator.model import API_GROUP, API_VERSION, ModelDeploymentView
+from slo_operator.model import ModelDeploymentView
 from slo_operator.settings import OperatorSettings
-
-MANAGED_BY = "slofleet-operator"
-ENGINE_NAME = "slofleet-engine"
-MD_LABEL = "slofleet.io/model-deployment"
-POLICY_LABEL = "slofleet.io/policy"
 
 
 @dataclass(frozen=True)
@@ -33,7 +30,7 @@ class PolicyConfig:
 
 def selector_labels(md: ModelDeploymentView) -> dict[str, str]:
     """The labels that select the engine pods of one ModelDeployment (the router uses them too)."""
-    return {"app.kubernetes.io/name": ENGINE_NAME, MD_LABEL: md.name}
+    return {k8s.NAME_LABEL: ENGINE_NAME, MD_LABEL: md.name}
 
 
 def pod_labels(md: ModelDeploymentView) -> dict[str, str]:
@@ -43,7 +40,7 @@ def pod_labels(md: ModelDeploymentView) -> dict[str, str]:
         "app.kubernetes.io/instance": md.name,
         "app.kubernetes.io/component": "engine",
         "app.kubernetes.io/part-of": "slofleet",
-        "app.kubernetes.io/managed-by": MANAGED_BY,
+        k8s.MANAGED_BY_LABEL: MANAGED_BY,
     }
 
 
@@ -82,17 +79,17 @@ def config_map_name(md: ModelDeploymentView) -> str:
 def pod_annotations(md: ModelDeploymentView, settings: OperatorSettings) -> dict[str, str]:
     """What the router reads about a pod besides its labels: ports, served model and capabilities."""
     notes = {
-        "slofleet.io/served-model": md.served_name,
-        "slofleet.io/http-port": str(settings.sidecar_http_port),
-        "slofleet.io/grpc-port": str(settings.sidecar_grpc_port),
+        k8s.SERVED_MODEL_ANNOTATION: md.served_name,
+        k8s.HTTP_PORT_ANNOTATION: str(settings.sidecar_http_port),
+        k8s.GRPC_PORT_ANNOTATION: str(settings.sidecar_grpc_port),
     }
     context = md.context_length or md.max_model_len
     if context:
-        notes["slofleet.io/context-length"] = str(context)
+        notes[k8s.CONTEXT_LENGTH_ANNOTATION] = str(context)
     if md.gpu_class or md.gpu_type:
-        notes["slofleet.io/gpu-class"] = str(md.gpu_class or md.gpu_type)
+        notes[k8s.GPU_CLASS_ANNOTATION] = str(md.gpu_class or md.gpu_type)
     if md.lora_adapters:
-        notes["slofleet.io/lora-adapters"] = ",".join(name for name, _ in md.lora_adapters)
+        notes[k8s.LORA_ADAPTERS_ANNOTATION] = ",".join(name for name, _ in md.lora_adapters)
     return notes
 
 

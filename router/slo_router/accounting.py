@@ -19,6 +19,7 @@ from starlette.responses import Response, StreamingResponse
 
 from slo_core.gain import Delivery, GainParams, goodput_function, request_goodput
 from slo_core.policies.base import RequestView
+from slo_core.wire import openai
 from slo_router.proxy import StreamStats, relay_stream
 
 if TYPE_CHECKING:
@@ -77,14 +78,7 @@ async def respond(
     except httpx.HTTPError as exc:
         stats.error = f"upstream failed: {type(exc).__name__}"
         done(stats)
-        body = {
-            "error": {
-                "message": "the serving pod failed while answering",
-                "type": "upstream_error",
-                "param": None,
-                "code": 502,
-            }
-        }
+        body = openai.error_body("the serving pod failed while answering", kind="upstream_error", code=502)
         return Response(json.dumps(body), status_code=502, media_type="application/json")
     finally:
         await resp.aclose()

@@ -30,8 +30,8 @@ from starlette.routing import Route
 from slo_core.policies.base import RequestView, RouterPolicy
 from slo_core.policies.registry import make_router_policy
 from slo_core.policies.seed_estimates import first_token_due_s
-from slo_core.request_slo import strip_slo_fields
 from slo_core.slo import RequestKind
+from slo_core.wire.request_slo import strip_slo_fields
 from slo_router.accounting import respond
 from slo_router.config import RouterConfig
 from slo_router.dispatch import DispatchResult, SessionTable, dispatch

@@ -13,8 +13,10 @@ from typing import TYPE_CHECKING, Any
 from starlette.requests import Request
 
 from slo_core.policies.base import RequestView
-from slo_core.request_slo import SLOParamError, SLORequest, parse_slo, to_headers
 from slo_core.slo import RequestKind, SLOTargets
+from slo_core.wire.headers import INTERNAL_PREFIX
+from slo_core.wire.request_slo import SLOParamError, SLORequest, parse_slo, to_headers
+from slo_core.wire.tokens import approx_tokens
 from slo_router.dispatch import Affinity
 from slo_router.errors import APIError
 from slo_router.tenants import Tenant
@@ -22,7 +24,6 @@ from slo_router.tenants import Tenant
 if TYPE_CHECKING:
     from slo_router.app import RouterState
 
-INTERNAL_PREFIX = "x-slofleet-"
 DEFAULT_MAX_TOKENS = 1024
 PREFIX_AFFINITY_CHARS = 512
 PREFIX_AFFINITY_MIN_CHARS = 64
@@ -40,7 +41,7 @@ def estimate_prompt_tokens(body: dict[str, Any]) -> int:
     else:
         prompt = body.get("prompt", "")
         text = prompt if isinstance(prompt, str) else json.dumps(prompt)
-    return max(1, len(text) // 4)
+    return approx_tokens(text)
 
 
 def max_tokens(body: dict[str, Any]) -> int:

@@ -28,16 +28,14 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+from slo_core.wire.k8s import ANNOTATION_PREFIX as NOTE
+from slo_core.wire.k8s import API_GROUP, API_VERSION, ENGINE_SELECTOR, MD_LABEL
 from slo_router.config import RouterConfig
 from slo_router.endpoints import EndpointSpec, EndpointState
 from slo_router.tenants import keys_from_secret_data
 
 log = logging.getLogger(__name__)
 
-API_GROUP, API_VERSION = "slofleet.io", "v1alpha1"
-ENGINE_SELECTOR = "app.kubernetes.io/name=slofleet-engine"
-MD_LABEL = "slofleet.io/model-deployment"
-NOTE = "slofleet.io/"
 WATCH_TIMEOUT_S = 20
 
 

@@ -18,6 +18,8 @@ from dataclasses import dataclass, field
 
 import httpx
 
+from slo_core.wire import openai
+
 log = logging.getLogger(__name__)
 
 RETRYABLE_STATUS = frozenset({500, 502, 503, 504})
@@ -58,7 +60,7 @@ class StreamStats:
             if not line.startswith(b"data:"):
                 continue
             payload = line[5:].strip()
-            if payload == b"[DONE]":
+            if payload == openai.DONE_PAYLOAD:
                 self.completed = self.error is None
                 continue
             if b'"error"' not in payload and b'"usage"' not in payload:
@@ -139,8 +141,7 @@ async def open_upstream(
 
 
 def error_event(message: str, code: int = 502) -> bytes:
-    body = {"error": {"message": message, "type": "upstream_error", "param": None, "code": code}}
-    return b"data: " + json.dumps(body).encode() + b"\n\ndata: [DONE]\n\n"
+    return openai.error_event(openai.error_body(message, kind="upstream_error", code=code))
 
 
 async def relay_stream(

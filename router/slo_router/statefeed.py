@@ -19,9 +19,9 @@ from typing import Any
 import grpc
 
 from slo_core.slo import SLOTier
+from slo_proto import slofleet_pb2, slofleet_pb2_grpc
 from slo_router.endpoints import EndpointState
 from slo_router.podstate import capabilities_of, replica_view, snapshot_age_s
-from slo_router.proto import slofleet_pb2, slofleet_pb2_grpc
 
 log = logging.getLogger(__name__)
 

@@ -11,12 +11,12 @@ from concurrent.futures import ThreadPoolExecutor
 
 import grpc
 
-from slo_core.engine_tags import EngineTags
 from slo_core.policies.base import BaseEnginePolicy, Decision, EngineView, RequestView
 from slo_core.slo import RequestKind, SLOTargets
-from slo_sidecar.engine_sim.runner import EngineRunner, Handle, Submission
-from slo_sidecar.engine_sim.settings import EngineSimSettings
-from slo_sidecar.proto import slofleet_pb2, slofleet_pb2_grpc
+from slo_core.wire.tags import EngineTags
+from slo_lab.engine_sim.runner import EngineRunner, Handle, Submission
+from slo_lab.engine_sim.settings import EngineSimSettings
+from slo_proto import slofleet_pb2, slofleet_pb2_grpc
 
 
 class Bounds(slofleet_pb2_grpc.AnalyzerServicer):

@@ -9,7 +9,7 @@ import httpx
 import openai
 import pytest
 
-from slo_sidecar.engine_sim import EngineSimServer, EngineSimThread, serve_engine_sim
+from slo_lab.engine_sim import EngineSimServer, EngineSimThread, serve_engine_sim
 
 PROMPT = "Explain, in two short sentences, why batching helps GPU throughput."
 

@@ -12,7 +12,7 @@ import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from slo_sidecar.engine_sim import EngineSimServer, serve_engine_sim
+from slo_lab.engine_sim import EngineSimServer, serve_engine_sim
 
 
 def _samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:

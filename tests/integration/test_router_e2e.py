@@ -16,10 +16,10 @@ import httpx
 import openai
 import pytest
 
-from slo_router.localfleet.launcher import LocalFleet
-from slo_router.localfleet.spec import EngineGroup, FleetSpec
+from slo_lab.localfleet.launcher import LocalFleet
+from slo_lab.localfleet.spec import EngineGroup, FleetSpec
 
-pytest.importorskip("slo_sidecar.engine_sim.app")
+pytest.importorskip("slo_lab.engine_sim.app")
 pytestmark = [pytest.mark.slow, pytest.mark.e2e]
 
 POLICY = """\

@@ -1,6 +1,6 @@
 """Failover through the router with the openai client: a pod killed mid-load.
 
-Pods are fake (slo_router.fakepod) on loopback; the router runs in-process with its state feed.
+Pods are fake (slo_lab.fakepod) on loopback; the router runs in-process with its state feed.
 """
 
 from __future__ import annotations
@@ -14,10 +14,10 @@ import httpx
 import openai
 
 from slo_core.slo import PriorityClass, RequestKind, SLOTier
+from slo_lab.fakepod import FakePod, PodBehaviour, RunningPod, ServedApp
 from slo_router.app import build_state, create_app
 from slo_router.config import RouterConfig
 from slo_router.endpoints import EndpointSpec, EndpointState
-from slo_router.fakepod import FakePod, PodBehaviour, RunningPod, ServedApp
 from slo_router.statefeed import StateFeed
 from slo_router.tenants import KeyStore, Tenant
 

@@ -24,9 +24,9 @@ from kube.harness import Cluster
 
 from slo_core.crd.generate import modeldeployment_crd, slopolicy_crd
 from slo_core.crd.loads import parse_policy
+from slo_lab.fakepod import FakePod, RunningPod, ServedApp
 from slo_router.app import build_state, create_app
 from slo_router.config import RouterConfig, from_policy
-from slo_router.fakepod import FakePod, RunningPod, ServedApp
 from slo_router.kube import KubeDiscovery
 from slo_router.statefeed import StateFeed
 from slo_router.tenants import KeyStore

@@ -1,6 +1,6 @@
 """The official openai client through the router to pods on loopback: tiers, spoofing, limits, streams.
 
-Pods are fake (OpenAI answers and a State stream, see slo_router.fakepod); the router runs in-process
+Pods are fake (OpenAI answers and a State stream, see slo_lab.fakepod); the router runs in-process
 under uvicorn with its state-stream follower, as ``slofleet router`` runs it.
 """
 
@@ -17,10 +17,10 @@ import openai
 import pytest
 
 from slo_core.slo import PriorityClass, RequestKind, SLOTier
+from slo_lab.fakepod import FakePod, PodBehaviour, RunningPod, ServedApp
 from slo_router.app import build_state, create_app
 from slo_router.config import RouterConfig
 from slo_router.endpoints import EndpointSpec, EndpointState
-from slo_router.fakepod import FakePod, PodBehaviour, RunningPod, ServedApp
 from slo_router.statefeed import StateFeed
 from slo_router.tenants import KeyStore, Tenant
 

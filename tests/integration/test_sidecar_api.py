@@ -14,9 +14,9 @@ from openai import AsyncOpenAI
 from prometheus_client.parser import text_string_to_metric_families
 
 from slo_core.slo import PriorityClass, RequestKind, SLOTier
+from slo_lab.fake_engine import FakeEngine, serve_fake_engine
 from slo_sidecar.config import PolicyConfig, SidecarKnobs
 from slo_sidecar.estimators import FallbackEstimator
-from slo_sidecar.fake_engine import FakeEngine, serve_fake_engine
 from slo_sidecar.runtime import Running, running_sidecar
 from slo_sidecar.service import Sidecar
 

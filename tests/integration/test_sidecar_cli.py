@@ -14,7 +14,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from slo_sidecar.fake_engine import FakeEngine, serve_fake_engine
+from slo_lab.fake_engine import FakeEngine, serve_fake_engine
 
 SLOFLEET = str(Path(sys.executable).with_name("slofleet"))
 POLICY = """\

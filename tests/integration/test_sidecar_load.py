@@ -14,8 +14,8 @@ from openai import AsyncOpenAI
 from prometheus_client.parser import text_string_to_metric_families
 
 from slo_core.slo import PriorityClass, RequestKind, SLOTier
+from slo_lab.engine_sim.server import serve_engine_sim
 from slo_sidecar.config import PolicyConfig, SidecarKnobs
-from slo_sidecar.engine_sim.server import serve_engine_sim
 from slo_sidecar.estimators import FallbackEstimator
 from slo_sidecar.runtime import running_sidecar
 from slo_sidecar.service import Sidecar

@@ -12,9 +12,9 @@ import httpx
 from slo_core.policies.base import BaseEnginePolicy, Decision, EngineView, RequestView
 from slo_core.policies.registry import engine_policy_names, make_engine_policy
 from slo_core.slo import PriorityClass, RequestKind, SLOTier
+from slo_lab.fake_engine import FakeEngine, serve_fake_engine
 from slo_sidecar.config import PolicyConfig, SidecarKnobs
 from slo_sidecar.estimators import FallbackEstimator
-from slo_sidecar.fake_engine import FakeEngine, serve_fake_engine
 from slo_sidecar.runtime import running_sidecar
 from slo_sidecar.service import Sidecar
 

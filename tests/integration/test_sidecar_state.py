@@ -15,11 +15,11 @@ import httpx
 import pytest
 
 from slo_core.slo import PriorityClass, RequestKind, SLOTier
+from slo_lab.fake_engine import FakeEngine, serve_fake_engine
+from slo_proto import slofleet_pb2, slofleet_pb2_grpc
 from slo_sidecar import lifecycle
 from slo_sidecar.config import PolicyConfig, SidecarKnobs, parse_policy_file
 from slo_sidecar.estimators import FallbackEstimator, load_length_estimator
-from slo_sidecar.fake_engine import FakeEngine, serve_fake_engine
-from slo_sidecar.proto import slofleet_pb2, slofleet_pb2_grpc
 from slo_sidecar.runtime import running_sidecar
 from slo_sidecar.service import Sidecar
 

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from slo_sidecar.engine_sim.responses import Shape, chunk, full_response, sse, usage_chunk
+from slo_lab.engine_sim.responses import Shape, chunk, full_response, sse, usage_chunk
 
 
 @pytest.mark.parametrize("chat", [False, True])

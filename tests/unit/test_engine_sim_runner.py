@@ -10,12 +10,12 @@ from collections.abc import AsyncIterator, Sequence
 
 import pytest
 
-from slo_core.engine_tags import EngineTags
 from slo_core.policies.base import BaseEnginePolicy, Decision, EngineView, RequestView
 from slo_core.slo import RequestKind, SLOTargets
-from slo_sidecar.engine_sim.protocol import decode_xargs
-from slo_sidecar.engine_sim.runner import EngineRunner, Handle, Submission
-from slo_sidecar.engine_sim.settings import EngineSimSettings
+from slo_core.wire.tags import EngineTags
+from slo_lab.engine_sim.protocol import decode_xargs
+from slo_lab.engine_sim.runner import EngineRunner, Handle, Submission
+from slo_lab.engine_sim.settings import EngineSimSettings
 
 
 class Recorder(BaseEnginePolicy):

@@ -6,7 +6,7 @@ import statistics
 
 import pytest
 
-from slo_sidecar.engine_sim import tokens
+from slo_lab.engine_sim import tokens
 
 
 @pytest.mark.parametrize(

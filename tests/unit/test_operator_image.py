@@ -19,7 +19,12 @@ from slo_operator import pod
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCKERFILE = (ROOT / "Dockerfile").read_text()
-PACKAGES = {"slo_core": ROOT / "core" / "slo_core", "slo_sidecar": ROOT / "engine_sidecar" / "slo_sidecar"}
+# What the init container copies into vLLM pods: the plugin, core and the generated stubs, nothing else.
+PACKAGES = {
+    "slo_core": ROOT / "core" / "slo_core",
+    "slo_vllm_plugin": ROOT / "vllm_plugin" / "slo_vllm_plugin",
+    "slo_proto": ROOT / "proto" / "slo_proto",
+}
 # What the vLLM image itself provides to modules on its PYTHONPATH.
 VLLM_PROVIDES = {"vllm", "torch", "grpc", "google", "prometheus_client", "numpy", "pydantic", "yaml"}
 
@@ -31,7 +36,8 @@ def final_stage() -> str:
 def test_plugin_is_copied_where_the_init_container_looks() -> None:
     assert pod.PLUGIN_SOURCE_DIR == "/opt/slofleet/plugin"
     assert f"COPY --from=build {pod.PLUGIN_SOURCE_DIR} {pod.PLUGIN_SOURCE_DIR}" in final_stage()
-    assert re.search(rf"cp -R core/slo_core engine_sidecar/slo_sidecar {pod.PLUGIN_SOURCE_DIR}/", DOCKERFILE)
+    (copied,) = re.findall(rf"cp -R ((?:\S+ )+){pod.PLUGIN_SOURCE_DIR}/", DOCKERFILE)
+    assert sorted(copied.split()) == sorted(str(p.relative_to(ROOT)) for p in PACKAGES.values())
 
 
 def test_runs_as_the_charts_non_root_user_with_the_slofleet_entrypoint() -> None:
@@ -96,9 +102,11 @@ def test_the_plugin_imports_only_what_a_vllm_image_provides() -> None:
             top = imported.split(".")[0]
             if top in PACKAGES:
                 todo.append(imported)
+            elif top.startswith("slo_"):
+                outside.add(top)  # another slofleet package: not in the vLLM pod
             elif top not in sys.stdlib_module_names:
                 outside.add(top)
-    assert "slo_sidecar.vllm_plugin.scheduler" in seen and "slo_core" in seen
+    assert "slo_vllm_plugin.scheduler" in seen and "slo_core" in seen
     assert outside <= VLLM_PROVIDES, (
         f"the plugin needs {sorted(outside - VLLM_PROVIDES)}, absent from vLLM's image"
     )

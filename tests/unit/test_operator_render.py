@@ -95,7 +95,7 @@ def test_pod_runs_vllm_with_the_plugin_copied_in_and_the_sidecar_in_front() -> N
 
 def test_scheduler_class_path_names_the_plugin_class() -> None:
     module, _, cls = render.pod.SCHEDULER_CLS.rpartition(".")
-    source = ROOT / "engine_sidecar" / Path(*module.split(".")).with_suffix(".py")
+    source = ROOT / "vllm_plugin" / Path(*module.split(".")).with_suffix(".py")
     tree = ast.parse(source.read_text())
     assert cls in {n.name for n in tree.body if isinstance(n, ast.ClassDef)}
 

@@ -1,4 +1,4 @@
-"""The checked-in gRPC stubs of each service are exactly what proto/slofleet.proto generates."""
+"""The checked-in gRPC stubs are what proto/slofleet.proto generates, in one package for every side."""
 
 from __future__ import annotations
 
@@ -8,10 +8,7 @@ import pytest
 from grpc_tools import protoc
 
 ROOT = Path(__file__).resolve().parents[2]
-SERVICES = {
-    "slo_sidecar": ROOT / "engine_sidecar/slo_sidecar/proto",
-    "slo_router": ROOT / "router/slo_router/proto",
-}
+STUBS = ROOT / "proto/slo_proto"
 
 
 @pytest.fixture(scope="module")
@@ -23,22 +20,25 @@ def generated(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return out
 
 
-@pytest.mark.parametrize("module", sorted(SERVICES))
-def test_checked_in_stubs_match_the_proto(generated: Path, module: str) -> None:
-    folder = SERVICES[module]
-    for name in ("slofleet_pb2.py", "slofleet_pb2.pyi", "slofleet_pb2_grpc.py"):
-        want = (generated / name).read_text()
-        if name == "slofleet_pb2_grpc.py":
-            want = want.replace("import slofleet_pb2 as", f"from {module}.proto import slofleet_pb2 as")
-        assert (folder / name).read_text() == want, f"{folder / name} is stale: run scripts/gen_proto.sh"
+@pytest.mark.parametrize("name", ["slofleet_pb2.py", "slofleet_pb2.pyi", "slofleet_pb2_grpc.py"])
+def test_checked_in_stubs_match_the_proto(generated: Path, name: str) -> None:
+    want = (generated / name).read_text()
+    if name == "slofleet_pb2_grpc.py":
+        want = want.replace("import slofleet_pb2 as", "from slo_proto import slofleet_pb2 as")
+    assert (STUBS / name).read_text() == want, f"{STUBS / name} is stale: run scripts/gen_proto.sh"
 
 
-def test_both_services_speak_the_same_messages() -> None:
-    from slo_router.proto import slofleet_pb2 as router_pb2
-    from slo_sidecar.proto import slofleet_pb2 as sidecar_pb2
+def test_there_is_one_copy_of_the_generated_code() -> None:
+    folders = ["core", "router", "engine_sidecar", "operator", "vllm_plugin", "lab", "proto"]
+    copies = sorted(p.relative_to(ROOT) for f in folders for p in (ROOT / f).rglob("slofleet_pb2.py"))
+    assert copies == [Path("proto/slo_proto/slofleet_pb2.py")]
 
-    state = sidecar_pb2.PodState(pod="p", waiting=3, kv_usage=0.5)
+
+def test_messages_round_trip() -> None:
+    from slo_proto import slofleet_pb2
+
+    state = slofleet_pb2.PodState(pod="p", waiting=3, kv_usage=0.5)
     state.requests.add(request_id="r1", kind="deadline", output_bound=120)
-    decoded = router_pb2.PodState.FromString(state.SerializeToString())
+    decoded = slofleet_pb2.PodState.FromString(state.SerializeToString())
     assert (decoded.pod, decoded.waiting, decoded.kv_usage) == ("p", 3, 0.5)
     assert decoded.requests[0].output_bound == 120

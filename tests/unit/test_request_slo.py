@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from slo_core.request_slo import SLOParamError, parse_slo, strip_slo_fields
 from slo_core.slo import PriorityClass, RequestKind, SLOTargets, SLOTier
+from slo_core.wire.request_slo import SLOParamError, parse_slo, strip_slo_fields
 
 
 def test_headers_are_parsed_with_units_in_seconds() -> None:

@@ -203,7 +203,8 @@ async def test_stream_failure_after_first_byte_ends_with_an_error_event() -> Non
     r = await client.post("/v1/completions", json={**BODY, "stream": True}, headers=auth("k-acme"))
     assert r.status_code == 200
     assert 'data: {"choices": [{"text": "a"}]}' in r.text
-    assert '"type": "upstream_error"' in r.text and r.text.rstrip().endswith("data: [DONE]")
+    events = [json.loads(e[len("data: ") :]) for e in r.text.split("\n\n") if e.startswith("data: {")]
+    assert events[-1]["error"]["type"] == "upstream_error" and r.text.rstrip().endswith("data: [DONE]")
     assert len(seen) == 1  # never retried once bytes flowed
     assert state.metrics.requests.labels("chat-gold", "acme", "m", "error")._value.get() == 1
 

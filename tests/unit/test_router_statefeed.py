@@ -9,10 +9,10 @@ from typing import Any
 
 from slo_core.policies.go_routing import GoRouting
 from slo_core.slo import PriorityClass, RequestKind, SLOTier
+from slo_lab.fakepod import FakePod, RunningPod, _Live
+from slo_proto import slofleet_pb2
 from slo_router.endpoints import EndpointSpec, EndpointState
-from slo_router.fakepod import FakePod, RunningPod, _Live
 from slo_router.podstate import replica_view
-from slo_router.proto import slofleet_pb2
 from slo_router.statefeed import StateFeed
 
 

@@ -12,9 +12,9 @@ from slo_core.policies.base import BaseEnginePolicy, Decision, EngineView, Reque
 from slo_core.predict import load_estimator
 from slo_core.sim.analyzer import SimAnalyzer
 from slo_core.sim.fleet import FleetSim, ReplicaSpec
-from slo_core.sim.jobs import Job
 from slo_core.sim.request import FINISHED
 from slo_core.slo import RequestKind, SLOTargets
+from slo_core.workloads.jobs import Job
 
 PROFILE = PerfProfile("test", "test-gpu", "test-model", 1, 0.0, 10.0, 0.0, 0.0, 0.0, 1 << 20, 1 << 16)
 

@@ -13,10 +13,10 @@ from slo_core.metrics.summary import instant_gain
 from slo_core.perf.model import PerfProfile
 from slo_core.sim.engine_types import EngineConfig
 from slo_core.sim.fleet import FleetSim, ReplicaSpec, SimConfig
-from slo_core.sim.jobs import Job, read_jobs_jsonl, write_jobs_jsonl
 from slo_core.sim.request import FINISHED
 from slo_core.slo import RequestKind, SLOTargets
 from slo_core.workloads import WorkloadSpec, build_workload
+from slo_core.workloads.jobs import Job, read_jobs_jsonl, write_jobs_jsonl
 
 PROFILE = PerfProfile("test", "test-gpu", "test-model", 1, 0.0, 10.0, 0.0, 0.0, 0.0, 1 << 20, 1 << 16)
 LAT = SLOTargets(RequestKind.LATENCY, ttft_s=0.05, tbt_s=0.01)

@@ -1,6 +1,6 @@
 """The scheduler plugin inside a real ``vllm serve`` (CPU build), driven over HTTP by the ``openai`` client.
 
-A vLLM OpenAI server is started with ``--scheduler-cls slo_sidecar.vllm_plugin.scheduler.SLOScheduler``
+A vLLM OpenAI server is started with ``--scheduler-cls slo_vllm_plugin.scheduler.SLOScheduler``
 and one sequence slot, so queued requests are admitted strictly in the order the plugin gives; the
 requests are queued in a paused engine (vLLM's dev-mode ``/pause?mode=keep``) and released together. The
 engine-side trace (``SLOFLEET_ENGINE_TRACE``) shows what the engine did. The slofleet sidecar runs in
@@ -32,12 +32,12 @@ pytest.importorskip("vllm")
 import httpx
 import openai
 
-from slo_core.engine_tags import EngineTags
 from slo_core.slo import RequestKind, SLOTargets
+from slo_core.wire.tags import EngineTags
 
 pytestmark = pytest.mark.vllm
 
-SCHEDULER_CLS = "slo_sidecar.vllm_plugin.scheduler.SLOScheduler"
+SCHEDULER_CLS = "slo_vllm_plugin.scheduler.SLOScheduler"
 PROMPT = "def add(a, b):\n    return a + b\n"
 
 

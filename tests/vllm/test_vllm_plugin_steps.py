@@ -20,10 +20,10 @@ pytest.importorskip("vllm")
 from vllm import EngineArgs, SamplingParams
 from vllm.v1.engine.llm_engine import LLMEngine
 
-from slo_core.engine_tags import EngineTags
 from slo_core.policies import registry
 from slo_core.policies.base import BaseEnginePolicy, Decision, EngineView, RequestView
 from slo_core.slo import RequestKind, SLOTargets
+from slo_core.wire.tags import EngineTags
 
 pytestmark = pytest.mark.vllm
 
@@ -122,7 +122,7 @@ def make_engine(model: Path, policy: str, trace: Path, monkeypatch: pytest.Monke
         max_model_len=512,
         enforce_eager=True,
         kv_cache_memory_bytes=64 << 20,
-        scheduler_cls="slo_sidecar.vllm_plugin.scheduler.SLOScheduler",
+        scheduler_cls="slo_vllm_plugin.scheduler.SLOScheduler",
         max_num_seqs=2,
         max_num_batched_tokens=256,
         seed=0,

@@ -44,14 +44,6 @@ class RequestFeatures:
     model: str = ""
 
 
-def approx_tokens(text: str) -> int:
-    """Deterministic tokenizer-free token count: words and punctuation, long words in 4-char pieces."""
-    count = 0
-    for piece in _WORD.findall(text):
-        count += max(1, (len(piece) + 3) // 4)
-    return max(1, count)
-
-
 def n_features(p: FeatureParams) -> int:
     return 6 + len(KINDS) + p.model_buckets + p.ngram_features
 

@@ -20,8 +20,9 @@ import numpy as np
 
 from slo_core.data import path as data_path
 from slo_core.predict.estimator import EstimatorParams, OutputBoundEstimator
-from slo_core.predict.features import F32, FeatureParams, RequestFeatures, approx_tokens, featurize
+from slo_core.predict.features import F32, FeatureParams, RequestFeatures, featurize
 from slo_core.predict.forest import ArrayForest
+from slo_core.wire.tokens import approx_tokens
 
 HOLDOUT_MODULUS = 5  # one row in five is held back
 

@@ -5,6 +5,6 @@
   events, ``abort``); see its module docstring for the semantics and the driving loop.
 * :class:`slo_core.sim.fleet.FleetSim`: replicas behind a router policy, jobs from
   :mod:`slo_core.workloads`, compound programs released stage by stage.
-* :mod:`slo_core.sim.bench` and ``slofleet bench`` (:mod:`slo_core.sim.cli`): sweeps; metrics in
+* :mod:`slo_core.bench.runner` and ``slofleet bench`` (:mod:`slo_core.bench.cli`): sweeps; metrics in
   :mod:`slo_core.metrics`.
 """

@@ -16,8 +16,8 @@ from collections.abc import Sequence
 from slo_core.predict import BoundQuery, BoundSchedule, OutputBoundEstimator, load_estimator
 from slo_core.predict.compound import CompoundTracker
 from slo_core.predict.patterns import Stage
-from slo_core.sim.jobs import Job
 from slo_core.sim.request import ProgramState
+from slo_core.workloads.jobs import Job
 
 LLM_STAGE = "llm"  # node identity of a stage of LLM calls (the simulator has one model, no tools)
 

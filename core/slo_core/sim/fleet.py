@@ -31,11 +31,11 @@ from slo_core.policies.registry import make_engine_policy, make_router_policy
 from slo_core.sim.analyzer import SimAnalyzer
 from slo_core.sim.engine import SimEngine
 from slo_core.sim.engine_types import EngineConfig
-from slo_core.sim.jobs import Job
 from slo_core.sim.outcomes import Feedback
 from slo_core.sim.request import ABORTED, REJECTED, WAITING, ProgramState, SimRequest
 from slo_core.sim.views import request_view
 from slo_core.slo import RequestKind
+from slo_core.workloads.jobs import Job
 
 _ARRIVAL = 0
 _STEP = 1

@@ -20,9 +20,9 @@ from typing import Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from slo_core.sim.jobs import Job
 from slo_core.slo import RequestKind, SLOTargets
 from slo_core.workloads.dags import DagSource, DeepResearchParams
+from slo_core.workloads.jobs import Job
 from slo_core.workloads.traces import Trace, load_trace
 
 KINDS = (RequestKind.LATENCY, RequestKind.DEADLINE, RequestKind.COMPOUND)

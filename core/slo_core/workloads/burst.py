@@ -13,8 +13,8 @@ import dataclasses
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from slo_core.sim.jobs import Job
 from slo_core.workloads.builder import WorkloadSpec, build_workload
+from slo_core.workloads.jobs import Job
 
 
 class BurstSpec(BaseModel):

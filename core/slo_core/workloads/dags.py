@@ -24,7 +24,7 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, Field
 
 from slo_core import data
-from slo_core.sim.jobs import Stages
+from slo_core.workloads.jobs import Stages
 
 DAG_SOURCES = ("deep-research", "tot", "mixed")
 

@@ -21,7 +21,7 @@ def grpc_fetch(target: str, timeout_s: float = 2.0) -> Fetch:
     """A fetch function over the sidecar's ``Analyzer.GetBounds`` RPC (all live requests)."""
     import grpc
 
-    from slo_sidecar.proto import slofleet_pb2, slofleet_pb2_grpc
+    from slo_proto import slofleet_pb2, slofleet_pb2_grpc
 
     channel = grpc.insecure_channel(target)
     stub = slofleet_pb2_grpc.AnalyzerStub(channel)

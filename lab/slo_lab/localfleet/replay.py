@@ -24,8 +24,8 @@ import openai
 
 from slo_core.gain import GOODPUT_FUNCTIONS, Delivery, GainParams, ideal_gain
 from slo_core.metrics.summary import JobOutcome
-from slo_core.sim.jobs import Job
 from slo_core.slo import RequestKind
+from slo_core.workloads.jobs import Job
 
 CHAT_FRAMING_TOKENS = 8  # BOS + one message (4) + assistant header (3), engine-sim's chat count
 WORD = "token"
@@ -195,7 +195,7 @@ async def replay(
     """
     limits = httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections)
     http = httpx.AsyncClient(limits=limits, timeout=httpx.Timeout(600.0, connect=10.0))
-    client = openai.AsyncOpenAI(base_url=f"{base_url}/v1", api_key=api_key, http_client=http, max_retries=0)
+    client = openai.AsyncOpenAI(base_url=f"{base_url}/v1", api_key=api_key, http_client=http, max_retries=0)  # type: ignore[arg-type]
     replayer = Replayer(client, model, time.monotonic)
     start = time.monotonic()
 

@@ -25,7 +25,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from slo_core.engine_tags import EngineTags
 from slo_core.policies.base import EnginePolicy
 from slo_core.policies.registry import make_engine_policy
 from slo_core.sim.engine import SimEngine
@@ -33,6 +32,7 @@ from slo_core.sim.engine_types import EngineConfig
 from slo_core.sim.outcomes import Feedback
 from slo_core.sim.request import REJECTED, ProgramState, SimRequest
 from slo_core.slo import RequestKind, SLOTargets
+from slo_core.wire.tags import EngineTags
 
 from .policy_hook import GuardedPolicy, observes_feedback
 from .settings import EngineSimSettings, resolve_profile, sped_up
@@ -96,7 +96,7 @@ class EngineRunner:
         inner = policy or make_engine_policy(settings.policy, settings.policy_params)
         self.analyzer = analyzer
         if analyzer is None and settings.analyzer:
-            from slo_sidecar.vllm_plugin.analyzer_client import AnalyzerClient
+            from slo_vllm_plugin.analyzer_client import AnalyzerClient
 
             self.analyzer = AnalyzerClient(settings.analyzer, interval_s=settings.analyzer_interval_s)
         self.policy = GuardedPolicy(inner, analyzer_fresh=self._analyzer_fresh if self.analyzer else None)

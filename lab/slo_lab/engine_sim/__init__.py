@@ -10,7 +10,7 @@ Command line::
 
 In-process, for tests (``port=0`` picks a free port; keyword fields override ``EngineSimSettings``)::
 
-    from slo_sidecar.engine_sim import serve_engine_sim, EngineSimThread
+    from slo_lab.engine_sim import serve_engine_sim, EngineSimThread
 
     async with serve_engine_sim(speedup=50, max_num_seqs=8) as sim:
         client = openai.AsyncOpenAI(base_url=sim.base_url, api_key="x")   # sim.url: http://127.0.0.1:P

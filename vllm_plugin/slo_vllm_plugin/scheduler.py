@@ -1,6 +1,6 @@
 """``SLOScheduler``: a vLLM v1 ``Scheduler`` subclass that applies a slofleet policy every frame.
 
-Load it with ``--scheduler-cls slo_sidecar.vllm_plugin.scheduler.SLOScheduler`` (pinned to
+Load it with ``--scheduler-cls slo_vllm_plugin.scheduler.SLOScheduler`` (pinned to
 vllm 0.32, whose scheduler interface is not public). Before each stock scheduling pass it:
 
 1. at a frame boundary (the policy's ``frame_steps``, or an arrival/finish when the policy
@@ -33,10 +33,10 @@ from vllm.v1.request import RequestStatus
 
 from slo_core.policies.base import Decision, EngineView
 from slo_core.policies.registry import make_engine_policy
-from slo_sidecar.vllm_plugin.bridge import PolicyBridge
-from slo_sidecar.vllm_plugin.engine_trace import EngineTrace
-from slo_sidecar.vllm_plugin.metrics import PluginMetrics
-from slo_sidecar.vllm_plugin.settings import PluginSettings
+from slo_vllm_plugin.bridge import PolicyBridge
+from slo_vllm_plugin.engine_trace import EngineTrace
+from slo_vllm_plugin.metrics import PluginMetrics
+from slo_vllm_plugin.settings import PluginSettings
 
 log = logging.getLogger(__name__)
 
@@ -251,6 +251,6 @@ def _load_profile(name: str | None) -> Any:
 def _start_analyzer(settings: PluginSettings) -> Any:
     if not settings.analyzer:
         return None
-    from slo_sidecar.vllm_plugin.analyzer_client import AnalyzerClient
+    from slo_vllm_plugin.analyzer_client import AnalyzerClient
 
     return AnalyzerClient(settings.analyzer)

@@ -11,7 +11,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from slo_core.engine_tags import EngineTags, decode_tags
+from slo_core.wire.openai import error_body
+from slo_core.wire.tags import EngineTags, decode_tags
 
 from . import tokens
 
@@ -29,8 +30,7 @@ class ApiError(Exception):
         self.param = param
 
     def body(self) -> dict[str, Any]:
-        error = {"message": self.message, "type": self.err_type, "param": self.param, "code": self.status}
-        return {"error": error}
+        return error_body(self.message, kind=self.err_type, param=self.param, code=self.status)
 
 
 class StreamOptions(BaseModel):
@@ -118,7 +118,7 @@ def decode_xargs(raw: dict[str, Any] | None) -> EngineTags | None:
         return decode_tags(raw)
     except (ValueError, TypeError, KeyError) as exc:
         raise ApiError(
-            f"vllm_xargs: malformed slofleet SLO tags ({exc}); see slo_core.engine_tags", param="vllm_xargs"
+            f"vllm_xargs: malformed slofleet SLO tags ({exc}); see slo_core.wire.tags", param="vllm_xargs"
         ) from None
 
 

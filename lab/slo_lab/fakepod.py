@@ -6,7 +6,7 @@ every ``tbt_s``) and ``State.Watch`` / ``State.Snapshot`` reporting the requests
 model and no scheduler; it is what the router sees of a pod, with knobs to fail: a status before the
 first byte (``fail_status``), or dropping the connection after ``die_after_tokens`` tokens.
 
-Run one: ``python -m slo_router.fakepod --http-port 8101 --grpc-port 9101 --models m``.
+Run one: ``python -m slo_lab.fakepod --http-port 8101 --grpc-port 9101 --models m``.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from slo_router.proto import slofleet_pb2, slofleet_pb2_grpc
+from slo_proto import slofleet_pb2, slofleet_pb2_grpc
 
 
 @dataclass

@@ -3,7 +3,7 @@
 import grpc
 import warnings
 
-from slo_sidecar.proto import slofleet_pb2 as slofleet__pb2
+from slo_proto import slofleet_pb2 as slofleet__pb2
 
 GRPC_GENERATED_VERSION = '1.85.1'
 GRPC_VERSION = grpc.__version__

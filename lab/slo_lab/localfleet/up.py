@@ -9,8 +9,8 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from slo_router.localfleet.launcher import FleetError, LocalFleet
-from slo_router.localfleet.spec import DEFAULT_PROFILE, EngineGroup, FleetSpec, load_fleet_spec
+from slo_lab.localfleet.launcher import FleetError, LocalFleet
+from slo_lab.localfleet.spec import DEFAULT_PROFILE, EngineGroup, FleetSpec, load_fleet_spec
 
 
 def register(parser: argparse.ArgumentParser) -> None:

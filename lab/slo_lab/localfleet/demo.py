@@ -26,12 +26,12 @@ import yaml
 
 from slo_core.crd.loads import parse_policy
 from slo_core.metrics.summary import JobOutcome, goodput_over_time, group_metrics, latency_samples
-from slo_core.sim.jobs import Job
 from slo_core.workloads import WorkloadSpec, build_workload, parse_mix
-from slo_router.localfleet.launcher import FleetError, LocalFleet
-from slo_router.localfleet.replay import JobRecord, describe, outcomes, replay
-from slo_router.localfleet.report import write_report
-from slo_router.localfleet.spec import DEFAULT_PROFILE, EngineGroup, FleetSpec
+from slo_core.workloads.jobs import Job
+from slo_lab.localfleet.launcher import FleetError, LocalFleet
+from slo_lab.localfleet.replay import JobRecord, describe, outcomes, replay
+from slo_lab.localfleet.report import write_report
+from slo_lab.localfleet.spec import DEFAULT_PROFILE, EngineGroup, FleetSpec
 
 
 def register(parser: argparse.ArgumentParser) -> None:

@@ -14,9 +14,9 @@ import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
-from slo_core.engine_tags import EngineTags, decode_tags
 from slo_core.policies.base import Decision, EnginePolicy, EngineView, RequestView
 from slo_core.slo import RequestKind, SLOTargets
+from slo_core.wire.tags import EngineTags, decode_tags
 
 log = logging.getLogger(__name__)
 

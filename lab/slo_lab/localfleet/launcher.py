@@ -26,7 +26,7 @@ import yaml
 
 from slo_core.crd.loads import load_policy, render_policy_config
 from slo_core.crd.policy import PolicyRef, SLOPolicy
-from slo_router.localfleet.spec import EngineGroup, FleetSpec
+from slo_lab.localfleet.spec import EngineGroup, FleetSpec
 
 log = logging.getLogger(__name__)
 logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per health poll is noise here

@@ -17,10 +17,10 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from slo_core.bench.runner import BenchConfig, markdown_table, run_bench
 from slo_core.perf import list_profiles, load_profile
 from slo_core.perf.model import PerfProfile
 from slo_core.policies.registry import ENGINE_POLICIES, ROUTER_POLICIES, engine_policy_names
-from slo_core.sim.bench import BenchConfig, markdown_table, run_bench
 from slo_core.sim.engine_types import EngineConfig
 from slo_core.sim.fleet import SimConfig
 from slo_core.workloads import WorkloadSpec, parse_mix
