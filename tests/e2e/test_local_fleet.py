@@ -15,8 +15,6 @@ import pytest
 
 pytestmark = pytest.mark.e2e
 
-ROOT = Path(__file__).resolve().parents[2]
-
 
 def slofleet(*args: str) -> list[str]:
     return [sys.executable, "-m", "slo_core.cli", *args]

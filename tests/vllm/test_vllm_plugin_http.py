@@ -31,6 +31,7 @@ pytest.importorskip("vllm")
 
 import httpx
 import openai
+from repo_paths import ROOT
 
 from slo_core.slo import RequestKind, SLOTargets
 from slo_core.wire.tags import EngineTags
@@ -174,7 +175,6 @@ def queue_while_paused(
         httpx.post(f"{server.url}/resume", timeout=30)  # idempotent; never leave the engine paused
 
 
-ROOT = Path(__file__).resolve().parents[2]
 MAIN_PYTHON = ROOT / ".venv" / "bin" / "python"
 SIDECAR_POLICY = """\
 apiVersion: slofleet.io/v1alpha1

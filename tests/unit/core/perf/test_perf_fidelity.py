@@ -3,16 +3,16 @@
 from __future__ import annotations
 
 import csv
-from pathlib import Path
 
 import pytest
+from repo_paths import ROOT
 
 from slo_core.perf import list_profiles, load_profile
 from slo_core.perf.fidelity import all_points, profile_mape, splitwise_configs
 from slo_core.perf.fit import fit_points
 from slo_core.perf.profiles import profile_document
 
-TABLE = Path(__file__).resolve().parents[2] / "bench" / "results" / "perf_fidelity.csv"
+TABLE = ROOT / "bench" / "results" / "perf_fidelity.csv"
 SPLITWISE_PROFILES = [n for n in list_profiles() if "splitwise" in profile_document(n)["provenance"]]
 
 

@@ -14,10 +14,10 @@ import tomllib
 from pathlib import Path
 
 import yaml
+from repo_paths import ROOT
 
 from slo_operator import pod
 
-ROOT = Path(__file__).resolve().parents[2]
 DOCKERFILE = (ROOT / "Dockerfile").read_text()
 # What the init container copies into vLLM pods: the plugin, core and the generated stubs, nothing else.
 PACKAGES = {

@@ -14,11 +14,11 @@ from pathlib import Path
 import kubernetes_validate
 import pytest
 import yaml
+from repo_paths import ROOT
 
 from slo_operator import model, policy, render
 from slo_operator.settings import OperatorSettings
 
-ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples"
 GOLDEN = ROOT / "tests" / "golden" / "operator"
 SETTINGS = OperatorSettings(priority=1)

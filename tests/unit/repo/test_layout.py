@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import subprocess
 import sys
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+from repo_paths import ROOT
 
 
 def test_stdlib_operator_is_not_shadowed_from_the_repository_root() -> None:

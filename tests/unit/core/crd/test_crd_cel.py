@@ -16,11 +16,11 @@ import celpy
 import pytest
 import yaml
 from pydantic import ValidationError
+from repo_paths import ROOT
 
 from slo_core.crd.generate import modeldeployment_crd, slopolicy_crd
 from slo_core.crd.models import ModelDeployment, SLOPolicy
 
-ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples"
 ENV = celpy.Environment()
 

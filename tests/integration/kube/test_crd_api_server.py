@@ -8,13 +8,12 @@ operator sees the object.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 import yaml
 from kube.harness import Cluster
+from repo_paths import ROOT
 
-ROOT = Path(__file__).resolve().parents[2]
 NS = "llm"
 
 

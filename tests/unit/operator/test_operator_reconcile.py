@@ -3,17 +3,15 @@
 from __future__ import annotations
 
 import copy
-from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
+from repo_paths import ROOT
 
 from slo_operator.kubeapi import PLURALS, ApiError
 from slo_operator.reconcile import Reconciler
 from slo_operator.settings import OperatorSettings
-
-ROOT = Path(__file__).resolve().parents[2]
 
 
 class FakeApi:

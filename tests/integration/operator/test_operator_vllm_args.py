@@ -9,15 +9,14 @@ from __future__ import annotations
 
 import json
 import subprocess
-from pathlib import Path
 
 import pytest
 import yaml
+from repo_paths import ROOT
 
 from slo_operator import model, pod
 from slo_operator.settings import OperatorSettings
 
-ROOT = Path(__file__).resolve().parents[2]
 VLLM_PYTHON = ROOT / ".venv-vllm" / "bin" / "python"
 PARSE = """
 import json, sys

@@ -22,12 +22,12 @@ import pytest
 import yaml
 from kube import rbac, schemas
 from kube.harness import Cluster, OperatorThread
+from repo_paths import ROOT
 
 from slo_core.crd.policy import SLOPolicy
 from slo_operator import cli
 from slo_operator.cli import operate
 
-ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts" / "slofleet"
 NS = "llm"
 K8S = "1.32.0"

@@ -22,11 +22,11 @@ import pytest
 import yaml
 from kube import rbac
 from kube.harness import Cluster, OperatorThread
+from repo_paths import ROOT
 
 from slo_operator.cli import operate
 from slo_operator.settings import OperatorSettings
 
-ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples"
 OPERATOR_TOKEN = "operator-token"
 OPERATOR_USER = "system:serviceaccount:slofleet:slofleet-operator"

@@ -9,12 +9,12 @@ from typing import Any
 import jsonschema
 import pytest
 import yaml
+from repo_paths import ROOT
 
 from slo_core.crd.generate import modeldeployment_crd, slopolicy_crd
 from slo_core.crd.loads import load_deployment, load_policy
 from slo_core.slo import RequestKind
 
-ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = sorted((ROOT / "examples").glob("*.yaml"))
 
 

@@ -9,6 +9,7 @@ import pytest
 import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from repo_paths import ROOT
 
 from slo_core.crd.loads import (
     load_deployment,
@@ -20,7 +21,6 @@ from slo_core.crd.loads import (
 from slo_core.crd.models import ObjectMeta, PriorityClassSpec, SLOPolicy, SLOPolicySpec, TierSpec
 from slo_core.slo import RequestKind
 
-ROOT = Path(__file__).resolve().parents[2]
 POLICY_FILE = ROOT / "examples/slopolicy-chat-agent.yaml"
 MD_FILE = ROOT / "examples/modeldeployment-llama-8b-h100.yaml"
 

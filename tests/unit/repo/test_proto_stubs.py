@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 from grpc_tools import protoc
+from repo_paths import ROOT
 
-ROOT = Path(__file__).resolve().parents[2]
 STUBS = ROOT / "proto/slo_proto"
 
 

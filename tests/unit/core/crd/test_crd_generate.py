@@ -9,11 +9,11 @@ from typing import Any
 import kubernetes_validate
 import pytest
 import yaml
+from repo_paths import ROOT
 
 from slo_core.crd.cli import register
 from slo_core.crd.generate import OUTPUT_DIRS, modeldeployment_crd, rendered, slopolicy_crd
 
-ROOT = Path(__file__).resolve().parents[2]
 CRD_FILES = ["slopolicies.slofleet.io.yaml", "modeldeployments.slofleet.io.yaml"]
 
 
