@@ -15,6 +15,7 @@ from pydantic import ValidationError
 from slo_core.crd.errors import validation_problems
 from slo_core.crd.loads import render_policy_config
 from slo_core.crd.policy import SLOPolicy
+from slo_core.crd.semantics import policy_spec_problems
 from slo_operator.render import PolicyConfig
 
 
@@ -28,7 +29,7 @@ def policy_config(body: dict[str, Any]) -> PolicyConfig:
         policy = SLOPolicy.model_validate({k: v for k, v in body.items() if k != "status"})
     except ValidationError as exc:
         raise PolicyInvalid("; ".join(validation_problems(exc))) from None
-    problems = policy.spec.validate_semantics()
+    problems = policy_spec_problems(policy.spec)
     if problems:
         raise PolicyInvalid("; ".join(problems))
     scheduling = policy.spec.scheduling

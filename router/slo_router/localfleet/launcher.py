@@ -26,6 +26,7 @@ import yaml
 
 from slo_core.crd.loads import load_policy, render_policy_config
 from slo_core.crd.policy import PolicyRef, SLOPolicy
+from slo_core.crd.semantics import policy_spec_problems
 from slo_router.localfleet.spec import EngineGroup, FleetSpec
 
 log = logging.getLogger(__name__)
@@ -133,7 +134,7 @@ class LocalFleet:
         if self.spec.routing_policy:
             update["routing"] = PolicyRef(name=self.spec.routing_policy)
         policy = policy.model_copy(update={"spec": policy.spec.model_copy(update=update)})
-        problems = policy.spec.validate_semantics()
+        problems = policy_spec_problems(policy.spec)
         if problems:
             raise FleetError("invalid policy override: " + "; ".join(problems))
         path = self.workdir / "policy.yaml"
