@@ -32,10 +32,10 @@ def policy_config(body: dict[str, Any]) -> PolicyConfig:
     problems = policy_spec_problems(policy.spec)
     if problems:
         raise PolicyInvalid("; ".join(problems))
-    scheduling = policy.spec.scheduling
+    scheduling = policy.spec.runtime().scheduling  # the one runtime form every process uses
     return PolicyConfig(
         name=policy.metadata.name,
         text=render_policy_config(policy),
         engine_policy=scheduling.name,
-        engine_params=dict(scheduling.params),
+        engine_params=scheduling.kwargs(),
     )

@@ -36,7 +36,9 @@ class RouterConfig:
     affinity: tuple[str, ...] = ()
     tier_gpu_classes: dict[str, frozenset[str]] = field(default_factory=dict)
     key_secrets: dict[str, tuple[str, str]] = field(default_factory=dict)
-    admission: AdmissionRule = field(init=False, repr=False, compare=False)
+    # what the core routing pipeline enforces (RuntimePolicy.admission); None: from the three flags above
+    admission_rule: AdmissionRule | None = None
+    _admission: AdmissionRule = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if self.default_tier not in self.tiers:
@@ -47,11 +49,18 @@ class RouterConfig:
         if unknown:
             raise ValueError(f"unknown affinity {sorted(unknown)}; choose from {sorted(AFFINITIES)}")
         be = self.best_effort_tier
-        if self.overload_to_best_effort and be is not None and be in self.tiers:
+        if self.admission_rule is not None:
+            rule = self.admission_rule
+        elif self.overload_to_best_effort and be is not None and be in self.tiers:
             rule = AdmissionRule("best-effort", be, self.tiers[be])
         else:
             rule = AdmissionRule("reject" if self.reject_infeasible else "admit", be, None)
-        object.__setattr__(self, "admission", rule)  # what the core routing pipeline enforces
+        object.__setattr__(self, "_admission", rule)
+
+    @property
+    def admission(self) -> AdmissionRule:
+        """What the core routing pipeline does with a request no pod can serve in time."""
+        return self._admission
 
     def anonymous(self) -> Tenant:
         """The tenant of requests without a key when keys are not required (local use)."""
@@ -96,5 +105,7 @@ def from_runtime(rp: RuntimePolicy, *, require_keys: bool = True) -> RouterConfi
         require_keys=require_keys,
         overload_to_best_effort=rp.admission.demotes,
         best_effort_tier=rp.admission.best_effort_tier,
+        reject_infeasible=rp.admission.rejects,
+        admission_rule=rp.admission,
         key_secrets={t.name: t.api_keys_secret for t in rp.tenants.values() if t.api_keys_secret},
     )

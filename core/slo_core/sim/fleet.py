@@ -32,7 +32,7 @@ from slo_core.perf.model import PerfProfile
 from slo_core.policies.base import EnginePolicy, RouterPolicy
 from slo_core.policies.registry import make_engine_policy, make_router_policy
 from slo_core.routing import RoutingPipeline, SnapshotEndpoint
-from slo_core.runtime_policy import AdmissionRule
+from slo_core.runtime_policy import AdmissionRule, Objective, RuntimePolicy
 from slo_core.sim.analyzer import SimAnalyzer
 from slo_core.sim.engine import SimEngine
 from slo_core.sim.engine_types import EngineConfig
@@ -112,18 +112,23 @@ class FleetSim:
         analyzer: SimAnalyzer | None = None,
         admission: AdmissionRule | None = None,
         shuffle_ties: bool = True,
+        objective: Objective | None = None,
     ) -> None:
         """``analyzer``: the sidecar's request analyzer (QRF bounds refined as tokens stream, pattern-graph
         stage sub-deadlines); None leaves bounds unknown (policies fall back to max_tokens) and splits a
         program's remaining time equally over its remaining stages. ``admission``: what happens to a
         request no replica can serve in time (the SLOPolicy's, ``RuntimePolicy.admission``; default
-        reject, as a router without a best-effort tier does); ``shuffle_ties`` as the router's."""
+        reject, as a router without a best-effort tier does); ``shuffle_ties`` as the router's;
+        ``objective``: the goodput function and weights of the policies' feedback (default:
+        ``config.feedback_goodput`` with default weights)."""
         self.analyzer = analyzer
         if not replicas:
             raise ValueError("a fleet needs at least one replica")
         self.config = config or SimConfig()
         make_policy = _policy_factory(policy, policy_params)
-        feedback = Feedback(self.config.feedback_goodput)
+        if objective is None:
+            objective = Objective(self.config.feedback_goodput)
+        feedback = Feedback(objective.name, objective.weights)
         self.engines = [
             SimEngine(
                 f"replica-{i}",
@@ -141,6 +146,21 @@ class FleetSim:
         self.router_rng = random.Random(seed * 7_919 + 17)
         self.pipeline = RoutingPipeline(self.router, admission, shuffle=shuffle_ties)
         self._router_needs_requests = self.router.needs_request_snapshots
+
+    @classmethod
+    def from_runtime(cls, replicas: Sequence[ReplicaSpec], runtime: RuntimePolicy, **kwargs: Any) -> FleetSim:
+        """A fleet running an SLOPolicy's :class:`RuntimePolicy`: its engine and routing policies with
+        their parameters, its admission rule and its objective (the same object the services get)."""
+        return cls(
+            replicas,
+            runtime.scheduling.name,
+            runtime.routing.name,
+            policy_params=runtime.scheduling.kwargs(),
+            router_params=runtime.routing.kwargs(),
+            admission=runtime.admission,
+            objective=runtime.objective,
+            **kwargs,
+        )
 
     # ---- the event loop ---------------------------------------------------------------------------
 

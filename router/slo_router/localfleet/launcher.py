@@ -148,9 +148,9 @@ class LocalFleet:
 
     def _engine_child(self, name: str, group: EngineGroup, analyzer: str) -> tuple[Child, str]:
         port = free_port()
-        scheduling = self.policy.spec.scheduling
+        scheduling = self.policy.spec.runtime().scheduling  # the one runtime form every process uses
         policy = scheduling.name if self.spec.mode == "engine" else "fcfs"
-        params = scheduling.params if self.spec.mode == "engine" else {}
+        params = scheduling.kwargs() if self.spec.mode == "engine" else {}
         args = ["engine-sim", "--host", "127.0.0.1", "--port", str(port), "--profile", group.profile]
         args += ["--speedup", repr(group.speedup), "--max-num-seqs", str(group.max_num_seqs)]
         args += ["--policy", policy, "--policy-params", json.dumps(dict(params or {}))]
