@@ -21,6 +21,7 @@ import httpx
 from slo_core.engine_tags import EngineTags
 from slo_core.request_slo import SLOParamError, SLORequest, parse_slo
 from slo_core.slo import SLOTargets, SLOTier
+from slo_sidecar.attempt import run_attempt
 from slo_sidecar.config import PolicyConfig, SidecarKnobs
 from slo_sidecar.engine_client import EngineRejected, EngineStatus, EngineUnavailable
 from slo_sidecar.errors import APIError, overloaded
@@ -30,7 +31,6 @@ from slo_sidecar.history import History
 from slo_sidecar.job import Job
 from slo_sidecar.metrics import SidecarMetrics
 from slo_sidecar.scheduling import Scheduler
-from slo_sidecar.streaming import run_attempt
 from slo_sidecar.tracker import Tracker
 
 log = logging.getLogger(__name__)
