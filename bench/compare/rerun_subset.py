@@ -18,8 +18,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import run as compare  # noqa: E402
-from scenarios import runs  # noqa: E402
+import run as compare
+from scenarios import runs
 
 
 def main(argv: list[str] | None = None) -> int:
