@@ -17,9 +17,10 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from slo_core.gain import GainParams, goodput_function
+from slo_core.gain import GainParams
 from slo_core.policies.base import EnginePolicy
 from slo_core.policies.registry import make_engine_policy
+from slo_core.runtime_policy import Objective, RuntimePolicy
 from slo_core.slo import PriorityClass, RequestKind, SLOTier
 
 log = logging.getLogger(__name__)
@@ -76,6 +77,24 @@ class PolicyConfig:
     def make_policy(self) -> EnginePolicy:
         return make_engine_policy(self.policy_name, self.policy_params)
 
+    @property
+    def objective(self) -> Objective:
+        return Objective(self.goodput, self.gain_params)
+
+    @staticmethod
+    def from_runtime(rp: RuntimePolicy, digest: str = "") -> PolicyConfig:
+        """The sidecar's half of the one :class:`RuntimePolicy` (``SLOPolicySpec.runtime()``)."""
+        return PolicyConfig(
+            tiers=dict(rp.tiers),
+            default_tier=rp.default_tier,
+            max_wait_s=rp.admission.max_wait_s,
+            goodput=rp.objective.name,
+            gain_params=rp.objective.weights,
+            policy_name=rp.scheduling.name,
+            policy_params=rp.scheduling.kwargs(),
+            digest=digest,
+        )
+
     @staticmethod
     def default() -> PolicyConfig:
         """One latency tier and FCFS: what a sidecar runs without a policy file."""
@@ -102,22 +121,7 @@ def parse_policy_file(path: Path) -> PolicyConfig:
         raise ConfigError(f"cannot read {path}: {exc.strerror or exc}") from None
     try:
         spec = _load_spec(path)
-        tiers = spec.tiers_runtime()
-        if spec.default_tier not in tiers:
-            raise ConfigError(f"defaultTier {spec.default_tier!r} is not one of the tiers {sorted(tiers)}")
-        goodput = spec.goodput
-        gain_params = GainParams(**goodput.model_dump(exclude={"name"}))
-        goodput_function(goodput.name)
-        cfg = PolicyConfig(
-            tiers=tiers,
-            default_tier=spec.default_tier,
-            max_wait_s=float(spec.admission.max_wait_s),
-            goodput=goodput.name,
-            gain_params=gain_params,
-            policy_name=spec.scheduling.name,
-            policy_params=dict(spec.scheduling.params or {}),
-            digest=hashlib.sha256(raw).hexdigest()[:16],
-        )
+        cfg = PolicyConfig.from_runtime(spec.runtime(), digest=hashlib.sha256(raw).hexdigest()[:16])
         cfg.make_policy()  # unknown policy names and parameters fail here, not at the first request
     except ConfigError:
         raise

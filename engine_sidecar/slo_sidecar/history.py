@@ -17,7 +17,8 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from slo_sidecar.analyzer import ProgramPattern
+from slo_core.predict.pattern_store import PatternHistory
+from slo_sidecar.analyzer import patterns_from_json, patterns_to_json
 
 log = logging.getLogger(__name__)
 
@@ -28,26 +29,20 @@ FORMAT = "slofleet-sidecar-state/1"
 class History:
     """Bounded record of finished requests and completed programs (newest kept)."""
 
-    def __init__(self, max_rows: int = 20000, max_patterns: int = 500) -> None:
+    def __init__(self, max_rows: int = 20000) -> None:
         self.rows: deque[dict[str, Any]] = deque(maxlen=max_rows)
-        self._patterns: deque[ProgramPattern] = deque(maxlen=max_patterns)
+        self.patterns = PatternHistory()  # completed programs' graphs (core's store, bounded by its capacity)
         self.total_rows = 0
 
     def add(self, row: dict[str, Any]) -> None:
         self.rows.append(row)
         self.total_rows += 1
 
-    def add_pattern(self, pattern: ProgramPattern) -> None:
-        self._patterns.append(pattern)
-
-    def patterns(self) -> list[ProgramPattern]:
-        return list(self._patterns)
-
     def to_json(self) -> dict[str, Any]:
         return {
             "rows": list(self.rows),
             "total_rows": self.total_rows,
-            "patterns": [p.to_json() for p in self._patterns],
+            "patterns": patterns_to_json(self.patterns),
         }
 
     def load_json(self, raw: dict[str, Any]) -> None:
@@ -57,8 +52,11 @@ class History:
         self.rows.clear()
         self.rows.extend(rows)
         self.total_rows = int(raw.get("total_rows", len(rows)))
-        self._patterns.clear()
-        self._patterns.extend(ProgramPattern.from_json(p) for p in raw.get("patterns", []))
+        patterns = raw.get("patterns", [])
+        if not isinstance(patterns, list):
+            raise ValueError("history.patterns must be a list")
+        self.patterns = PatternHistory(self.patterns.params)
+        patterns_from_json(patterns, self.patterns)
 
 
 def write_state(state_dir: Path, history: History, in_flight: Iterable[str], extra: dict[str, Any]) -> Path:
@@ -106,6 +104,6 @@ def read_state(state_dir: Path, history: History) -> dict[str, Any] | None:
     history.rows.clear()
     history.rows.extend(fresh.rows)
     history.total_rows = fresh.total_rows
-    for p in fresh.patterns():
-        history.add_pattern(p)
+    for i in range(len(fresh.patterns)):
+        history.patterns.add(fresh.patterns.graph(i))
     return {k: v for k, v in doc.items() if k not in ("history", "format")}

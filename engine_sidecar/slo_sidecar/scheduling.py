@@ -21,6 +21,7 @@ from collections.abc import Callable
 
 from slo_core.policies.apply import apply_decision
 from slo_core.policies.base import Decision, EnginePolicy, EngineView
+from slo_core.policies.guard import GuardedPolicy
 from slo_sidecar.errors import overloaded
 from slo_sidecar.job import Job
 from slo_sidecar.metrics import SidecarMetrics
@@ -50,6 +51,7 @@ class Scheduler:
         seed: int = 0,
     ) -> None:
         self.policy = policy
+        self._guard = GuardedPolicy(policy)  # core's degrade-to-stock guard, as in the plugin and engine-sim
         self.metrics = metrics
         self.mode = mode
         self.max_running = max_running
@@ -64,7 +66,6 @@ class Scheduler:
         self.step = 0
         self._last_tokens: dict[str, int] = {}
         self._wake = asyncio.Event()
-        self.policy_errors = 0
         self.decisions = 0
 
     # ---- queue changes (called from request tasks) -------------------------------------------
@@ -88,7 +89,13 @@ class Scheduler:
 
     def set_policy(self, policy: EnginePolicy) -> None:
         self.policy = policy
+        self._guard = GuardedPolicy(policy)
         self._wake.set()
+
+    @property
+    def policy_errors(self) -> int:
+        """Frames the current policy failed (each fell back to arrival order)."""
+        return self._guard.errors
 
     # ---- the loop ----------------------------------------------------------------------------
     async def run(self) -> None:
@@ -140,15 +147,7 @@ class Scheduler:
         w = [j.live.view(running=False) for j in waiting]
         r = [j.live.view(running=True) for j in running]
         t0 = time.perf_counter()
-        try:
-            decision = self.policy.decide(w, r, self.engine_view(), self.rng)
-        except Exception:
-            self.policy_errors += 1
-            if self.policy_errors == 1 or self.policy_errors % 100 == 0:
-                log.exception(
-                    "policy %s failed (%d times); using arrival order", self.policy.name, self.policy_errors
-                )
-            decision = Decision()
+        decision = self._guard.decide(w, r, self.engine_view(), self.rng)  # an error: arrival order
         self.metrics.decision_seconds.observe(time.perf_counter() - t0)
         self.decisions += 1
         return decision

@@ -22,6 +22,7 @@ from slo_core.slo import SLOTargets, SLOTier
 from slo_core.wire.headers import TENANT_HEADER
 from slo_core.wire.request_slo import SLOParamError, SLORequest, parse_slo
 from slo_core.wire.tags import EngineTags
+from slo_sidecar.attempt import run_attempt
 from slo_sidecar.config import PolicyConfig, SidecarKnobs
 from slo_sidecar.engine_client import EngineRejected, EngineStatus, EngineUnavailable
 from slo_sidecar.errors import APIError, overloaded
@@ -31,7 +32,6 @@ from slo_sidecar.history import History
 from slo_sidecar.job import Job
 from slo_sidecar.metrics import SidecarMetrics
 from slo_sidecar.scheduling import Scheduler
-from slo_sidecar.streaming import run_attempt
 from slo_sidecar.tracker import Tracker
 
 log = logging.getLogger(__name__)

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from slo_core.gain import Delivery, GainParams, goodput_function, ideal_gain, request_goodput
 from slo_core.policies.base import RequestView
 from slo_core.slo import RequestKind, SLOTargets, SLOTier
-from slo_sidecar.analyzer import ProgramPattern, StageRecord, stage_share
+from slo_sidecar.analyzer import CompoundAnalyzer
 from slo_sidecar.history import History
 
 _SEQ = itertools.count()
@@ -98,14 +98,6 @@ class Outcome:
     output_tokens: int
 
 
-@dataclass
-class _Program:
-    arrival_s: float
-    deadline_at_s: float | None
-    pattern: ProgramPattern
-    last_seen_s: float
-
-
 class Tracker:
     """Live requests, active compound programs and the history of finished requests."""
 
@@ -113,7 +105,7 @@ class Tracker:
         self.history = history
         self.clock = clock
         self.live: dict[str, LiveRequest] = {}
-        self._programs: dict[str, _Program] = {}
+        self.compound = CompoundAnalyzer(history.patterns)  # core's CompoundTracker, as in the simulator
         self._wall_offset_s = time.time() - time.monotonic()
 
     def unix(self, mono_s: float | None) -> float:
@@ -161,20 +153,14 @@ class Tracker:
     def _place_in_program(self, live: LiveRequest, tier: SLOTier, stated: int | None, now: float) -> None:
         """Compound call: the program's arrival and deadline, and this stage's sub-deadline φ(s)·D."""
         assert live.program_id is not None
-        prog = self._programs.get(live.program_id)
-        if prog is None:
-            deadline = live.targets.deadline_s
-            prog = _Program(now, now + deadline if deadline else None, ProgramPattern(live.program_id), now)
-            prog.pattern.stated_stages = stated
-            self._programs[live.program_id] = prog
-        prog.last_seen_s = now
+        prog = self.compound.program(live.program_id, now, live.targets.deadline_s, stated)
         live.program_arrival_s = prog.arrival_s
         live.program_deadline_at_s = prog.deadline_at_s
-        if prog.deadline_at_s is not None and live.targets.deadline_s is not None:
-            stage = live.stage if live.stage is not None else len(prog.pattern.stages)
-            share = stage_share(stage, prog.pattern.stages, self.history.patterns(), tier, stated)
-            sub = prog.arrival_s + share * live.targets.deadline_s
-            live.deadline_at_s = min(prog.deadline_at_s, max(now, sub))
+        sub = self.compound.call_arrived(prog, live.stage, tier, now)
+        if live.stage is None:
+            live.stage = prog.stage
+        if sub is not None and live.targets.deadline_s is not None:
+            live.deadline_at_s = sub
 
     def record_tokens(self, live: LiveRequest, n_tokens: int, text: str, now: float) -> None:
         if n_tokens <= 0:
@@ -231,31 +217,21 @@ class Tracker:
     def _record_stage(self, live: LiveRequest, now: float, ok: bool) -> None:
         if live.program_id is None:
             return
-        prog = self._programs.get(live.program_id)
-        if prog is None:
-            return
-        if ok:
-            stage = live.stage if live.stage is not None else len(prog.pattern.stages)
-            prog.pattern.stages.append(
-                StageRecord(
-                    stage,
-                    live.arrival_s - prog.arrival_s,
-                    now - prog.arrival_s,
-                    live.prompt_tokens,
-                    live.generated_tokens,
-                )
+        prog = self.compound.programs.get(live.program_id)
+        if prog is not None:
+            self.compound.call_ended(
+                prog,
+                live.stage,
+                ok=ok,
+                input_tokens=live.prompt_tokens,
+                output_tokens=live.generated_tokens,
+                now_s=now,
             )
-            stated = prog.pattern.stated_stages
-            if stated is not None and stage + 1 >= stated:
-                self.history.add_pattern(prog.pattern)
-                del self._programs[live.program_id]
 
     def expire_programs(self, idle_s: float = 600.0) -> None:
-        """Programs whose last call is long gone end; their pattern joins the history."""
+        """Programs whose last call is long gone end; a program that finished stages becomes a pattern."""
         now = self.clock()
-        for pid, prog in list(self._programs.items()):
+        for pid, prog in list(self.compound.programs.items()):
             busy = any(r.program_id == pid for r in self.live.values())
             if not busy and now - prog.last_seen_s > idle_s:
-                if prog.pattern.stages:
-                    self.history.add_pattern(prog.pattern)
-                del self._programs[pid]
+                self.compound.finish(prog, now, store=not prog.failed)

@@ -15,6 +15,7 @@ from pydantic import ValidationError
 from slo_core.crd.errors import validation_problems
 from slo_core.crd.loads import render_policy_config
 from slo_core.crd.policy import SLOPolicy
+from slo_core.crd.semantics import policy_spec_problems
 from slo_operator.render import PolicyConfig
 
 
@@ -28,13 +29,13 @@ def policy_config(body: dict[str, Any]) -> PolicyConfig:
         policy = SLOPolicy.model_validate({k: v for k, v in body.items() if k != "status"})
     except ValidationError as exc:
         raise PolicyInvalid("; ".join(validation_problems(exc))) from None
-    problems = policy.spec.validate_semantics()
+    problems = policy_spec_problems(policy.spec)
     if problems:
         raise PolicyInvalid("; ".join(problems))
-    scheduling = policy.spec.scheduling
+    scheduling = policy.spec.runtime().scheduling  # the one runtime form every process uses
     return PolicyConfig(
         name=policy.metadata.name,
         text=render_policy_config(policy),
         engine_policy=scheduling.name,
-        engine_params=dict(scheduling.params),
+        engine_params=scheduling.kwargs(),
     )

@@ -11,22 +11,18 @@ import asyncio
 import contextlib
 import json
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
 import httpx
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
-from slo_core.gain import Delivery, GainParams, goodput_function, request_goodput
+from slo_core.gain import Delivery, request_goodput
 from slo_core.policies.base import RequestView
 from slo_core.wire import openai
 from slo_router.proxy import StreamStats, relay_stream
-
-if TYPE_CHECKING:
-    from slo_router.app import RouterState
+from slo_router.state import RouterState
 
 PASSTHROUGH_HEADERS = ("content-type", "retry-after", "x-request-id")
-_PARAMS = GainParams()
 
 
 class ClientGone(Exception):
@@ -114,6 +110,6 @@ def account(
         token_times_s=times,
         completed=stats.completed and not stats.error,
     )
-    m.goodput_tokens.labels(*labels).inc(goodput_function(state.config.goodput)(delivery, _PARAMS))
+    m.goodput_tokens.labels(*labels).inc(state.config.objective(delivery))
     if delivery.completed:
         (m.slo_met if request_goodput(delivery) > 0 else m.slo_missed).labels(*labels).inc()

@@ -9,15 +9,12 @@ time, with Retry-After), or the pod's own answer. Errors are OpenAI-shaped and b
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import functools
 import logging
-import random
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
@@ -27,14 +24,12 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from slo_core.policies.base import RequestView, RouterPolicy
+from slo_core.policies.base import RequestView
 from slo_core.policies.registry import make_router_policy
 from slo_core.policies.seed_estimates import first_token_due_s
-from slo_core.slo import RequestKind
 from slo_core.wire.request_slo import strip_slo_fields
 from slo_router.accounting import respond
 from slo_router.config import RouterConfig
-from slo_router.dispatch import DispatchResult, SessionTable, dispatch
 from slo_router.endpoints import EndpointState
 from slo_router.errors import APIError, error_response
 from slo_router.intake import (
@@ -47,47 +42,14 @@ from slo_router.intake import (
 )
 from slo_router.metrics import RouterMetrics
 from slo_router.proxy import UpstreamUnavailable, open_upstream
-from slo_router.ratelimit import RateLimiter
+from slo_router.state import RouterState
 from slo_router.tenants import KeyStore
+
+__all__ = ["RouterState", "build_state", "create_app"]
 
 log = logging.getLogger(__name__)
 
 MAX_ATTEMPTS = 12
-
-
-@dataclass
-class RouterState:
-    """Everything the handlers share, built once in the app factory."""
-
-    config: RouterConfig
-    keys: KeyStore
-    endpoints: dict[str, EndpointState]
-    metrics: RouterMetrics
-    policy: RouterPolicy
-    limiter: RateLimiter = field(default_factory=RateLimiter)
-    rng: random.Random = field(default_factory=lambda: random.Random(0))
-    client: httpx.AsyncClient | None = None
-    upstream_timeout_s: float = 600.0
-    clock: Callable[[], float] = time.monotonic
-    background: list[Any] = field(default_factory=list)
-    sessions: SessionTable = field(default_factory=SessionTable)
-    catalog: dict[str, str] = field(default_factory=dict)
-    # False while a policy the router must follow (``--policy-name``) has not been read yet: not ready
-    policy_loaded: bool = True
-    policy_source: str = ""
-
-    def usable_endpoints(self) -> list[EndpointState]:
-        return [ep for ep in self.endpoints.values() if ep.usable]
-
-    def apply_config(self, config: RouterConfig, source: str = "") -> None:
-        """Switch to a new policy (tiers, tenants, routing); requests already dispatched are unaffected.
-
-        The routing policy is built first, so a config it rejects (``ValueError``) changes nothing.
-        """
-        policy = make_router_policy(config.routing_policy, config.routing_params)
-        self.config, self.policy = config, policy
-        self.policy_loaded = True
-        self.policy_source = source
 
 
 async def completions(request: Request) -> Response:
@@ -134,22 +96,24 @@ async def _serve(state: RouterState, request: Request, labels: list[str]) -> Res
     retry_until = _retry_until_s(state.config, view)
     for _attempt in range(MAX_ATTEMPTS):
         t0 = time.perf_counter()
-        result = dispatch(
+        result = state.pipeline.route(
             view,
-            model,
             list(state.endpoints.values()),
-            state.policy,
             now_s=state.clock(),
             rng=state.rng,
+            model=model,
             exclude=frozenset(tried),
             gpu_classes=state.config.tier_gpu_classes.get(tier, frozenset()),
+            demoted_gpu_classes=_demoted_gpu_classes(state.config),
             affinity=affinity,
             sessions=state.sessions,
-            shuffle=state.config.shuffle_ties,
+            check_admission=not tried,  # pods already refused it: take what the policy picks
         )
         state.metrics.dispatch_seconds.labels(state.policy.name).observe(time.perf_counter() - t0)
-        if result.infeasible and not tried:
-            tier, view, result = _on_infeasible(state, tier, view, result, model=model, labels=labels)
+        if result.outcome == "demoted":
+            state.metrics.downgraded.labels(*labels).inc()
+            tier = labels[0] = state.config.best_effort_tier or tier
+            view = result.request
         ep = result.endpoint
         if ep is not None and len(tried) > state.config.max_retries:
             ep = None  # this pass tried enough pods
@@ -215,40 +179,9 @@ async def _serve(state: RouterState, request: Request, labels: list[str]) -> Res
     )
 
 
-def _on_infeasible(
-    state: RouterState, tier: str, view: RequestView, result: DispatchResult, *, model: str, labels: list[str]
-) -> tuple[str, RequestView, DispatchResult]:
-    """No pod gains from the request: honest early 503, the best-effort tier, or admit (per policy)."""
-    cfg = state.config
-    if cfg.overload_to_best_effort and cfg.best_effort_tier and tier != cfg.best_effort_tier:
-        be = cfg.best_effort_tier
-        targets = cfg.tiers[be].targets()
-        view = dataclasses.replace(
-            view, slo=targets, deadline_at_s=view.arrival_s + targets.effective_deadline_s
-        )
-        state.metrics.downgraded.labels(*labels).inc()
-        labels[0] = be
-        again = dispatch(
-            view,
-            model,
-            list(state.endpoints.values()),
-            state.policy,
-            now_s=state.clock(),
-            rng=state.rng,
-            gpu_classes=cfg.tier_gpu_classes.get(be, frozenset()),
-            shuffle=cfg.shuffle_ties,
-        )
-        return be, view, again
-    if cfg.reject_infeasible:
-        soonest = _retry_hint_s(view)
-        decision = dataclasses.replace(
-            result.decision,
-            replica_id=None,
-            reason="no replica can meet this request's SLO now (estimated from the pods' state)",
-            retry_after_s=soonest,
-        )
-        return tier, view, dataclasses.replace(result, endpoint=None, decision=decision)
-    return tier, view, result
+def _demoted_gpu_classes(cfg: RouterConfig) -> frozenset[str]:
+    be = cfg.best_effort_tier
+    return cfg.tier_gpu_classes.get(be, frozenset()) if be is not None else frozenset()
 
 
 def _retry_until_s(config: RouterConfig, view: RequestView) -> float:
@@ -256,13 +189,6 @@ def _retry_until_s(config: RouterConfig, view: RequestView) -> float:
     token's due time, at most ``retry_budget_s`` after arrival."""
     due_s = first_token_due_s(view) - view.arrival_s
     return view.arrival_s + min(config.retry_budget_s, 0.5 * max(0.0, due_s))
-
-
-def _retry_hint_s(view: RequestView) -> float:
-    """Retry-After for an infeasible request: about one TTFT (or a deadline's tenth), at least 1 s."""
-    slo = view.slo
-    hint = slo.ttft_s if slo.kind is RequestKind.LATENCY else (slo.deadline_s or 10.0) / 10.0
-    return max(1.0, hint or 1.0)
 
 
 async def models(request: Request) -> Response:

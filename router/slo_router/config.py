@@ -1,16 +1,21 @@
-"""The router's view of an SLOPolicy: tiers, tenants, the routing policy and its parameters."""
+"""The router's view of an SLOPolicy: tiers, tenants, admission, objective and the routing policy.
+
+Built from the one :class:`~slo_core.runtime_policy.RuntimePolicy` (``from_runtime``) every process
+uses; the router adds only its own process settings (keys required, retries, affinity, GPU classes).
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Any
 
+from slo_core.runtime_policy import OVERLOAD_ACTIONS, AdmissionRule, Objective, RuntimePolicy
 from slo_core.slo import PriorityClass, RequestKind, SLOTier
 from slo_router.tenants import Tenant
 
 ANONYMOUS = "anonymous"
 AFFINITIES = frozenset({"prefix", "session"})
-OVERLOAD_ACTIONS = ("reject", "best-effort", "admit")
+__all__ = ["AFFINITIES", "ANONYMOUS", "OVERLOAD_ACTIONS", "RouterConfig", "from_policy", "from_runtime"]
 
 
 @dataclass(frozen=True)
@@ -20,7 +25,7 @@ class RouterConfig:
     tenants: dict[str, Tenant]
     routing_policy: str = "go-routing"
     routing_params: dict[str, Any] = field(default_factory=dict)
-    goodput: str = "token"
+    objective: Objective = field(default_factory=Objective)
     require_keys: bool = True
     overload_to_best_effort: bool = False
     best_effort_tier: str | None = None
@@ -31,6 +36,9 @@ class RouterConfig:
     affinity: tuple[str, ...] = ()
     tier_gpu_classes: dict[str, frozenset[str]] = field(default_factory=dict)
     key_secrets: dict[str, tuple[str, str]] = field(default_factory=dict)
+    # what the core routing pipeline enforces (RuntimePolicy.admission); None: from the three flags above
+    admission_rule: AdmissionRule | None = None
+    _admission: AdmissionRule = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if self.default_tier not in self.tiers:
@@ -40,6 +48,19 @@ class RouterConfig:
         unknown = set(self.affinity) - AFFINITIES
         if unknown:
             raise ValueError(f"unknown affinity {sorted(unknown)}; choose from {sorted(AFFINITIES)}")
+        be = self.best_effort_tier
+        if self.admission_rule is not None:
+            rule = self.admission_rule
+        elif self.overload_to_best_effort and be is not None and be in self.tiers:
+            rule = AdmissionRule("best-effort", be, self.tiers[be])
+        else:
+            rule = AdmissionRule("reject" if self.reject_infeasible else "admit", be, None)
+        object.__setattr__(self, "_admission", rule)
+
+    @property
+    def admission(self) -> AdmissionRule:
+        """What the core routing pipeline does with a request no pod can serve in time."""
+        return self._admission
 
     def anonymous(self) -> Tenant:
         """The tenant of requests without a key when keys are not required (local use)."""
@@ -53,35 +74,38 @@ class RouterConfig:
 
 
 def from_policy(spec: Any, *, require_keys: bool = True) -> RouterConfig:
-    """Build the router config from an ``SLOPolicySpec`` (slo_core.crd.policy).
+    """Build the router config from an ``SLOPolicySpec`` (slo_core.crd.policy), through its runtime form."""
+    return from_runtime(spec.runtime(), require_keys=require_keys)
+
+
+def from_runtime(rp: RuntimePolicy, *, require_keys: bool = True) -> RouterConfig:
+    """The router config of a :class:`RuntimePolicy`.
 
     ``admission.onOverload: best-effort`` moves requests no pod can serve in time to the policy's
-    best-effort tier; ``reject`` answers them 503.
+    best-effort tier; ``reject`` answers them 503. Goodput is accounted with the policy's objective,
+    function and weights.
     """
-    tiers = spec.tiers_runtime()
-    tenants = {
-        t.name: Tenant(
-            name=t.name,
-            allowed_tiers=tuple(t.allowed_tiers) or (t.default_tier or spec.default_tier,),
-            default_tier=t.default_tier or spec.default_tier,
-            requests_per_s=t.requests_per_second,
-            tokens_per_s=t.tokens_per_second,
-        )
-        for t in spec.tenants
-    }
-    key_secrets = {
-        t.name: (t.api_keys_secret.name, t.api_keys_secret.key) for t in spec.tenants if t.api_keys_secret
-    }
-    best_effort = next((n for n, t in tiers.items() if t.kind is RequestKind.BEST_EFFORT), None)
+    tiers = dict(rp.tiers)
     return RouterConfig(
         tiers=tiers,
-        default_tier=spec.default_tier,
-        tenants=tenants,
-        routing_policy=spec.routing.name,
-        routing_params=dict(spec.routing.params or {}),
-        goodput=spec.goodput.name,
+        default_tier=rp.default_tier,
+        tenants={
+            t.name: Tenant(
+                name=t.name,
+                allowed_tiers=t.allowed_tiers,
+                default_tier=t.default_tier,
+                requests_per_s=t.requests_per_s,
+                tokens_per_s=t.tokens_per_s,
+            )
+            for t in rp.tenants.values()
+        },
+        routing_policy=rp.routing.name,
+        routing_params=rp.routing.kwargs(),
+        objective=rp.objective,
         require_keys=require_keys,
-        overload_to_best_effort=spec.admission.on_overload == "best-effort" and best_effort is not None,
-        best_effort_tier=best_effort,
-        key_secrets=key_secrets,
+        overload_to_best_effort=rp.admission.demotes,
+        best_effort_tier=rp.admission.best_effort_tier,
+        reject_infeasible=rp.admission.rejects,
+        admission_rule=rp.admission,
+        key_secrets={t.name: t.api_keys_secret for t in rp.tenants.values() if t.api_keys_secret},
     )

@@ -86,6 +86,17 @@ class EndpointState:
     _caps: ReplicaCapabilities | None = None
 
     @property
+    def endpoint_id(self) -> str:
+        return self.spec.endpoint_id
+
+    def capabilities(self) -> ReplicaCapabilities:
+        """What the pod's sidecar reports it serves, else what discovery declared (routing filters)."""
+        reported = self.reported_capabilities()
+        if reported is not None and reported.models:
+            return reported
+        return self.spec.capabilities()
+
+    @property
     def usable(self) -> bool:
         if not self.ready or not self.breaker.allow():
             return False

@@ -8,21 +8,19 @@ counted; the key itself is only ever compared by digest (:mod:`slo_router.tenant
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from starlette.requests import Request
 
 from slo_core.policies.base import RequestView
+from slo_core.routing import Affinity
 from slo_core.slo import RequestKind, SLOTargets
 from slo_core.wire.headers import INTERNAL_PREFIX
 from slo_core.wire.request_slo import SLOParamError, SLORequest, parse_slo, to_headers
 from slo_core.wire.tokens import approx_tokens
-from slo_router.dispatch import Affinity
 from slo_router.errors import APIError
+from slo_router.state import RouterState
 from slo_router.tenants import Tenant
-
-if TYPE_CHECKING:
-    from slo_router.app import RouterState
 
 DEFAULT_MAX_TOKENS = 1024
 PREFIX_AFFINITY_CHARS = 512

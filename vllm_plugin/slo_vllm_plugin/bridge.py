@@ -14,7 +14,9 @@ import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
+from slo_core.policies.apply import ordered
 from slo_core.policies.base import Decision, EnginePolicy, EngineView, RequestView
+from slo_core.policies.guard import GuardedPolicy
 from slo_core.slo import RequestKind, SLOTargets
 from slo_core.wire.tags import EngineTags, decode_tags
 
@@ -35,6 +37,9 @@ class PolicyBridge:
         seed: int = 0,
     ) -> None:
         self.policy = policy
+        self.guard = GuardedPolicy(
+            policy
+        )  # core's degrade-to-stock guard (engine-sim and sidecar use it too)
         self._bounds = bounds
         self._clock = clock
         self._rng = random.Random(seed)
@@ -56,9 +61,7 @@ class PolicyBridge:
             self._tags.pop(rid, None)
 
     def frame_due(self) -> bool:
-        frame = max(1, int(getattr(self.policy, "frame_steps", 1)))
-        on_events = bool(getattr(self.policy, "reschedule_on_events", True))
-        return self.step % frame == 0 or (on_events and self._events)
+        return self.step % self.guard.frame_steps == 0 or (self.guard.reschedule_on_events and self._events)
 
     def tags(self, request: Any) -> EngineTags | None:
         rid = request.request_id
@@ -101,12 +104,14 @@ class PolicyBridge:
     def decide(
         self, waiting: Sequence[Any], running: Sequence[Any], engine: Callable[[float], EngineView]
     ) -> Decision:
-        """Call the policy on fresh snapshots (the caller checked :meth:`frame_due`)."""
+        """Call the policy on fresh snapshots (the caller checked :meth:`frame_due`).
+
+        A policy error yields the stock decision (``guard.degraded_reason`` says why)."""
         bounds = self._bounds() or {}
         now = self._clock()
         w = [self.view(r, bounds) for r in waiting]
         r = [self.view(x, bounds) for x in running]
-        decision = self.policy.decide(w, r, engine(now), self._rng)
+        decision = self.guard.decide(w, r, engine(now), self._rng)
         self._events = False
         self.decisions += 1
         self.last_admit = decision.admit
@@ -123,15 +128,12 @@ class PolicyBridge:
         """
         if not self.last_running_order:
             return list(running)
-        rank = {rid: i for i, rid in enumerate(self.last_running_order)}
-        listed = sorted((q for q in running if q.request_id in rank), key=lambda q: rank[q.request_id])
-        return listed + [q for q in running if q.request_id not in rank]
+        listed, rest = ordered(running, self.last_running_order)  # as slo_core.policies.apply orders
+        return listed + rest
 
     def order_waiting(self, waiting: Sequence[Any]) -> tuple[list[Any], list[Any]]:
         """Order waiting requests by the last decision: (to offer the engine, to hold back)."""
-        rank = {rid: i for i, rid in enumerate(self.last_admit)}
-        listed = sorted((q for q in waiting if q.request_id in rank), key=lambda q: rank[q.request_id])
-        unlisted = [q for q in waiting if q.request_id not in rank]
+        listed, unlisted = ordered(waiting, self.last_admit)  # as slo_core.policies.apply orders
         if self.hold_unlisted:
             return listed, unlisted
         return listed + unlisted, []

@@ -183,6 +183,8 @@ class SLOScheduler(Scheduler):  # type: ignore[misc]
         started = time.perf_counter()
         decision = self.slo_bridge.decide(list(self.waiting), list(self.running), self._engine_view)
         self.slo_metrics.decision(time.perf_counter() - started)
+        if self.slo_bridge.guard.degraded_reason:  # the policy failed: core's guard gave the stock decision
+            self._degrade(self.slo_bridge.guard.degraded_reason)
         self.slo_trace.event(
             "decide",
             step=self.slo_bridge.step,
@@ -229,7 +231,7 @@ class SLOScheduler(Scheduler):  # type: ignore[misc]
         self.slo_metrics.degraded(True)
 
     def _recover(self) -> None:
-        if self._slo_degraded_reason:
+        if self._slo_degraded_reason and not self.slo_bridge.guard.degraded_reason:
             log.info("slofleet scheduler recovered from: %s", self._slo_degraded_reason)
             self.slo_trace.event("recovered")
             self._slo_degraded_reason = ""

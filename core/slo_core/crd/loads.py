@@ -16,6 +16,7 @@ from pydantic import BaseModel, ValidationError
 from slo_core.crd.deployment import ModelDeployment
 from slo_core.crd.errors import validation_problems
 from slo_core.crd.policy import SLOPolicy
+from slo_core.crd.semantics import policy_spec_problems
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -61,7 +62,7 @@ def policy_from_object(obj: dict[str, Any], source: str = "<policy>") -> SLOPoli
 
 def _checked(policy: SLOPolicy, source: str, check_semantics: bool) -> SLOPolicy:
     if check_semantics:
-        problems = policy.spec.validate_semantics()
+        problems = policy_spec_problems(policy.spec)
         if problems:
             raise ValueError(f"{source}: invalid SLOPolicy:\n  " + "\n  ".join(problems))
     return policy

@@ -3,9 +3,10 @@
 An SLOPolicy is what a ModelDeployment follows and what the router reads: which tiers exist (each a
 request kind with its targets and a priority class, JITServe §3 / PROSERVE §2), which tenants may use
 which tiers at which rates, and which engine scheduling and routing policies run with which
-parameters. ``tiers_runtime`` converts the tiers to ``slo_core.slo.SLOTier``; cross-references (names
-that must exist elsewhere in the spec, policy names and parameters) are checked by
-``slo_core.crd.semantics`` and exposed here as ``validate_semantics``.
+parameters. ``runtime`` turns the spec into the one :class:`slo_core.runtime_policy.RuntimePolicy` every
+process runs (``tiers_runtime``: its tiers as ``slo_core.slo.SLOTier``); cross-references (names that
+must exist elsewhere in the spec, policy names and parameters) are checked by ``slo_core.crd.semantics``,
+which sits above this model (it imports the model, never the reverse).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from pydantic import ConfigDict, Field, model_validator
 from slo_core.crd.common import LIST_SET, CRDModel, Name, ObjectMeta, SecretKeyRef, ShortName, cel, list_map
 from slo_core.crd.status import SLOPolicyStatus
 from slo_core.gain import GainParams
+from slo_core.runtime_policy import AdmissionRule, Objective, PolicyChoice, RuntimePolicy, TenantRule
 from slo_core.slo import PriorityClass, RequestKind, SLOTier
 
 MAX_PRIORITY_CLASSES = 16
@@ -266,11 +268,47 @@ class SLOPolicySpec(CRDModel):
             )
         return out
 
-    def validate_semantics(self) -> list[str]:
-        """Human-readable problems with names that must exist and with policy names and parameters."""
-        from slo_core.crd.semantics import policy_spec_problems
+    def runtime(self) -> RuntimePolicy:
+        """The spec as every process runs it (ValueError on an unknown priority class or goodput name).
 
-        return policy_spec_problems(self)
+        Built here and nowhere else: the router, the sidecar, the vLLM plugin, the operator, the fleet
+        simulator and the local fleet all take this object.
+        """
+        tiers = self.tiers_runtime()
+        default = self.default_tier
+        be_name = RuntimePolicy.best_effort_tier_of(tiers)
+        on_overload = self.admission.on_overload
+        if on_overload == "best-effort" and be_name is None:
+            on_overload = (
+                "reject"  # semantics reports it; a process never demotes to a tier that is not there
+            )
+        return RuntimePolicy(
+            tiers=tiers,
+            default_tier=default,
+            tenants={
+                t.name: TenantRule(
+                    name=t.name,
+                    allowed_tiers=tuple(t.allowed_tiers) or (t.default_tier or default,),
+                    default_tier=t.default_tier or default,
+                    requests_per_s=t.requests_per_second,
+                    tokens_per_s=t.tokens_per_second,
+                    api_keys_secret=(
+                        (t.api_keys_secret.name, t.api_keys_secret.key) if t.api_keys_secret else None
+                    ),
+                )
+                for t in self.tenants
+            },
+            admission=AdmissionRule(
+                on_overload=on_overload,
+                best_effort_tier=be_name,
+                best_effort=tiers[be_name] if be_name is not None else None,
+                max_wait_s=float(self.admission.max_wait_s),
+            ),
+            objective=Objective(self.goodput.name, self.goodput.gain_params()),
+            scheduling=PolicyChoice(self.scheduling.name, self.scheduling.params),
+            routing=PolicyChoice(self.routing.name, self.routing.params),
+            fairness=self.fairness,
+        )
 
 
 class SLOPolicy(CRDModel):

@@ -2,21 +2,20 @@
 
 The CRD's CEL rules reject the most common mistakes at the API server; these checks cover the rest
 (tenants' tiers, policy registry names, parameters each policy's own pydantic model rejects) and give
-one readable line per problem, naming the YAML path to edit.
+one readable line per problem, naming the YAML path to edit. This module sits above the model
+(``slo_core.crd.policy``): it imports the model, the model never imports it.
 """
 
 from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from pydantic import ValidationError
 
 from slo_core.crd.errors import validation_problems
-
-if TYPE_CHECKING:
-    from slo_core.crd.policy import PolicyRef, SLOPolicySpec
+from slo_core.crd.policy import PolicyRef, SLOPolicySpec
 
 
 def _duplicates(names: list[str]) -> list[str]:

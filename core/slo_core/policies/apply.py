@@ -50,7 +50,7 @@ class AppliedDecision(Generic[T]):
         return [r for r in self.waiting if r.request_id in self.listed]
 
 
-def _ordered(items: Sequence[T], order: Sequence[str]) -> tuple[list[T], list[T]]:
+def ordered(items: Sequence[T], order: Sequence[str]) -> tuple[list[T], list[T]]:
     """Split ``items`` into (listed in ``order``'s order, the rest in current order); duplicates once."""
     by_id = {r.request_id: r for r in items}
     listed: list[T] = []
@@ -72,9 +72,9 @@ def apply_decision(decision: Decision, waiting: Sequence[T], running: Sequence[T
     reject_ids = set(decision.reject)
     rejected = [r for r in waiting if r.request_id in reject_ids]
     queued = [r for r in waiting if r.request_id not in reject_ids] if rejected else list(waiting)
-    listed, rest = _ordered([*preempted, *queued], decision.admit)
+    listed, rest = ordered([*preempted, *queued], decision.admit)
     if decision.running_order is not None:
-        first, later = _ordered(still_running, decision.running_order)
+        first, later = ordered(still_running, decision.running_order)
         still_running = first + later
     return AppliedDecision(
         waiting=listed + rest,

@@ -18,7 +18,12 @@ order) instead of vLLM v1's running-first order. ``slo_core.policies.apply`` is 
 implementation of how an engine applies a Decision to its queues.
 
 Router side: :meth:`RouterPolicy.route` picks a replica for one request from replica snapshots
-(possibly stale: ``snapshot_s`` says when each was taken) or rejects it.
+(possibly stale: ``snapshot_s`` says when each was taken) or rejects it. It sees only replicas the
+routing pipeline's filters let through (``slo_core.routing``: model, context, GPU class, health), so a
+policy never filters itself. Optional capabilities are declared on the policy (``BaseRouterPolicy``
+gives the defaults): ``needs_request_snapshots`` (False: the replicas' counters suffice, which is much
+cheaper to build) and ``gain_scored`` (True: ``RouteDecision.scores`` are estimated gains Δ_p, so a
+maximum ≤ 0 means no replica can serve the request in time and admission control applies).
 """
 
 from __future__ import annotations
@@ -223,9 +228,11 @@ class RouteDecision:
 
 @runtime_checkable
 class RouterPolicy(Protocol):
-    """A routing policy: pick a replica for a request from replica snapshots."""
+    """A routing policy: pick a replica for a request from replica snapshots (see the module docstring)."""
 
     name: str
+    needs_request_snapshots: bool
+    gain_scored: bool
 
     def route(
         self,
@@ -234,3 +241,11 @@ class RouterPolicy(Protocol):
         now_s: float,
         rng: random.Random,
     ) -> RouteDecision: ...
+
+
+class BaseRouterPolicy:
+    """Convenience base declaring a router policy's optional capabilities (override per policy)."""
+
+    name = "base"
+    needs_request_snapshots = True
+    gain_scored = False

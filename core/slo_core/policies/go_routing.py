@@ -25,7 +25,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from slo_core.policies.base import ReplicaView, RequestView, RouteDecision
+from slo_core.policies.base import BaseRouterPolicy, ReplicaView, RequestView, RouteDecision
 from slo_core.policies.seed_estimates import (
     decode_core_s,
     first_token_due_s,
@@ -64,10 +64,11 @@ class ReplicaEstimate:
     delta: float
 
 
-class GoRouting:
+class GoRouting(BaseRouterPolicy):
     """PROSERVE's global scheduler for PD co-located pools (see the module docstring)."""
 
     name = "go-routing"
+    gain_scored = True  # scores are Δ_p: Δ_max ≤ 0 means no replica serves the request in time
 
     def __init__(self, params: GoRoutingParams | None = None, **kwargs: object) -> None:
         self.params = params if params is not None else GoRoutingParams.model_validate(kwargs)
@@ -111,12 +112,9 @@ class GoRouting:
         now_s: float,
         rng: random.Random,
     ) -> RouteDecision:
-        usable = [
-            p for p in replicas if p.healthy and request.prompt_tokens <= p.capabilities.max_context_tokens
-        ]
-        if not usable:
-            return RouteDecision(None, reason="no healthy replica can serve this request", retry_after_s=1.0)
-        est = [self.estimate(request, p, now_s) for p in usable]
+        if not replicas:
+            return RouteDecision(None, reason="no replica offered", retry_after_s=1.0)
+        est = [self.estimate(request, p, now_s) for p in replicas]
         scores = tuple((e.replica_id, e.delta) for e in est)
         d_max = max(e.delta for e in est)
         if d_max <= 0:

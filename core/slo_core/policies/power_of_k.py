@@ -22,7 +22,7 @@ from collections.abc import Sequence
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
-from slo_core.policies.base import ReplicaView, RequestView, RouteDecision
+from slo_core.policies.base import BaseRouterPolicy, ReplicaView, RequestView, RouteDecision
 from slo_core.policies.gmax_params import GMAXParams
 from slo_core.policies.gmax_priority import SpeedModel, estimate
 from slo_core.policies.gmax_snapshot import SnapshotTable
@@ -44,7 +44,7 @@ def _expected_remaining(r: RequestView) -> int:
     return max(1, expected - r.generated_tokens)
 
 
-class PowerOfK:
+class PowerOfK(BaseRouterPolicy):
     """Route to the sampled replica where the request's GMAX priority is highest."""
 
     name = "power-of-k"
@@ -93,9 +93,9 @@ class PowerOfK:
         now_s: float,
         rng: random.Random,
     ) -> RouteDecision:
-        ok = [r for r in replicas if r.healthy and r.capabilities.max_context_tokens > request.prompt_tokens]
+        ok = list(replicas)
         if not ok:
-            return RouteDecision(None, reason="no healthy replica can hold the prompt", retry_after_s=1.0)
+            return RouteDecision(None, reason="no replica offered", retry_after_s=1.0)
         k = len(ok) if self.params.k is None else min(self.params.k, len(ok))
         sample = ok if k == len(ok) else rng.sample(ok, k)
         prio = self.priorities(request, sample, now_s)

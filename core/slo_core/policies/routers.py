@@ -1,8 +1,8 @@
 """Baseline routers: round-robin, least outstanding tokens (min-load) and power-of-two choices.
 
-Each considers the replicas that are healthy and can hold the request (context length, model when
-the request names none: every replica serves the fleet's one model); with none left the request is
-rejected. ``min-load`` is PROSERVE §5.1's multi-node baseline: the replica with the fewest
+Each chooses among the replicas the routing pipeline's filters let through (``slo_core.routing``:
+model, context, GPU class, health); offered none, it rejects the request.
+``min-load`` is PROSERVE §5.1's multi-node baseline: the replica with the fewest
 outstanding tokens (unprefilled prompt plus expected remaining output). ``p2c`` samples two distinct
 replicas with the injected generator and keeps the less loaded (Mitzenmacher's power of two
 choices). None needs the replicas' request lists: ``needs_request_snapshots = False``.
@@ -16,26 +16,19 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
-from slo_core.policies.base import ReplicaView, RequestView, RouteDecision
+from slo_core.policies.base import BaseRouterPolicy, ReplicaView, RequestView, RouteDecision
 
 
 class _NoParams(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
-def eligible(request: RequestView, replicas: Sequence[ReplicaView]) -> list[ReplicaView]:
-    """Replicas that are healthy and whose context holds the request's prompt."""
-    return [
-        rep for rep in replicas if rep.healthy and rep.capabilities.max_context_tokens > request.prompt_tokens
-    ]
-
-
 def _reject() -> RouteDecision:
-    return RouteDecision(None, reason="no healthy replica can hold the prompt", retry_after_s=1.0)
+    return RouteDecision(None, reason="no replica offered", retry_after_s=1.0)
 
 
-class RoundRobin:
-    """Cycle over the eligible replicas in id order."""
+class RoundRobin(BaseRouterPolicy):
+    """Cycle over the replicas in id order."""
 
     name = "round-robin"
     needs_request_snapshots = False
@@ -47,7 +40,7 @@ class RoundRobin:
     def route(
         self, request: RequestView, replicas: Sequence[ReplicaView], now_s: float, rng: random.Random
     ) -> RouteDecision:
-        ok = eligible(request, replicas)
+        ok = list(replicas)
         if not ok:
             return _reject()
         ok.sort(key=lambda rep: rep.replica_id)
@@ -56,8 +49,8 @@ class RoundRobin:
         return RouteDecision(pick.replica_id, reason="round-robin")
 
 
-class MinLoad:
-    """The eligible replica with the fewest outstanding tokens (ties: first in the given order)."""
+class MinLoad(BaseRouterPolicy):
+    """The replica with the fewest outstanding tokens (ties: first in the given order)."""
 
     name = "min-load"
     needs_request_snapshots = False
@@ -68,7 +61,7 @@ class MinLoad:
     def route(
         self, request: RequestView, replicas: Sequence[ReplicaView], now_s: float, rng: random.Random
     ) -> RouteDecision:
-        ok = eligible(request, replicas)
+        ok = list(replicas)
         if not ok:
             return _reject()
         loads = [(rep.outstanding_tokens, i) for i, rep in enumerate(ok)]
@@ -80,8 +73,8 @@ class MinLoad:
         )
 
 
-class PowerOfTwo:
-    """Sample two distinct eligible replicas; send to the one with fewer outstanding tokens."""
+class PowerOfTwo(BaseRouterPolicy):
+    """Sample two distinct replicas; send to the one with fewer outstanding tokens."""
 
     name = "p2c"
     needs_request_snapshots = False
@@ -92,7 +85,7 @@ class PowerOfTwo:
     def route(
         self, request: RequestView, replicas: Sequence[ReplicaView], now_s: float, rng: random.Random
     ) -> RouteDecision:
-        ok = eligible(request, replicas)
+        ok = list(replicas)
         if not ok:
             return _reject()
         if len(ok) == 1:

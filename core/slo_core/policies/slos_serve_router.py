@@ -16,7 +16,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from slo_core.policies.base import ReplicaView, RequestView, RouteDecision
+from slo_core.policies.base import BaseRouterPolicy, ReplicaView, RequestView, RouteDecision
 from slo_core.policies.seed_estimates import profile_or_fallback
 from slo_core.policies.slos_serve import SLOsServeParams, dp_view, to_item
 from slo_core.policies.slos_serve_dp import plan_admission
@@ -38,7 +38,7 @@ class SLOsServeRerouteParams(BaseModel):
     )
 
 
-class SLOsServeReroute:
+class SLOsServeReroute(BaseRouterPolicy):
     """Round-robin first pick, then sequential re-routing by SLO attainability (see the module docstring)."""
 
     name = "slos-serve-reroute"
@@ -73,11 +73,9 @@ class SLOsServeReroute:
         now_s: float,
         rng: random.Random,
     ) -> RouteDecision:
-        usable = [
-            p for p in replicas if p.healthy and request.prompt_tokens <= p.capabilities.max_context_tokens
-        ]
+        usable = list(replicas)
         if not usable:
-            return RouteDecision(None, reason="no healthy replica", retry_after_s=self.params.retry_after_s)
+            return RouteDecision(None, reason="no replica offered", retry_after_s=self.params.retry_after_s)
         start = self._next % len(usable)
         self._next += 1
         tried = [

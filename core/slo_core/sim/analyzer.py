@@ -14,12 +14,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from slo_core.predict import BoundQuery, BoundSchedule, OutputBoundEstimator, load_estimator
-from slo_core.predict.compound import CompoundTracker
+from slo_core.predict.compound import LLM_STAGE, CompoundTracker
 from slo_core.predict.patterns import Stage
 from slo_core.sim.request import ProgramState
 from slo_core.workloads.jobs import Job
 
-LLM_STAGE = "llm"  # node identity of a stage of LLM calls (the simulator has one model, no tools)
+__all__ = ["LLM_STAGE", "SimAnalyzer"]
 
 
 class SimAnalyzer:
@@ -68,12 +68,14 @@ class SimAnalyzer:
         if self.tracker is None:
             return fallback
         deadline_s = p.deadline_at_s - p.arrival_s
-        matched = self.tracker.sub_deadline_at_s(p.program_id, LLM_STAGE, p.arrival_s, deadline_s, now_s)
-        if matched is None or matched <= now_s:
+        at, matched = self.tracker.stage_deadline_at_s(
+            p.program_id, LLM_STAGE, p.arrival_s, deadline_s, now_s, fallback_at_s=fallback
+        )
+        if matched:
+            self.matched_stages += 1
+        else:
             self.default_stages += 1
-            return fallback
-        self.matched_stages += 1
-        return min(matched, p.deadline_at_s)
+        return at
 
     def stage_finished(self, p: ProgramState, stage: int, now_s: float) -> None:
         if self.tracker is None:

@@ -4,8 +4,11 @@ Events, in time order (arrivals before engine steps at equal times, so that simu
 join the same step): a job arrives (a single request, or a compound program whose first stage is
 released at once); a compound stage is released (its calls arrive together); an engine's step ends
 (tokens delivered, finished requests leave, the next step is planned at once). Every arriving request
-or call is routed at its arrival time from fresh replica snapshots; routers that declare
-``needs_request_snapshots = False`` get the replicas' counters only, which is much cheaper.
+or call is routed at its arrival time from fresh replica snapshots through the same routing pipeline
+the router service runs (``slo_core.routing``: filters, policy, feasibility and admission), so a
+request no replica can serve in time is rejected or demoted to best effort here exactly as a live
+router answers 503 or demotes it; routers that declare ``needs_request_snapshots = False`` get the
+replicas' counters only, which is much cheaper.
 
 Stage ``s+1`` of a program is released ``tool_latency_s`` after the last call of stage ``s``
 finished; each call's ``deadline_at_s`` is its stage's sub-deadline (ProgramState). A rejected call
@@ -28,6 +31,8 @@ from pydantic import BaseModel, ConfigDict, Field
 from slo_core.perf.model import PerfProfile
 from slo_core.policies.base import EnginePolicy, RouterPolicy
 from slo_core.policies.registry import make_engine_policy, make_router_policy
+from slo_core.routing import RoutingPipeline, SnapshotEndpoint
+from slo_core.runtime_policy import AdmissionRule, Objective, RuntimePolicy
 from slo_core.sim.analyzer import SimAnalyzer
 from slo_core.sim.engine import SimEngine
 from slo_core.sim.engine_types import EngineConfig
@@ -78,6 +83,7 @@ class SimResult:
     wall_s: float
     replica_stats: list[dict[str, float]]
     rejected_by_router: int = 0
+    demoted_by_router: int = 0
 
 
 PolicyFactory = Callable[[], EnginePolicy]
@@ -104,16 +110,25 @@ class FleetSim:
         policy_params: Mapping[str, Any] | None = None,
         router_params: Mapping[str, Any] | None = None,
         analyzer: SimAnalyzer | None = None,
+        admission: AdmissionRule | None = None,
+        shuffle_ties: bool = True,
+        objective: Objective | None = None,
     ) -> None:
         """``analyzer``: the sidecar's request analyzer (QRF bounds refined as tokens stream, pattern-graph
         stage sub-deadlines); None leaves bounds unknown (policies fall back to max_tokens) and splits a
-        program's remaining time equally over its remaining stages."""
+        program's remaining time equally over its remaining stages. ``admission``: what happens to a
+        request no replica can serve in time (the SLOPolicy's, ``RuntimePolicy.admission``; default
+        reject, as a router without a best-effort tier does); ``shuffle_ties`` as the router's;
+        ``objective``: the goodput function and weights of the policies' feedback (default:
+        ``config.feedback_goodput`` with default weights)."""
         self.analyzer = analyzer
         if not replicas:
             raise ValueError("a fleet needs at least one replica")
         self.config = config or SimConfig()
         make_policy = _policy_factory(policy, policy_params)
-        feedback = Feedback(self.config.feedback_goodput)
+        if objective is None:
+            objective = Objective(self.config.feedback_goodput)
+        feedback = Feedback(objective.name, objective.weights)
         self.engines = [
             SimEngine(
                 f"replica-{i}",
@@ -129,7 +144,23 @@ class FleetSim:
         self.by_id = {e.engine_id: e for e in self.engines}
         self.router = make_router_policy(router, router_params) if isinstance(router, str) else router
         self.router_rng = random.Random(seed * 7_919 + 17)
-        self._router_needs_requests = bool(getattr(self.router, "needs_request_snapshots", True))
+        self.pipeline = RoutingPipeline(self.router, admission, shuffle=shuffle_ties)
+        self._router_needs_requests = self.router.needs_request_snapshots
+
+    @classmethod
+    def from_runtime(cls, replicas: Sequence[ReplicaSpec], runtime: RuntimePolicy, **kwargs: Any) -> FleetSim:
+        """A fleet running an SLOPolicy's :class:`RuntimePolicy`: its engine and routing policies with
+        their parameters, its admission rule and its objective (the same object the services get)."""
+        return cls(
+            replicas,
+            runtime.scheduling.name,
+            runtime.routing.name,
+            policy_params=runtime.scheduling.kwargs(),
+            router_params=runtime.routing.kwargs(),
+            admission=runtime.admission,
+            objective=runtime.objective,
+            **kwargs,
+        )
 
     # ---- the event loop ---------------------------------------------------------------------------
 
@@ -145,6 +176,7 @@ class FleetSim:
         self._seq = 0
         self._idle = [True] * len(self.engines)
         self._rejected_by_router = 0
+        self._demoted_by_router = 0
         last_arrival = ordered[-1].arrival_s if ordered else 0.0
         if self.config.drain == "slo":
             horizon = max((j.last_useful_s() for j in ordered), default=0.0) + 1e-9
@@ -196,6 +228,7 @@ class FleetSim:
             wall_s=time.perf_counter() - started,
             replica_stats=stats,
             rejected_by_router=self._rejected_by_router,
+            demoted_by_router=self._demoted_by_router,
         )
 
     def _push(self, t: float, kind: int, payload: int) -> None:
@@ -324,9 +357,17 @@ class FleetSim:
     def _route(self, r: SimRequest, t: float) -> None:
         r.state = WAITING
         r.waiting_since_s = t
-        views = [e.replica_view(t, with_requests=self._router_needs_requests) for e in self.engines]
-        decision = self.router.route(request_view(r), views, t, self.router_rng)
-        engine = self.by_id.get(decision.replica_id) if decision.replica_id is not None else None
+        endpoints = [
+            SnapshotEndpoint(e.replica_view(t, with_requests=self._router_needs_requests))
+            for e in self.engines
+        ]
+        routed = self.pipeline.route(request_view(r), endpoints, now_s=t, rng=self.router_rng)
+        if routed.outcome == "demoted":
+            r.slo, r.deadline_at_s = routed.request.slo, routed.request.deadline_at_s
+            r.tier = self.pipeline.admission.best_effort_tier or r.tier
+            r.view_key = None  # the cached view still carries the old targets
+            self._demoted_by_router += 1
+        engine = self.by_id.get(routed.endpoint.endpoint_id) if routed.endpoint is not None else None
         if engine is None or not engine.accept(r, t):
             r.state = REJECTED
             r.finish_s = t

@@ -26,6 +26,7 @@ import yaml
 
 from slo_core.crd.loads import load_policy, render_policy_config
 from slo_core.crd.policy import PolicyRef, SLOPolicy
+from slo_core.crd.semantics import policy_spec_problems
 from slo_lab.localfleet.spec import EngineGroup, FleetSpec
 
 log = logging.getLogger(__name__)
@@ -133,7 +134,7 @@ class LocalFleet:
         if self.spec.routing_policy:
             update["routing"] = PolicyRef(name=self.spec.routing_policy)
         policy = policy.model_copy(update={"spec": policy.spec.model_copy(update=update)})
-        problems = policy.spec.validate_semantics()
+        problems = policy_spec_problems(policy.spec)
         if problems:
             raise FleetError("invalid policy override: " + "; ".join(problems))
         path = self.workdir / "policy.yaml"
@@ -147,9 +148,9 @@ class LocalFleet:
 
     def _engine_child(self, name: str, group: EngineGroup, analyzer: str) -> tuple[Child, str]:
         port = free_port()
-        scheduling = self.policy.spec.scheduling
+        scheduling = self.policy.spec.runtime().scheduling  # the one runtime form every process uses
         policy = scheduling.name if self.spec.mode == "engine" else "fcfs"
-        params = scheduling.params if self.spec.mode == "engine" else {}
+        params = scheduling.kwargs() if self.spec.mode == "engine" else {}
         args = ["engine-sim", "--host", "127.0.0.1", "--port", str(port), "--profile", group.profile]
         args += ["--speedup", repr(group.speedup), "--max-num-seqs", str(group.max_num_seqs)]
         args += ["--policy", policy, "--policy-params", json.dumps(dict(params or {}))]

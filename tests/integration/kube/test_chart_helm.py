@@ -25,6 +25,7 @@ from kube.harness import Cluster, OperatorThread
 from repo_paths import ROOT
 
 from slo_core.crd.policy import SLOPolicy
+from slo_core.crd.semantics import policy_spec_problems
 from slo_operator import cli
 from slo_operator.cli import operate
 
@@ -124,7 +125,7 @@ def test_every_rendered_manifest_is_valid(chart: helm.Chart, values: dict) -> No
             assert schemas.cel_violations({k: v for k, v in doc.items() if k != "metadata"}, schema) == [], (
                 where
             )
-            assert SLOPolicy.model_validate(doc).spec.validate_semantics() == [], where
+            assert policy_spec_problems(SLOPolicy.model_validate(doc).spec) == [], where
         elif doc["apiVersion"] == MONITORING:
             assert doc["spec"]["selector"]["matchLabels"], where
         else:

@@ -10,7 +10,7 @@ from typing import Any
 import httpx
 import pytest
 
-from slo_core.policies.base import ReplicaView, RequestView, RouteDecision
+from slo_core.policies.base import BaseRouterPolicy, ReplicaView, RequestView, RouteDecision
 from slo_core.slo import PriorityClass, RequestKind, SLOTier
 from slo_router.app import RouterState, create_app
 from slo_router.config import RouterConfig
@@ -27,7 +27,7 @@ TIERS = {
 }
 
 
-class FirstListed:
+class FirstListed(BaseRouterPolicy):
     """Routes to the first replica offered (the test controls the order)."""
 
     name = "first"

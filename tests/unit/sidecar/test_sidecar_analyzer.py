@@ -8,8 +8,10 @@ from pathlib import Path
 import pytest
 
 from slo_core.gain import GainParams
+from slo_core.predict.compound import LLM_STAGE, fallback_stage_deadline_at_s
+from slo_core.predict.patterns import PatternGraph, Stage
 from slo_core.slo import PriorityClass, RequestKind, SLOTier
-from slo_sidecar.analyzer import ProgramPattern, StageRecord, stage_share
+from slo_sidecar.analyzer import patterns_from_json
 from slo_sidecar.config import ConfigError, parse_policy_file
 from slo_sidecar.engine_client import EngineStatus, _read_load
 from slo_sidecar.estimators import FallbackEstimator, load_length_estimator
@@ -21,29 +23,17 @@ FLOW = SLOTier("flow", RequestKind.COMPOUND, PriorityClass("p", 1.0), deadline_s
 CHAT = SLOTier("chat", RequestKind.LATENCY, PriorityClass("hi", 2.0), ttft_s=1.0, tbt_s=0.1)
 
 
-def _pattern(pid: str, ends: list[float], outs: list[int]) -> ProgramPattern:
-    stages = [
-        StageRecord(i, 0.0 if i == 0 else ends[i - 1], e, 10, o)
-        for i, (e, o) in enumerate(zip(ends, outs, strict=True))
-    ]
-    return ProgramPattern(pid, stages)
-
-
-def test_stage_share_comes_from_the_most_similar_history_then_the_fallbacks() -> None:
-    history = [_pattern("short", [10, 20, 40], [50, 50, 50]), _pattern("long", [30, 40, 50], [400, 50, 50])]
-    done = [StageRecord(0, 0.0, 28.0, 10, 390)]  # this program's first stage looked like "long"
-    assert stage_share(1, done, history, FLOW, None) == pytest.approx(40 / 50)
-    assert stage_share(0, [], history, FLOW, None) in (10 / 40, 30 / 50)
-    assert stage_share(1, done, [], FLOW, 4) == pytest.approx(2 / 4)
-    shared = SLOTier(
-        "flow",
-        RequestKind.COMPOUND,
-        PriorityClass("p"),
-        deadline_s=100.0,
-        stage_deadline_share=(0.2, 0.3, 0.5),
-    )
-    assert stage_share(1, [], [], shared, None) == pytest.approx(0.5)
-    assert stage_share(2, [], [], FLOW, None) == 1.0
+def test_fallback_sub_deadline_is_the_tier_share_then_an_equal_split_then_the_deadline() -> None:
+    # program arrived at 0 with a 100 s deadline; stage 1 starts at 28 s
+    assert fallback_stage_deadline_at_s(100.0, 0.0, 28.0, 1, stages=4) == pytest.approx(28 + 72 / 3)
+    assert fallback_stage_deadline_at_s(100.0, 0.0, 28.0, 1, stages=None) == 100.0
+    assert fallback_stage_deadline_at_s(
+        100.0, 0.0, 28.0, 1, stages=4, tier_share=(0.2, 0.3, 0.5)
+    ) == pytest.approx(50.0)
+    assert (
+        fallback_stage_deadline_at_s(100.0, 0.0, 60.0, 1, stages=4, tier_share=(0.2, 0.3, 0.5)) == 60.0
+    )  # never in the past
+    assert fallback_stage_deadline_at_s(100.0, 0.0, 28.0, 3, stages=None, tier_share=(0.2, 0.3, 0.5)) == 100.0
 
 
 def test_compound_calls_get_sub_deadlines_within_the_program_deadline() -> None:
@@ -60,8 +50,10 @@ def test_compound_calls_get_sub_deadlines_within_the_program_deadline() -> None:
     now[0] = 1040.0
     tracker.record_tokens(second, 5, "more", now[0])
     tracker.finish(second, tracker.outcome(second, True, "token", GainParams()), "ok")
-    [pattern] = tracker.history.patterns()  # the finished program joins the pattern history
-    assert [s.stage for s in pattern.stages] == [0, 1] and pattern.total_s() == pytest.approx(40.0)
+    assert len(tracker.history.patterns) == 1  # the finished program joins the pattern history
+    graph = tracker.history.patterns.graph(0)
+    assert [st.output_tokens for st in graph.stages] == pytest.approx([10, 5], rel=0.01)
+    assert [st.duration_s for st in graph.stages] == pytest.approx([30.0, 10.0], rel=0.01)
 
 
 def test_latency_goodput_counts_tokens_on_time_and_weights_the_class() -> None:
@@ -88,15 +80,20 @@ def test_latency_goodput_counts_tokens_on_time_and_weights_the_class() -> None:
 def test_history_checkpoint_round_trip_and_corrupt_files_are_moved_aside(tmp_path: Path) -> None:
     history = History()
     history.add({"tier": "chat", "output_tokens": 7})
-    history.add_pattern(_pattern("p", [1.0, 2.0], [3, 4]))
+    history.patterns.add(PatternGraph((Stage(LLM_STAGE, 3, 10, 1.0), Stage(LLM_STAGE, 4, 10, 1.0))))
     write_state(tmp_path, history, ["r1"], {"note": 1})
     restored = History()
     extra = read_state(tmp_path, restored)
     assert extra is not None and extra["in_flight"] == ["r1"] and extra["note"] == 1
-    assert (
-        list(restored.rows) == list(history.rows)
-        and restored.patterns()[0].to_json() == history.patterns()[0].to_json()
+    assert list(restored.rows) == list(history.rows)
+    assert restored.patterns.graphs == history.patterns.graphs
+    legacy = History()  # a checkpoint from before the core tracker: per-call stage rows
+    patterns_from_json(
+        [{"program_id": "p", "stages": [[0, 0, 2, 5, 7], [0, 0, 3, 5, 1], [1, 3, 4, 5, 2]]}], legacy.patterns
     )
+    stages = legacy.patterns.graph(0).stages
+    assert [st.calls for st in stages] == [2, 1]
+    assert [st.output_tokens for st in stages] == pytest.approx([8, 2], rel=0.01)
     (tmp_path / "state.json").write_text('{"format": "slofleet-sidecar-state/1", "history": {"rows": 5}}')
     assert read_state(tmp_path, History()) is None
     assert (tmp_path / "state.json.corrupt").exists() and not (tmp_path / "state.json").exists()

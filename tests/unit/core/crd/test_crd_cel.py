@@ -20,6 +20,7 @@ from repo_paths import ROOT
 
 from slo_core.crd.generate import modeldeployment_crd, slopolicy_crd
 from slo_core.crd.models import ModelDeployment, SLOPolicy
+from slo_core.crd.semantics import policy_spec_problems
 
 EXAMPLES = ROOT / "examples"
 ENV = celpy.Environment()
@@ -74,7 +75,7 @@ def model_problems(doc: dict[str, Any]) -> list[str]:
     """What slofleet's own loading says: pydantic errors, then the policy's semantic problems."""
     try:
         if doc["kind"] == "SLOPolicy":
-            return SLOPolicy.model_validate(doc).spec.validate_semantics()
+            return policy_spec_problems(SLOPolicy.model_validate(doc).spec)
         ModelDeployment.model_validate(doc)
     except ValidationError as exc:
         return [str(e["msg"]) for e in exc.errors()]

@@ -13,6 +13,7 @@ from repo_paths import ROOT
 
 from slo_core.crd.generate import modeldeployment_crd, slopolicy_crd
 from slo_core.crd.loads import load_deployment, load_policy
+from slo_core.crd.semantics import policy_spec_problems
 from slo_core.slo import RequestKind
 
 EXAMPLES = sorted((ROOT / "examples").glob("*.yaml"))
@@ -83,7 +84,7 @@ def test_policy_example_loads_with_the_promised_tiers_and_classes() -> None:
     assert tiers["chat"].targets().priority_weight == 3.0
     assert len(policy.spec.tenants) == 2
     assert all(t.api_keys_secret is not None for t in policy.spec.tenants)
-    assert policy.spec.validate_semantics() == []
+    assert policy_spec_problems(policy.spec) == []
 
 
 def test_deployment_examples_load_as_one_and_four_h100s() -> None:

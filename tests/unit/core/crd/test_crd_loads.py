@@ -19,6 +19,7 @@ from slo_core.crd.loads import (
     render_policy_config,
 )
 from slo_core.crd.models import ObjectMeta, PriorityClassSpec, SLOPolicy, SLOPolicySpec, TierSpec
+from slo_core.crd.semantics import policy_spec_problems
 from slo_core.slo import RequestKind
 
 POLICY_FILE = ROOT / "examples/slopolicy-chat-agent.yaml"
@@ -174,7 +175,7 @@ def test_semantic_checks_can_be_skipped_for_shape_only_loading() -> None:
     doc["spec"]["routing"]["name"] = "random"
     policy = parse_policy(yaml.safe_dump(doc), check_semantics=False)
     assert policy.spec.routing.name == "random"
-    assert policy.spec.validate_semantics() == [
+    assert policy_spec_problems(policy.spec) == [
         "spec.routing.name: unknown routing policy 'random'; choose one of: "
         "go-routing, min-load, p2c, power-of-k, round-robin, slos-serve-reroute"
     ]
@@ -258,6 +259,6 @@ def test_every_registered_policy_can_be_named_in_a_policy_with_default_params() 
 
     spec = load_policy(POLICY_FILE).spec
     for name in ENGINE_POLICIES:
-        assert spec.model_copy(update={"scheduling": PolicyRef(name=name)}).validate_semantics() == [], name
+        assert policy_spec_problems(spec.model_copy(update={"scheduling": PolicyRef(name=name)})) == [], name
     for name in ROUTER_POLICIES:
-        assert spec.model_copy(update={"routing": PolicyRef(name=name)}).validate_semantics() == [], name
+        assert policy_spec_problems(spec.model_copy(update={"routing": PolicyRef(name=name)})) == [], name

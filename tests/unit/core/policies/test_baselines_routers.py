@@ -10,6 +10,8 @@ import pytest
 from slo_core.policies.base import ReplicaCapabilities, ReplicaView, RequestView, RouterPolicy
 from slo_core.policies.registry import make_router_policy
 from slo_core.policies.routers import MinLoad, PowerOfTwo, RoundRobin
+from slo_core.routing import RoutingPipeline, SnapshotEndpoint
+from slo_core.runtime_policy import AdmissionRule
 from slo_core.slo import RequestKind, SLOTargets
 
 SLO = SLOTargets(RequestKind.DEADLINE, deadline_s=20.0)
@@ -39,6 +41,13 @@ def replica(
     )
 
 
+def routed(policy: RouterPolicy, request: RequestView, reps: list[ReplicaView]) -> str | None:
+    """The replica the core routing pipeline (its filters, then ``policy``) sends ``request`` to."""
+    pipe = RoutingPipeline(policy, AdmissionRule("admit"), shuffle=False)
+    r = pipe.route(request, [SnapshotEndpoint(v) for v in reps], now_s=0.0, rng=random.Random(0))
+    return r.endpoint.endpoint_id if r.endpoint is not None else None
+
+
 @pytest.mark.parametrize(
     ("name", "cls"), [("round-robin", RoundRobin), ("min-load", MinLoad), ("p2c", PowerOfTwo)]
 )
@@ -50,21 +59,24 @@ def test_registry_builds_each_router(name: str, cls: type) -> None:
 def test_round_robin_cycles_in_id_order_over_healthy_replicas() -> None:
     rr = RoundRobin()
     reps = [replica("r2"), replica("r0"), replica("bad", healthy=False), replica("r1")]
-    picks = [rr.route(req(), reps, 0.0, random.Random(0)).replica_id for _ in range(5)]
+    picks = [routed(rr, req(), reps) for _ in range(5)]
     assert picks == ["r0", "r1", "r2", "r0", "r1"]
 
 
 def test_routers_reject_when_no_replica_can_hold_the_prompt() -> None:
+    # the one eligibility rule (slo_core.routing): the context must hold prompt + max output (200 here)
     reps = [replica("small", ctx=512), replica("down", healthy=False)]
     for policy in (RoundRobin(), MinLoad(), PowerOfTwo()):
-        d = policy.route(req(prompt_tokens=600), reps, 0.0, random.Random(0))
+        assert routed(policy, req(prompt_tokens=400), reps) is None
+        d = policy.route(req(), [], 0.0, random.Random(0))
         assert d.replica_id is None and d.retry_after_s is not None
-    assert MinLoad().route(req(prompt_tokens=400), reps, 0.0, random.Random(0)).replica_id == "small"
+    assert routed(MinLoad(), req(prompt_tokens=312), reps) == "small"
 
 
 def test_min_load_picks_fewest_outstanding_tokens() -> None:
     reps = [replica("a", 900), replica("b", 300), replica("c", 300), replica("d", 5, healthy=False)]
-    d = MinLoad().route(req(), reps, 0.0, random.Random(0))
+    assert routed(MinLoad(), req(), reps) == "b"
+    d = MinLoad().route(req(), reps[:3], 0.0, random.Random(0))
     assert d.replica_id == "b"  # tie with c: the first given
     assert dict(d.scores) == {"a": -900.0, "b": -300.0, "c": -300.0}
 

@@ -8,6 +8,8 @@ from typing import Any
 from slo_core.perf.model import PerfProfile
 from slo_core.policies.base import ReplicaView, RequestView
 from slo_core.policies.power_of_k import PowerOfK
+from slo_core.routing import RoutingPipeline, SnapshotEndpoint
+from slo_core.runtime_policy import AdmissionRule
 from slo_core.slo import RequestKind, SLOTargets
 
 DL = SLOTargets(RequestKind.DEADLINE, deadline_s=20.0)
@@ -76,7 +78,10 @@ def test_k_samples_replicas_with_the_injected_generator() -> None:
 
 
 def test_unhealthy_replicas_are_skipped_and_none_left_rejects() -> None:
+    # the core pipeline filters; PowerOfK only ever sees usable replicas
     reps = [replica("down", step_ms=1.0, healthy=False), replica("up", step_ms=50.0)]
-    assert PowerOfK().route(req("r"), reps, 0.0, random.Random(0)).replica_id == "up"
-    d = PowerOfK().route(req("r"), [replica("down", healthy=False)], 0.0, random.Random(0))
+    pipe = RoutingPipeline(PowerOfK(), AdmissionRule("admit"), shuffle=False)
+    r = pipe.route(req("r"), [SnapshotEndpoint(v) for v in reps], now_s=0.0, rng=random.Random(0))
+    assert r.endpoint is not None and r.endpoint.endpoint_id == "up"
+    d = PowerOfK().route(req("r"), [], 0.0, random.Random(0))
     assert d.replica_id is None and d.retry_after_s is not None

@@ -8,6 +8,8 @@ import random
 from slo_core.perf.model import PerfProfile
 from slo_core.policies.base import ReplicaView, RequestView
 from slo_core.policies.go_routing import GoRouting
+from slo_core.routing import RoutingPipeline, SnapshotEndpoint
+from slo_core.runtime_policy import AdmissionRule
 from slo_core.slo import RequestKind, SLOTargets
 
 PROFILE = PerfProfile(
@@ -106,5 +108,10 @@ def test_decode_term_and_snapshot_age_change_the_estimate() -> None:
 
 def test_unhealthy_replicas_are_skipped_and_none_left_rejects() -> None:
     sick = dataclasses.replace(replica("sick", 0), healthy=False)
-    assert GoRouting().route(NEW, [sick, replica("ok", 20)], NOW, RNG).replica_id == "ok"
-    assert GoRouting().route(NEW, [sick], NOW, RNG).replica_id is None
+    # the core pipeline filters; GoRouting only ever sees usable replicas
+    pipe = RoutingPipeline(GoRouting(), AdmissionRule("admit"), shuffle=False)
+    r = pipe.route(NEW, [SnapshotEndpoint(sick), SnapshotEndpoint(replica("ok", 20))], now_s=NOW, rng=RNG)
+    assert r.endpoint is not None and r.endpoint.endpoint_id == "ok"
+    r = pipe.route(NEW, [SnapshotEndpoint(sick)], now_s=NOW, rng=RNG)
+    assert r.endpoint is None and r.filtered["unhealthy"] == 1 and r.outcome == "no-replica"
+    assert GoRouting().route(NEW, [], NOW, RNG).replica_id is None

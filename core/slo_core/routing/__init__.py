@@ -1,0 +1,27 @@
+"""The one routing pipeline the router service and the fleet simulator both run (see ``pipeline``)."""
+
+from slo_core.routing.pipeline import (
+    FILTERS,
+    Affinity,
+    Endpoint,
+    Routed,
+    RoutingPipeline,
+    SessionTable,
+    SnapshotEndpoint,
+    bounded_scores,
+    rendezvous,
+    retry_hint_s,
+)
+
+__all__ = [
+    "FILTERS",
+    "Affinity",
+    "Endpoint",
+    "Routed",
+    "RoutingPipeline",
+    "SessionTable",
+    "SnapshotEndpoint",
+    "bounded_scores",
+    "rendezvous",
+    "retry_hint_s",
+]

@@ -1,0 +1,103 @@
+"""The sidecar and the simulator give the same compound sub-deadlines for the same programs.
+
+A fleet run with the simulator's analyzer (core's CompoundTracker behind SimAnalyzer) serves a few
+compound programs one after another, so later programs match the patterns of earlier ones. The very
+same timeline (each call's arrival, tokens and finish, from the simulated run) is then replayed into
+the sidecar's Tracker (its CompoundAnalyzer over the same core tracker): every call must get the
+sub-deadline the simulator gave it, both where a stored pattern matched and where the fallback applied.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from slo_core.gain import GainParams
+from slo_core.perf.model import PerfProfile
+from slo_core.predict import load_estimator
+from slo_core.sim.analyzer import SimAnalyzer
+from slo_core.sim.fleet import FleetSim, ReplicaSpec, SimConfig
+from slo_core.sim.request import FINISHED, SimRequest
+from slo_core.slo import PriorityClass, RequestKind, SLOTier
+from slo_core.workloads.jobs import Job
+from slo_sidecar.history import History
+from slo_sidecar.tracker import LiveRequest, Tracker
+
+PROFILE = PerfProfile("test", "test-gpu", "test-model", 1, 0.0, 10.0, 0.0, 0.0, 0.0, 1 << 20, 1 << 16)
+FLOW = SLOTier("flow", RequestKind.COMPOUND, PriorityClass("p", 1.0), deadline_s=40.0)
+
+
+def programs() -> list[Job]:
+    """Programs of 3 stages (1–2 calls each), spaced so each finishes before the next arrives."""
+    shapes = [
+        (((30, 40), (20, 30)), ((50, 80),), ((10, 20), (10, 10))),
+        (((30, 200),), ((40, 30), (40, 60)), ((20, 20),)),
+        (((30, 45), (20, 25)), ((50, 70),), ((10, 25), (10, 10))),  # like the first: matches it
+        (((30, 190),), ((40, 35), (40, 50)), ((20, 20),)),  # like the second
+        (((25, 40), (20, 35)), ((50, 90),), ((10, 20), (10, 15))),
+    ]
+    return [
+        Job(f"prog{i}", 10.0 * i, FLOW.targets(), stages=stages, max_tokens=256)
+        for i, stages in enumerate(shapes)
+    ]
+
+
+def simulate() -> tuple[list[SimRequest], SimAnalyzer]:
+    analyzer = SimAnalyzer(load_estimator())
+    sim = FleetSim([ReplicaSpec(PROFILE)], "fcfs", analyzer=analyzer, config=SimConfig(drain="all"))
+    result = sim.run(programs())
+    calls = [r for r in result.requests if r.program is not None]
+    assert all(r.state == FINISHED for r in calls)
+    return calls, analyzer
+
+
+def replay_in_sidecar(calls: list[SimRequest]) -> dict[str, float | None]:
+    """Feed the simulated timeline to the sidecar's tracker; each call's sub-deadline there."""
+    now = [0.0]
+    tracker = Tracker(History(), clock=lambda: now[0])
+    events: list[tuple[float, int, SimRequest]] = []
+    for r in calls:
+        assert r.finish_s is not None
+        events += [(r.arrival_s, 1, r), (r.finish_s, 0, r)]  # at equal times a finish comes first
+    live: dict[str, LiveRequest] = {}
+    out: dict[str, float | None] = {}
+    for t, kind, r in sorted(events, key=lambda e: (e[0], e[1], e[2].request_id)):
+        now[0] = t
+        if kind == 1:
+            assert r.program is not None
+            lv = tracker.new_request(
+                tier=FLOW,
+                targets=FLOW.targets(),
+                prompt_text="",
+                prompt_tokens=r.prompt_tokens,
+                max_tokens=r.max_tokens,
+                max_wait_s=30.0,
+                bound=r.max_tokens,
+                program_id=r.program.program_id,
+                stage=r.stage,
+                stated_stages=len(r.program.stages),
+                request_id=r.request_id,
+            )
+            live[r.request_id] = lv
+            out[r.request_id] = lv.deadline_at_s
+        else:
+            lv = live.pop(r.request_id)
+            tracker.record_tokens(lv, r.generated, "", t)
+            tracker.finish(lv, tracker.outcome(lv, True, "token", GainParams()), "ok")
+    return out
+
+
+def test_sidecar_and_simulator_give_the_same_stage_sub_deadlines() -> None:
+    calls, analyzer = simulate()
+    assert analyzer.matched_stages > 0 and analyzer.default_stages > 0  # both paths are exercised
+    sidecar = replay_in_sidecar(calls)
+    for r in calls:
+        assert sidecar[r.request_id] == pytest.approx(r.deadline_at_s, abs=1e-9), r.request_id
+    # the sub-deadlines are not all the equal-split fallback: some came from matched patterns
+    equal_split = [
+        r
+        for r in calls
+        if r.program is not None
+        and r.deadline_at_s
+        == pytest.approx(r.program.stage_deadline_at_s(r.stage or 0, r.arrival_s), abs=1e-9)
+    ]
+    assert len(equal_split) < len(calls)
