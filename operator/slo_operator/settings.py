@@ -58,6 +58,14 @@ class OperatorSettings(BaseModel):
         description="seconds a terminating pod gets to drain in-flight requests before it is killed",
     )
     request_timeout_s: float = Field(default=30.0, description="timeout of every Kubernetes API call")
+    router_policy: str | None = Field(
+        default=None,
+        description="SLOPolicy the router in front follows; ModelDeployments whose policy lacks one of "
+        "its tiers are reported (condition RouterCompatible, a Warning Event)",
+    )
+    router_namespace: str | None = Field(
+        default=None, description="namespace of the router's SLOPolicy and of the ModelDeployments it serves"
+    )
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> OperatorSettings:

@@ -108,6 +108,13 @@ def run(args: argparse.Namespace) -> int:
             )
 
         background.append(kube)
+    if args.policy_file:  # followed live: an edit (a ConfigMap update) applies without a restart
+        from slo_router.policyfile import follow_policy_file
+
+        policy_path = args.policy_file
+        background.append(
+            lambda state: follow_policy_file(state, policy_path, adjust=lambda c: overrides(c, args))
+        )
     from slo_router.statefeed import follow_states
 
     background.append(follow_states)
