@@ -300,6 +300,8 @@ def chart_docs(template: str, values: dict | None = None) -> list[dict]:
 
 
 def chart_operator_rules(values: dict | None = None) -> list[dict]:
+    """The operator's rules in cluster-wide mode (the opt-in; these tests run it cluster-wide)."""
+    values = {**(values or {}), "operator": {**(values or {}).get("operator", {}), "clusterWide": True}}
     (role,) = [d for d in chart_docs("operator-rbac.yaml", values) if d["kind"] == "ClusterRole"]
     return role["rules"]
 
@@ -387,6 +389,11 @@ def test_zz_every_request_of_the_operator_is_allowed_by_the_chart_and_no_more(
     rules = chart_operator_rules()
     assert not rbac.wildcards(rules)
     assert rbac.denied(records, rules) == [], "the chart's ClusterRole lacks permissions the operator uses"
+    # A cluster with the OwnerReferencesPermission admission plugin (OpenShift) refuses every child
+    # apply without this permission; the audit records it as needed for each blockOwnerDeletion.
+    assert ("slofleet.io", "modeldeployments/finalizers", "update") in {
+        need for record in records for need in rbac.needed(record)
+    }
     assert rbac.unused(records, rules) == [], (
         "the chart's ClusterRole grants permissions the operator never uses"
     )
