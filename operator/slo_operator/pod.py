@@ -44,6 +44,21 @@ _RESTRICTED = {
     "capabilities": {"drop": ["ALL"]},
     "seccompProfile": {"type": "RuntimeDefault"},
 }
+# The vLLM container meets Pod Security "restricted" too: vLLM needs no root and no capability; it writes
+# only to HOME, /tmp and its caches, all emptyDirs here (HF_HOME, VLLM_CACHE_ROOT, TRITON_CACHE_DIR), so
+# its root filesystem is read-only. vLLM's image runs as root by default (USER not set), so a fixed
+# non-root uid is chosen here; fsGroup makes the volumes writable for it. Where a custom engine image
+# needs root (e.g. it installs packages at start), that image is the exception, not the default.
+ENGINE_UID = 1000
+ENGINE_HOME = "/home/vllm"
+_ENGINE_SECURITY = {**_RESTRICTED, "runAsUser": ENGINE_UID, "runAsGroup": ENGINE_UID}
+_POD_SECURITY = {
+    "runAsNonRoot": True,
+    "fsGroup": ENGINE_UID,
+    "seccompProfile": {"type": "RuntimeDefault"},
+}
+# vLLM's CPU and memory when the ModelDeployment sets none (tokenizers, detokenization, the API server).
+DEFAULT_ENGINE_RESOURCES = {"requests": {"cpu": "4", "memory": "32Gi"}, "limits": {"memory": "64Gi"}}
 
 
 def _http_probe(path: str, port: str, period_s: int, failures: int) -> dict[str, Any]:
@@ -94,7 +109,11 @@ def _config_env(name: str, key: str, config_map: str) -> dict[str, Any]:
 def _engine_env(md: ModelDeploymentView, settings: OperatorSettings, config_map: str) -> list[dict[str, Any]]:
     env: list[dict[str, Any]] = [
         {"name": "PYTHONPATH", "value": PLUGIN_MOUNT},
+        {"name": "HOME", "value": ENGINE_HOME},
         {"name": "HF_HOME", "value": MODEL_CACHE},
+        {"name": "VLLM_CACHE_ROOT", "value": f"{ENGINE_HOME}/.cache/vllm"},
+        {"name": "TRITON_CACHE_DIR", "value": f"{ENGINE_HOME}/.triton"},
+        {"name": "PYTHONDONTWRITEBYTECODE", "value": "1"},
         {"name": "VLLM_NO_USAGE_STATS", "value": "1"},
         {"name": "DO_NOT_TRACK", "value": "1"},
         {"name": "SLOFLEET_ANALYZER", "value": f"127.0.0.1:{settings.sidecar_grpc_port}"},
@@ -113,6 +132,8 @@ def _engine_container(md: ModelDeploymentView, settings: OperatorSettings, confi
         {"name": "plugin", "mountPath": PLUGIN_MOUNT, "readOnly": True},
         {"name": "dshm", "mountPath": "/dev/shm"},  # noqa: S108 - the pod's own memory volume
         {"name": "model-cache", "mountPath": MODEL_CACHE},
+        {"name": "engine-home", "mountPath": ENGINE_HOME},
+        {"name": "engine-tmp", "mountPath": "/tmp"},  # noqa: S108 - a pod-private emptyDir
     ]
     if md.source.pvc_claim:
         mounts.append({"name": "model-weights", "mountPath": MODEL_PVC_MOUNT, "readOnly": True})
@@ -125,14 +146,23 @@ def _engine_container(md: ModelDeploymentView, settings: OperatorSettings, confi
         "args": engine_args(md, settings),
         "env": _engine_env(md, settings, config_map),
         "ports": [{"name": "engine", "containerPort": settings.engine_port, "protocol": "TCP"}],
-        "resources": {"requests": dict(gpus), "limits": dict(gpus)},
+        "resources": _engine_resources(md, gpus),
         # Loading weights takes minutes: the startup probe allows up to 30 minutes before liveness applies.
         "startupProbe": _http_probe("/health", "engine", 10, 180),
         "livenessProbe": _http_probe("/health", "engine", 15, 4),
         "readinessProbe": _http_probe("/health", "engine", 5, 3),
         "lifecycle": {"preStop": {"exec": {"command": wait}}},
-        "securityContext": {"allowPrivilegeEscalation": False},
+        "securityContext": dict(_ENGINE_SECURITY),
         "volumeMounts": mounts,
+    }
+
+
+def _engine_resources(md: ModelDeploymentView, gpus: dict[str, str]) -> dict[str, Any]:
+    """The ModelDeployment's CPU and memory (else the defaults), plus its GPUs as request and limit."""
+    chosen = md.engine_resources or DEFAULT_ENGINE_RESOURCES
+    return {
+        "requests": {**dict(chosen.get("requests") or {}), **gpus},
+        "limits": {**dict(chosen.get("limits") or {}), **gpus},
     }
 
 
@@ -200,9 +230,11 @@ def _volumes(md: ModelDeploymentView, config_map: str) -> list[dict[str, Any]]:
     volumes: list[dict[str, Any]] = [
         {"name": "plugin", "emptyDir": {"sizeLimit": "64Mi"}},
         {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": f"{8 * md.tensor_parallel_size}Gi"}},
-        {"name": "model-cache", "emptyDir": {}},
+        {"name": "model-cache", "emptyDir": {"sizeLimit": md.cache_size_limit}},
+        {"name": "engine-home", "emptyDir": {"sizeLimit": "10Gi"}},
+        {"name": "engine-tmp", "emptyDir": {"sizeLimit": "10Gi"}},
         {"name": "policy", "configMap": {"name": config_map}},
-        {"name": "state", "emptyDir": {}},
+        {"name": "state", "emptyDir": {"sizeLimit": "1Gi"}},
         {"name": "tmp", "emptyDir": {"sizeLimit": "1Gi"}},
     ]
     if md.source.pvc_claim:
@@ -232,5 +264,8 @@ def pod_spec(md: ModelDeploymentView, settings: OperatorSettings, config_map: st
         "volumes": _volumes(md, config_map),
         "terminationGracePeriodSeconds": settings.drain_s + 30,
         "enableServiceLinks": False,
+        # nothing in the pod talks to the Kubernetes API: no token to steal
+        "automountServiceAccountToken": False,
+        "securityContext": dict(_POD_SECURITY),
         **_scheduling(md),
     }

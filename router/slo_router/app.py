@@ -300,7 +300,10 @@ async def ready(request: Request) -> Response:
     state: RouterState = request.app.state.router
     n = len(state.usable_endpoints())
     state.metrics.endpoints_ready.set(n)
-    ok = n > 0 and state.policy_loaded
+    # ?engines=optional: ready once the policy is read (the chart's probe: a router with no engine
+    # answers 503 + Retry-After itself instead of leaving the Service)
+    engines_optional = request.query_params.get("engines") == "optional"
+    ok = (n > 0 or engines_optional) and state.policy_loaded
     body: dict[str, Any] = {"ready": ok, "endpoints": n, "policy_loaded": state.policy_loaded}
     if state.policy_source:
         body["policy"] = state.policy_source

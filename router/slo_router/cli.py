@@ -38,6 +38,12 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--namespace", default=None, help="with --kubernetes: namespace to watch (default: all)"
     )
+    parser.add_argument(
+        "--shutdown-timeout-s",
+        type=float,
+        default=10.0,
+        help="on SIGTERM, how long requests in flight may take to finish before they are cut",
+    )
     parser.set_defaults(func=run)
 
 
@@ -131,5 +137,11 @@ def run(args: argparse.Namespace) -> int:
         config.routing_policy,
         len(endpoints),
     )
-    uvicorn.run(app, host=args.host, port=args.port, log_level="warning", timeout_graceful_shutdown=10)
+    uvicorn.run(
+        app,
+        host=args.host,
+        port=args.port,
+        log_level="warning",
+        timeout_graceful_shutdown=max(1, round(args.shutdown_timeout_s)),
+    )
     return 0

@@ -302,7 +302,8 @@ class Replay:
         wait_healthy(child)
         # the Service sends traffic only to ready routers: wait as the endpoints controller would
         deadline = time.monotonic() + 60
-        while httpx.get(f"{child.url}/ready", timeout=2).status_code != 200:
+        probe = router["readinessProbe"]["httpGet"]["path"]
+        while httpx.get(f"{child.url}{probe}", timeout=2).status_code != 200:
             assert time.monotonic() < deadline, f"the router never became ready:\n{child.tail(40)}"
             assert child.alive(), child.tail(40)
             time.sleep(0.3)
