@@ -21,6 +21,7 @@ PLURALS = {
     "ConfigMap": "configmaps",
     "PodDisruptionBudget": "poddisruptionbudgets",
     "HorizontalPodAutoscaler": "horizontalpodautoscalers",
+    "Secret": "secrets",
     "ModelDeployment": "modeldeployments",
     "SLOPolicy": "slopolicies",
 }

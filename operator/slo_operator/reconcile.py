@@ -23,6 +23,7 @@ from slo_operator.settings import OperatorSettings
 log = logging.getLogger(__name__)
 
 GROUP_VERSION = f"{API_GROUP}/{API_VERSION}"
+HF_TOKEN_LABEL = "slofleet.io/hf-token"  # noqa: S105 - a label name, not a credential
 # (object body, event type Normal/Warning, reason, message)
 EventFn = Callable[[dict[str, Any], str, str, str], None]
 
@@ -106,6 +107,25 @@ class Reconciler:
                     body, "Normal", "PolicyValid", "the policy is valid and rendered for its deployments"
                 )
 
+    def secret_state(self, md: ModelDeploymentView) -> status.Blocker:
+        """Whether the Hugging Face token Secret may be mounted: it must carry the label
+        ``slofleet.io/hf-token: "true"``, so creating a ModelDeployment does not give access to every
+        Secret of the namespace. Only the labels are read; the value never leaves the API server here."""
+        name = md.source.hf_token_secret
+        if not name:
+            return status.Blocker(True)
+        body = self.api.get("v1", "secrets", md.namespace, name)
+        labels = ((body or {}).get("metadata") or {}).get("labels") or {}
+        if body is not None and labels.get(HF_TOKEN_LABEL) == "true":
+            return status.Blocker(True)
+        why = "does not exist" if body is None else f'is not labelled {HF_TOKEN_LABEL}="true"'
+        return status.Blocker(
+            False,
+            "SecretNotAllowed",
+            f'hfTokenSecret "{name}" {why}: only Secrets labelled for it are mounted into engine pods '
+            f"(kubectl -n {md.namespace} label secret {name} {HF_TOKEN_LABEL}=true)",
+        )
+
     def router_compat(self, md: ModelDeploymentView, md_policy: dict[str, Any] | None) -> status.Blocker:
         """Whether the router in front forwards only tiers this ModelDeployment's policy knows."""
         router, ns = self.settings.router_policy, self.settings.router_namespace
@@ -132,6 +152,10 @@ class Reconciler:
             except ValueError as exc:
                 return self._write_invalid_spec(body, str(exc))
             blocker, config = self.policy_state(namespace, md.policy)
+            if config is not None:
+                secret = self.secret_state(md)
+                if not secret.ok:  # nothing mounts a Secret not labelled for it; existing pods stay
+                    blocker, config = secret, None
             compat = status.Blocker(True)
             if config is not None:  # the children are fine; requests of some tiers would fail
                 md_policy = self.api.get(GROUP_VERSION, POLICY_PLURAL, namespace, md.policy)

@@ -47,6 +47,14 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     with Cluster(tmp_path_factory.mktemp("kube"), users=users) as c:
         c.kubectl("apply", "--server-side", "-f", str(ROOT / "crds"))
         c.kubectl("apply", "-f", "-", stdin=f"apiVersion: v1\nkind: Namespace\nmetadata:\n  name: {NS}\n")
+        # the example's hfTokenSecret, labelled so the operator may mount it
+        secret = {
+            "apiVersion": "v1",
+            "kind": "Secret",
+            "metadata": {"name": "hf-token", "namespace": NS, "labels": {"slofleet.io/hf-token": "true"}},
+            "stringData": {"token": "hf_x"},
+        }
+        c.kubectl("apply", "-f", "-", stdin=yaml.safe_dump(secret))
         yield c
 
 

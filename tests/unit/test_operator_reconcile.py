@@ -59,8 +59,17 @@ def example(name: str) -> dict[str, Any]:
     return yaml.safe_load((ROOT / "examples" / name).read_text())
 
 
+HF_TOKEN = {
+    "apiVersion": "v1",
+    "kind": "Secret",
+    "metadata": {"name": "hf-token", "namespace": "llm", "labels": {"slofleet.io/hf-token": "true"}},
+    "data": {"token": "aGZfeA=="},
+}
+
+
 def make() -> tuple[FakeApi, Reconciler, list[tuple[str, str]]]:
     api = FakeApi()
+    api.put(copy.deepcopy(HF_TOKEN))
     events: list[tuple[str, str]] = []
     clock = iter(f"2026-01-01T00:00:{s:02d}Z" for s in range(60))
     reconciler = Reconciler(
@@ -218,6 +227,7 @@ def test_replicas_are_left_to_an_autoscaler_that_targets_the_deployment() -> Non
 
 def test_a_policy_lacking_the_routers_tiers_is_reported_with_an_event() -> None:
     api = FakeApi()
+    api.put(copy.deepcopy(HF_TOKEN))
     events: list[tuple[str, str]] = []
     reconciler = Reconciler(
         api,  # type: ignore[arg-type]
@@ -239,4 +249,21 @@ def test_a_policy_lacking_the_routers_tiers_is_reported_with_an_event() -> None:
     # the router's policy loses the extra tier: the deployment recovers
     router["spec"]["tiers"].pop()
     api.put(router)
+    assert reconciler.converge("llm", "llama-8b") == "Progressing"
+
+
+def test_only_a_secret_labelled_for_it_is_mounted_as_the_hf_token() -> None:
+    api, reconciler, events = make()
+    unlabelled = copy.deepcopy(HF_TOKEN)
+    unlabelled["metadata"]["labels"] = {}
+    api.put(unlabelled)
+    api.put(example("slopolicy-chat-agent.yaml"))
+    api.put(example("modeldeployment-llama-8b-h100.yaml"))
+    assert reconciler.converge("llm", "llama-8b") == "Degraded"
+    assert api.get("apps/v1", "deployments", "llm", "llama-8b") is None, "nothing mounts it"
+    status = api.get("", "modeldeployments", "llm", "llama-8b")["status"]
+    degraded = next(c for c in status["conditions"] if c["type"] == "Degraded")
+    assert degraded["reason"] == "SecretNotAllowed" and "slofleet.io/hf-token" in degraded["message"]
+    assert "aGZfeA" not in str(status) and ("Warning", "SecretNotAllowed") in events
+    api.put(copy.deepcopy(HF_TOKEN))
     assert reconciler.converge("llm", "llama-8b") == "Progressing"

@@ -111,6 +111,11 @@ Pass (dict "peering" BOOL "peeringResource" "clusterkopfpeerings"|"kopfpeerings"
 - apiGroups: ["autoscaling"]
   resources: ["horizontalpodautoscalers"]
   verbs: ["list"]
+# The labels of a ModelDeployment's hfTokenSecret (only Secrets labelled slofleet.io/hf-token=true are
+# mounted). No wider than before: whoever may create Deployments may mount any Secret of the namespace.
+- apiGroups: [""]
+  resources: ["secrets"]
+  verbs: ["get"]
 # The engine pods' addresses for status.endpoints.
 - apiGroups: [""]
   resources: ["pods"]
