@@ -39,6 +39,11 @@ def register(parser: argparse.ArgumentParser) -> None:
         "--namespace", default=None, help="with --kubernetes: namespace to watch (default: all)"
     )
     parser.add_argument(
+        "--peers-selector",
+        help="with --kubernetes: label selector of this router's replicas; each enforces 1/N of every "
+        "tenant's rate, N the ready replicas (fleet-wide tenant limits)",
+    )
+    parser.add_argument(
         "--shutdown-timeout-s",
         type=float,
         default=10.0,
@@ -111,6 +116,7 @@ def run(args: argparse.Namespace) -> int:
                 file_keys=file_keys,
                 policy_name=args.policy_name,
                 adjust=lambda config: overrides(config, args),
+                peers_selector=args.peers_selector,
             )
 
         background.append(kube)
