@@ -12,13 +12,15 @@ FROM python:${PYTHON_VERSION}-slim AS build
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 WORKDIR /src
 COPY pyproject.toml README.md ./
+COPY requirements/image.lock ./requirements/image.lock
+COPY examples/slopolicy-chat-agent.yaml ./examples/slopolicy-chat-agent.yaml
 COPY core ./core
 COPY operator ./operator
 COPY router ./router
 COPY engine_sidecar ./engine_sidecar
-# Everything the three services need (the bench extra, plotting, stays out).
+# Everything the three services need (the bench extra, plotting, stays out), pinned by the lock.
 RUN python -m venv /opt/venv \
- && /opt/venv/bin/pip install ".[service,operator,predictor]" \
+ && /opt/venv/bin/pip install -c requirements/image.lock ".[service,operator,predictor]" \
  && /opt/venv/bin/slofleet --help > /dev/null
 # The plugin is pure Python; vLLM's own image brings what it imports (vllm, grpc, protobuf,
 # prometheus_client, numpy, pydantic, yaml).
