@@ -117,6 +117,8 @@ def _engine_env(md: ModelDeploymentView, settings: OperatorSettings, config_map:
         {"name": "VLLM_NO_USAGE_STATS", "value": "1"},
         {"name": "DO_NOT_TRACK", "value": "1"},
         {"name": "SLOFLEET_ANALYZER", "value": f"127.0.0.1:{settings.sidecar_grpc_port}"},
+        # the plugin says when it degrades to stock order: slofleet_plugin_degraded on this port
+        {"name": "SLOFLEET_METRICS_PORT", "value": str(settings.plugin_metrics_port)},
         _config_env("SLOFLEET_POLICY", ENGINE_POLICY_KEY, config_map),
         _config_env("SLOFLEET_POLICY_PARAMS", ENGINE_PARAMS_KEY, config_map),
     ]
@@ -145,7 +147,10 @@ def _engine_container(md: ModelDeploymentView, settings: OperatorSettings, confi
         "command": ["python3", "-m", "vllm.entrypoints.openai.api_server"],
         "args": engine_args(md, settings),
         "env": _engine_env(md, settings, config_map),
-        "ports": [{"name": "engine", "containerPort": settings.engine_port, "protocol": "TCP"}],
+        "ports": [
+            {"name": "engine", "containerPort": settings.engine_port, "protocol": "TCP"},
+            {"name": "plugin-metrics", "containerPort": settings.plugin_metrics_port, "protocol": "TCP"},
+        ],
         "resources": _engine_resources(md, gpus),
         # Loading weights takes minutes: the startup probe allows up to 30 minutes before liveness applies.
         "startupProbe": _http_probe("/health", "engine", 10, 180),

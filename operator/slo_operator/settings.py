@@ -53,6 +53,11 @@ class OperatorSettings(BaseModel):
         default=50051, description="sidecar gRPC port (state stream for the router)"
     )
     engine_port: int = Field(default=8001, description="vLLM's OpenAI server port inside the pod")
+    plugin_metrics_port: int = Field(
+        default=9400,
+        description="the vLLM scheduler plugin's Prometheus port (slofleet_plugin_degraded: 1 while it "
+        "falls back to vLLM's stock order); the chart's PodMonitor scrapes it",
+    )
     drain_s: int = Field(
         default=120,
         description="seconds a terminating pod gets to drain in-flight requests before it is killed",
