@@ -23,6 +23,9 @@ POLICY_FILE = "policy.yaml"
 ENGINE_POLICY_KEY = "engine-policy"
 ENGINE_PARAMS_KEY = "engine-policy-params"
 STATE_DIR = "/var/lib/slofleet"
+TAG_KEY_DIR = "/etc/slofleet/tag-key"
+TAG_KEY_FILE = f"{TAG_KEY_DIR}/keys"
+_TAG_KEY_MOUNT = {"name": "tag-key", "mountPath": TAG_KEY_DIR, "readOnly": True}
 MODEL_CACHE = "/model-cache"
 MODEL_PVC_MOUNT = "/models"
 
@@ -122,6 +125,8 @@ def _engine_env(md: ModelDeploymentView, settings: OperatorSettings, config_map:
         _config_env("SLOFLEET_POLICY", ENGINE_POLICY_KEY, config_map),
         _config_env("SLOFLEET_POLICY_PARAMS", ENGINE_PARAMS_KEY, config_map),
     ]
+    if settings.tag_key_secret:  # only SLO tags the sidecar signed are scheduled by their tier
+        env.append({"name": "SLOFLEET_TAG_KEY_FILE", "value": TAG_KEY_FILE})
     if md.source.hf_token_secret:
         ref = {"name": md.source.hf_token_secret, "key": md.source.hf_token_key}
         env.append({"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": ref}})
@@ -139,6 +144,8 @@ def _engine_container(md: ModelDeploymentView, settings: OperatorSettings, confi
     ]
     if md.source.pvc_claim:
         mounts.append({"name": "model-weights", "mountPath": MODEL_PVC_MOUNT, "readOnly": True})
+    if settings.tag_key_secret:
+        mounts.append(dict(_TAG_KEY_MOUNT))
     wait = ["python3", "-c", _WAIT_FOR_SIDECAR, str(settings.drain_s), str(settings.sidecar_http_port)]
     return {
         "name": "vllm",
@@ -189,6 +196,8 @@ def sidecar_args(md: ModelDeploymentView, settings: OperatorSettings) -> list[st
     ]
     if md.context_length:
         args.append(f"--max-context-tokens={md.context_length}")
+    if settings.tag_key_secret:
+        args.append(f"--tag-key-file={TAG_KEY_FILE}")
     return args
 
 
@@ -215,6 +224,11 @@ def _sidecar_container(md: ModelDeploymentView, settings: OperatorSettings) -> d
             {"name": "policy", "mountPath": POLICY_DIR, "readOnly": True},
             {"name": "state", "mountPath": STATE_DIR},
             {"name": "tmp", "mountPath": "/tmp"},  # noqa: S108 - a pod-private emptyDir
+            *(
+                [{"name": "tag-key", "mountPath": TAG_KEY_DIR, "readOnly": True}]
+                if settings.tag_key_secret
+                else []
+            ),
         ],
     }
 
@@ -231,7 +245,7 @@ def _init_container(settings: OperatorSettings) -> dict[str, Any]:
     }
 
 
-def _volumes(md: ModelDeploymentView, config_map: str) -> list[dict[str, Any]]:
+def _volumes(md: ModelDeploymentView, config_map: str, settings: OperatorSettings) -> list[dict[str, Any]]:
     volumes: list[dict[str, Any]] = [
         {"name": "plugin", "emptyDir": {"sizeLimit": "64Mi"}},
         {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": f"{8 * md.tensor_parallel_size}Gi"}},
@@ -245,6 +259,9 @@ def _volumes(md: ModelDeploymentView, config_map: str) -> list[dict[str, Any]]:
     if md.source.pvc_claim:
         claim = {"claimName": md.source.pvc_claim, "readOnly": True}
         volumes.append({"name": "model-weights", "persistentVolumeClaim": claim})
+    if settings.tag_key_secret:
+        secret = {"secretName": settings.tag_key_secret, "items": [{"key": "keys", "path": "keys"}]}
+        volumes.append({"name": "tag-key", "secret": secret})
     return volumes
 
 
@@ -266,7 +283,7 @@ def pod_spec(md: ModelDeploymentView, settings: OperatorSettings, config_map: st
     return {
         "initContainers": [_init_container(settings)],
         "containers": [_engine_container(md, settings, config_map), _sidecar_container(md, settings)],
-        "volumes": _volumes(md, config_map),
+        "volumes": _volumes(md, config_map, settings),
         "terminationGracePeriodSeconds": settings.drain_s + 30,
         "enableServiceLinks": False,
         # nothing in the pod talks to the Kubernetes API: no token to steal

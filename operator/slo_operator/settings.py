@@ -63,6 +63,11 @@ class OperatorSettings(BaseModel):
         description="seconds a terminating pod gets to drain in-flight requests before it is killed",
     )
     request_timeout_s: float = Field(default=30.0, description="timeout of every Kubernetes API call")
+    tag_key_secret: str | None = Field(
+        default=None,
+        description="Secret (key 'keys', one a line) the sidecar signs engine SLO tags with and the vLLM "
+        "plugin verifies them by; unsigned or forged tags are scheduled best-effort. None: tags unsigned",
+    )
     router_policy: str | None = Field(
         default=None,
         description="SLOPolicy the router in front follows; ModelDeployments whose policy lacks one of "

@@ -13,6 +13,7 @@ one stand-in: every pod is 127.0.0.1, so the operator's pod ports are set to fre
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import re
@@ -247,6 +248,13 @@ class Replay:
         args = replace_arg(args, "--host", "127.0.0.1")
         args = replace_arg(args, "--policy-file", str(policy_file))
         args = replace_arg(args, "--state-dir", str(state))
+        for vol in spec["volumes"]:  # Secret volumes: the kubelet writes the Secret's keys as files
+            if "secret" in vol and any(a.startswith("--tag-key-file=") for a in args):
+                secret = self.cluster.get("secret", vol["secret"]["secretName"], ns)
+                assert secret is not None, f"Secret {vol['secret']['secretName']} the pod mounts is missing"
+                key_file = self.workdir / f"{name}-tag-key"
+                key_file.write_bytes(base64.b64decode(secret["data"]["keys"]))
+                args = replace_arg(args, "--tag-key-file", str(key_file))
         side = self._child(
             f"{name}-sidecar", f"http://127.0.0.1:{self.ports['sidecar_http_port']}", cmd(*args)
         )

@@ -66,12 +66,12 @@ def check(paths: list[Path], router_policy: str | None = None) -> tuple[list[str
     router = _router_policy(router_policy, policies, problems)
     for source, md in deployments:
         ns, ref = md.metadata.namespace or "", md.spec.policy_ref
-        policy = policies.get((ns, ref)) or next((p for (_, n), p in policies.items() if n == ref), None)
-        if policy is None:
+        md_policy = policies.get((ns, ref)) or next((p for (_, n), p in policies.items() if n == ref), None)
+        if md_policy is None:
             notes.append(f"{source}: policyRef {ref!r} is not among the files; its tiers were not checked")
             continue
         if router is not None:
-            missing = missing_tiers(router.spec, policy.spec)
+            missing = missing_tiers(router.spec, md_policy.spec)
             if missing:
                 problems.append(f"{source}: " + mismatch_message(router.metadata.name, ref, missing))
     return problems, notes

@@ -1,0 +1,1 @@
+"""Wire contracts between slofleet components: what travels between router, sidecar and engine."""
