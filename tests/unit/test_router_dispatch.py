@@ -91,7 +91,9 @@ async def test_gpu_class_and_context_filters_leave_only_capable_pods() -> None:
         assert r.status_code == 200
     assert {q.url.host for q in seen} == {"big.pod"}
     r = await client.post("/v1/completions", json={**BODY, "max_tokens": 10_000}, headers=H)
-    assert r.status_code == 503 and "context of 10001 tokens" in r.json()["error"]["message"]
+    # longer than any pod's context: a client error (vLLM's own 400), never a retryable 503
+    assert r.status_code == 400 and r.json()["error"]["code"] == "context_length_exceeded"
+    assert "context of 4096 tokens" in r.json()["error"]["message"]
     assert state.metrics.requests.labels("gold", "t", "m", "ok")._value.get() == 3
 
 
