@@ -12,6 +12,8 @@ FROM python:${PYTHON_VERSION}-slim AS build
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 WORKDIR /src
 COPY pyproject.toml README.md ./
+COPY requirements/image.lock ./requirements/image.lock
+COPY examples/slopolicy-chat-agent.yaml ./examples/slopolicy-chat-agent.yaml
 COPY core ./core
 COPY operator ./operator
 COPY router ./router
@@ -19,10 +21,9 @@ COPY engine_sidecar ./engine_sidecar
 COPY vllm_plugin ./vllm_plugin
 COPY proto ./proto
 COPY lab ./lab
-COPY examples ./examples
-# Everything the three services need (the bench extra, plotting, stays out).
+# Everything the three services need (the bench extra, plotting, stays out), pinned by the lock.
 RUN python -m venv /opt/venv \
- && /opt/venv/bin/pip install ".[service,operator,predictor]" \
+ && /opt/venv/bin/pip install -c requirements/image.lock ".[service,operator,predictor]" \
  && /opt/venv/bin/slofleet --help > /dev/null
 # The plugin is pure Python: only slo_vllm_plugin, slo_core and the generated slo_proto go into vLLM pods;
 # vLLM's own image brings what they import (vllm, grpc, protobuf, prometheus_client, numpy, pydantic, yaml).

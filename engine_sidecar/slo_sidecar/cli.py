@@ -45,6 +45,11 @@ def register(parser: argparse.ArgumentParser) -> None:
             )
         else:
             parser.add_argument(flag, type=kind, default=field.default, help=field.description)
+    parser.add_argument(
+        "--tag-key-file",
+        type=Path,
+        help="engine mode: sign the SLO tags for the vLLM plugin with this Secret's first key (one a line)",
+    )
     parser.set_defaults(func=run)
 
 
@@ -68,6 +73,14 @@ def run(args: argparse.Namespace) -> int:
     sc = Sidecar(
         knobs=knobs, config=config, engine_url=args.engine_url, estimator=estimator, estimator_source=source
     )
+    if args.tag_key_file:
+        from slo_core.wire.signing import parse_keys
+
+        try:
+            sc.tag_keys = parse_keys(args.tag_key_file.read_text(encoding="utf-8"))
+        except (OSError, ValueError) as exc:
+            print(f"slofleet sidecar: --tag-key-file: {exc}", file=sys.stderr)
+            return 2
     asyncio.run(
         serve_forever(
             sc,

@@ -21,6 +21,7 @@ import httpx
 from slo_core.slo import SLOTargets, SLOTier
 from slo_core.wire.headers import TENANT_HEADER
 from slo_core.wire.request_slo import SLOParamError, SLORequest, parse_slo
+from slo_core.wire.signing import sign
 from slo_core.wire.tags import EngineTags
 from slo_sidecar.attempt import run_attempt
 from slo_sidecar.config import PolicyConfig, SidecarKnobs
@@ -55,6 +56,7 @@ class Sidecar:
     ) -> None:
         self.knobs = knobs
         self.config = config
+        self.tag_keys: list[bytes] = []  # --tag-key-file: sign engine tags (first key)
         self.engine_url = engine_url.rstrip("/")
         self.estimator = estimator
         self.estimator_source = estimator_source
@@ -229,7 +231,12 @@ class Sidecar:
                 program_id=live.program_id,
                 stage=live.stage,
             )
-            body["vllm_xargs"] = {**(parsed.forward.get("vllm_xargs") or {}), **tags.to_xargs()}
+            xargs = tags.to_xargs()
+            if self.tag_keys:  # the plugin schedules unsigned or forged tags best-effort
+                xargs = sign(xargs, self.tag_keys[0], time.time())
+            client = parsed.forward.get("vllm_xargs") or {}
+            client = {k: v for k, v in client.items() if not str(k).startswith("slo_")}
+            body["vllm_xargs"] = {**client, **xargs}
         return body
 
     async def generate(self, job: Job) -> None:

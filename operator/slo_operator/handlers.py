@@ -107,6 +107,12 @@ def build_registry(reconciler: Reconciler, kubeconfig: str | None = None) -> kop
         with seen_lock:
             changed = seen_policies.get((namespace, name)) != generation
             seen_policies[(namespace, name)] = generation
+        router = reconciler.settings.router_policy
+        if name == router and reconciler.settings.router_namespace in (None, namespace):
+            # the router's policy: every deployment behind it may now agree with it, or not
+            deployments = sorted(
+                {md for (ns, _), names in md_by_policy.items() if ns == namespace for md in names}
+            )
         if changed:  # a spec edit, a new or a deleted policy: re-render every deployment that follows it
             for md in deployments:
                 safe(lambda md=md: reconciler.converge(namespace, md), f"ModelDeployment {namespace}/{md}")

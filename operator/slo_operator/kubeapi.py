@@ -20,6 +20,8 @@ PLURALS = {
     "Service": "services",
     "ConfigMap": "configmaps",
     "PodDisruptionBudget": "poddisruptionbudgets",
+    "HorizontalPodAutoscaler": "horizontalpodautoscalers",
+    "Secret": "secrets",
     "ModelDeployment": "modeldeployments",
     "SLOPolicy": "slopolicies",
 }
@@ -31,6 +33,13 @@ class ApiError(Exception):
     def __init__(self, code: int, reason: str, message: str) -> None:
         super().__init__(f"{code} {reason}: {message}")
         self.code, self.reason, self.message = code, reason, message
+
+
+class NotOwned(ApiError):
+    """An object with a child's name exists and is not this ModelDeployment's: it is never adopted."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(409, "NotOwned", message)
 
 
 def load_configuration(kubeconfig: str | None = None) -> client.Configuration:

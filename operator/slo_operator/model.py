@@ -58,6 +58,8 @@ class ModelDeploymentView:
     extra_args: list[str] = field(default_factory=list)
     sidecar_image: str | None = None
     sidecar_resources: dict[str, Any] = field(default_factory=dict)
+    engine_resources: dict[str, Any] = field(default_factory=dict)
+    cache_size_limit: str = "200Gi"
     context_length: int | None = None
     gpu_class: str | None = None
     lora_adapters: list[tuple[str, str]] = field(default_factory=list)  # (name, source)
@@ -114,6 +116,8 @@ def view(body: dict[str, Any]) -> ModelDeploymentView:
         extra_args=list(spec.engine.extra_args),
         sidecar_image=_chosen(spec.sidecar, "image"),
         sidecar_resources=spec.sidecar.resources.model_dump(exclude_defaults=True),
+        engine_resources=spec.engine.resources.model_dump(exclude_defaults=True),
+        cache_size_limit=str(spec.engine.cache_size_limit),
         context_length=spec.context_tokens(),
         gpu_class=spec.gpu_class(),
         lora_adapters=[(a.name, a.source) for a in spec.capabilities.lora_adapters],

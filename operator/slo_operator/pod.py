@@ -24,6 +24,9 @@ POLICY_FILE = "policy.yaml"
 ENGINE_POLICY_KEY = "engine-policy"
 ENGINE_PARAMS_KEY = "engine-policy-params"
 STATE_DIR = "/var/lib/slofleet"
+TAG_KEY_DIR = "/etc/slofleet/tag-key"
+TAG_KEY_FILE = f"{TAG_KEY_DIR}/keys"
+_TAG_KEY_MOUNT = {"name": "tag-key", "mountPath": TAG_KEY_DIR, "readOnly": True}
 MODEL_CACHE = "/model-cache"
 MODEL_PVC_MOUNT = "/models"
 
@@ -45,6 +48,21 @@ _RESTRICTED = {
     "capabilities": {"drop": ["ALL"]},
     "seccompProfile": {"type": "RuntimeDefault"},
 }
+# The vLLM container meets Pod Security "restricted" too: vLLM needs no root and no capability; it writes
+# only to HOME, /tmp and its caches, all emptyDirs here (HF_HOME, VLLM_CACHE_ROOT, TRITON_CACHE_DIR), so
+# its root filesystem is read-only. vLLM's image runs as root by default (USER not set), so a fixed
+# non-root uid is chosen here; fsGroup makes the volumes writable for it. Where a custom engine image
+# needs root (e.g. it installs packages at start), that image is the exception, not the default.
+ENGINE_UID = 1000
+ENGINE_HOME = "/home/vllm"
+_ENGINE_SECURITY = {**_RESTRICTED, "runAsUser": ENGINE_UID, "runAsGroup": ENGINE_UID}
+_POD_SECURITY = {
+    "runAsNonRoot": True,
+    "fsGroup": ENGINE_UID,
+    "seccompProfile": {"type": "RuntimeDefault"},
+}
+# vLLM's CPU and memory when the ModelDeployment sets none (tokenizers, detokenization, the API server).
+DEFAULT_ENGINE_RESOURCES = {"requests": {"cpu": "4", "memory": "32Gi"}, "limits": {"memory": "64Gi"}}
 
 
 def _http_probe(path: str, port: str, period_s: int, failures: int) -> dict[str, Any]:
@@ -95,13 +113,21 @@ def _config_env(name: str, key: str, config_map: str) -> dict[str, Any]:
 def _engine_env(md: ModelDeploymentView, settings: OperatorSettings, config_map: str) -> list[dict[str, Any]]:
     env: list[dict[str, Any]] = [
         {"name": "PYTHONPATH", "value": PLUGIN_MOUNT},
+        {"name": "HOME", "value": ENGINE_HOME},
         {"name": "HF_HOME", "value": MODEL_CACHE},
+        {"name": "VLLM_CACHE_ROOT", "value": f"{ENGINE_HOME}/.cache/vllm"},
+        {"name": "TRITON_CACHE_DIR", "value": f"{ENGINE_HOME}/.triton"},
+        {"name": "PYTHONDONTWRITEBYTECODE", "value": "1"},
         {"name": "VLLM_NO_USAGE_STATS", "value": "1"},
         {"name": "DO_NOT_TRACK", "value": "1"},
         {"name": "SLOFLEET_ANALYZER", "value": f"127.0.0.1:{settings.sidecar_grpc_port}"},
+        # the plugin says when it degrades to stock order: slofleet_plugin_degraded on this port
+        {"name": "SLOFLEET_METRICS_PORT", "value": str(settings.plugin_metrics_port)},
         _config_env("SLOFLEET_POLICY", ENGINE_POLICY_KEY, config_map),
         _config_env("SLOFLEET_POLICY_PARAMS", ENGINE_PARAMS_KEY, config_map),
     ]
+    if settings.tag_key_secret:  # only SLO tags the sidecar signed are scheduled by their tier
+        env.append({"name": "SLOFLEET_TAG_KEY_FILE", "value": TAG_KEY_FILE})
     if md.source.hf_token_secret:
         ref = {"name": md.source.hf_token_secret, "key": md.source.hf_token_key}
         env.append({"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": ref}})
@@ -114,9 +140,13 @@ def _engine_container(md: ModelDeploymentView, settings: OperatorSettings, confi
         {"name": "plugin", "mountPath": PLUGIN_MOUNT, "readOnly": True},
         {"name": "dshm", "mountPath": "/dev/shm"},  # noqa: S108 - the pod's own memory volume
         {"name": "model-cache", "mountPath": MODEL_CACHE},
+        {"name": "engine-home", "mountPath": ENGINE_HOME},
+        {"name": "engine-tmp", "mountPath": "/tmp"},  # noqa: S108 - a pod-private emptyDir
     ]
     if md.source.pvc_claim:
         mounts.append({"name": "model-weights", "mountPath": MODEL_PVC_MOUNT, "readOnly": True})
+    if settings.tag_key_secret:
+        mounts.append(dict(_TAG_KEY_MOUNT))
     wait = ["python3", "-c", _WAIT_FOR_SIDECAR, str(settings.drain_s), str(settings.sidecar_http_port)]
     return {
         "name": "vllm",
@@ -125,15 +155,27 @@ def _engine_container(md: ModelDeploymentView, settings: OperatorSettings, confi
         "command": ["python3", "-m", "vllm.entrypoints.openai.api_server"],
         "args": engine_args(md, settings),
         "env": _engine_env(md, settings, config_map),
-        "ports": [{"name": "engine", "containerPort": settings.engine_port, "protocol": "TCP"}],
-        "resources": {"requests": dict(gpus), "limits": dict(gpus)},
+        "ports": [
+            {"name": "engine", "containerPort": settings.engine_port, "protocol": "TCP"},
+            {"name": "plugin-metrics", "containerPort": settings.plugin_metrics_port, "protocol": "TCP"},
+        ],
+        "resources": _engine_resources(md, gpus),
         # Loading weights takes minutes: the startup probe allows up to 30 minutes before liveness applies.
         "startupProbe": _http_probe("/health", "engine", 10, 180),
         "livenessProbe": _http_probe("/health", "engine", 15, 4),
         "readinessProbe": _http_probe("/health", "engine", 5, 3),
         "lifecycle": {"preStop": {"exec": {"command": wait}}},
-        "securityContext": {"allowPrivilegeEscalation": False},
+        "securityContext": dict(_ENGINE_SECURITY),
         "volumeMounts": mounts,
+    }
+
+
+def _engine_resources(md: ModelDeploymentView, gpus: dict[str, str]) -> dict[str, Any]:
+    """The ModelDeployment's CPU and memory (else the defaults), plus its GPUs as request and limit."""
+    chosen = md.engine_resources or DEFAULT_ENGINE_RESOURCES
+    return {
+        "requests": {**dict(chosen.get("requests") or {}), **gpus},
+        "limits": {**dict(chosen.get("limits") or {}), **gpus},
     }
 
 
@@ -155,6 +197,8 @@ def sidecar_args(md: ModelDeploymentView, settings: OperatorSettings) -> list[st
     ]
     if md.context_length:
         args.append(f"--max-context-tokens={md.context_length}")
+    if settings.tag_key_secret:
+        args.append(f"--tag-key-file={TAG_KEY_FILE}")
     return args
 
 
@@ -181,6 +225,11 @@ def _sidecar_container(md: ModelDeploymentView, settings: OperatorSettings) -> d
             {"name": "policy", "mountPath": POLICY_DIR, "readOnly": True},
             {"name": "state", "mountPath": STATE_DIR},
             {"name": "tmp", "mountPath": "/tmp"},  # noqa: S108 - a pod-private emptyDir
+            *(
+                [{"name": "tag-key", "mountPath": TAG_KEY_DIR, "readOnly": True}]
+                if settings.tag_key_secret
+                else []
+            ),
         ],
     }
 
@@ -197,18 +246,23 @@ def _init_container(settings: OperatorSettings) -> dict[str, Any]:
     }
 
 
-def _volumes(md: ModelDeploymentView, config_map: str) -> list[dict[str, Any]]:
+def _volumes(md: ModelDeploymentView, config_map: str, settings: OperatorSettings) -> list[dict[str, Any]]:
     volumes: list[dict[str, Any]] = [
         {"name": "plugin", "emptyDir": {"sizeLimit": "64Mi"}},
         {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": f"{8 * md.tensor_parallel_size}Gi"}},
-        {"name": "model-cache", "emptyDir": {}},
+        {"name": "model-cache", "emptyDir": {"sizeLimit": md.cache_size_limit}},
+        {"name": "engine-home", "emptyDir": {"sizeLimit": "10Gi"}},
+        {"name": "engine-tmp", "emptyDir": {"sizeLimit": "10Gi"}},
         {"name": "policy", "configMap": {"name": config_map}},
-        {"name": "state", "emptyDir": {}},
+        {"name": "state", "emptyDir": {"sizeLimit": "1Gi"}},
         {"name": "tmp", "emptyDir": {"sizeLimit": "1Gi"}},
     ]
     if md.source.pvc_claim:
         claim = {"claimName": md.source.pvc_claim, "readOnly": True}
         volumes.append({"name": "model-weights", "persistentVolumeClaim": claim})
+    if settings.tag_key_secret:
+        secret = {"secretName": settings.tag_key_secret, "items": [{"key": "keys", "path": "keys"}]}
+        volumes.append({"name": "tag-key", "secret": secret})
     return volumes
 
 
@@ -230,8 +284,11 @@ def pod_spec(md: ModelDeploymentView, settings: OperatorSettings, config_map: st
     return {
         "initContainers": [_init_container(settings)],
         "containers": [_engine_container(md, settings, config_map), _sidecar_container(md, settings)],
-        "volumes": _volumes(md, config_map),
+        "volumes": _volumes(md, config_map, settings),
         "terminationGracePeriodSeconds": settings.drain_s + 30,
         "enableServiceLinks": False,
+        # nothing in the pod talks to the Kubernetes API: no token to steal
+        "automountServiceAccountToken": False,
+        "securityContext": dict(_POD_SECURITY),
         **_scheduling(md),
     }

@@ -13,9 +13,10 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+from slo_core.crd.compat import mismatch_message, missing_tiers
 from slo_core.wire.k8s import API_GROUP, API_VERSION
 from slo_operator import render, status
-from slo_operator.kubeapi import ApiError, KubeApi
+from slo_operator.kubeapi import PLURALS, ApiError, KubeApi, NotOwned
 from slo_operator.model import MD_PLURAL, POLICY_PLURAL, ModelDeploymentView, view
 from slo_operator.policy import PolicyInvalid, policy_config
 from slo_operator.settings import OperatorSettings
@@ -23,6 +24,7 @@ from slo_operator.settings import OperatorSettings
 log = logging.getLogger(__name__)
 
 GROUP_VERSION = f"{API_GROUP}/{API_VERSION}"
+HF_TOKEN_LABEL = "slofleet.io/hf-token"  # noqa: S105 - a label name, not a credential
 # (object body, event type Normal/Warning, reason, message)
 EventFn = Callable[[dict[str, Any], str, str, str], None]
 
@@ -106,6 +108,38 @@ class Reconciler:
                     body, "Normal", "PolicyValid", "the policy is valid and rendered for its deployments"
                 )
 
+    def secret_state(self, md: ModelDeploymentView) -> status.Blocker:
+        """Whether the Hugging Face token Secret may be mounted: it must carry the label
+        ``slofleet.io/hf-token: "true"``, so creating a ModelDeployment does not give access to every
+        Secret of the namespace. Only the labels are read; the value never leaves the API server here."""
+        name = md.source.hf_token_secret
+        if not name:
+            return status.Blocker(True)
+        body = self.api.get("v1", "secrets", md.namespace, name)
+        labels = ((body or {}).get("metadata") or {}).get("labels") or {}
+        if body is not None and labels.get(HF_TOKEN_LABEL) == "true":
+            return status.Blocker(True)
+        why = "does not exist" if body is None else f'is not labelled {HF_TOKEN_LABEL}="true"'
+        return status.Blocker(
+            False,
+            "SecretNotAllowed",
+            f'hfTokenSecret "{name}" {why}: only Secrets labelled for it are mounted into engine pods '
+            f"(kubectl -n {md.namespace} label secret {name} {HF_TOKEN_LABEL}=true)",
+        )
+
+    def router_compat(self, md: ModelDeploymentView, md_policy: dict[str, Any] | None) -> status.Blocker:
+        """Whether the router in front forwards only tiers this ModelDeployment's policy knows."""
+        router, ns = self.settings.router_policy, self.settings.router_namespace
+        if not router or md_policy is None or (ns and ns != md.namespace) or router == md.policy:
+            return status.Blocker(True)
+        body = self.api.get(GROUP_VERSION, POLICY_PLURAL, md.namespace, router)
+        if body is None:  # the router is not ready without its policy: nothing reaches the pods yet
+            return status.Blocker(True)
+        missing = missing_tiers(body.get("spec") or {}, md_policy.get("spec") or {})
+        if not missing:
+            return status.Blocker(True)
+        return status.Blocker(False, "RouterTierMismatch", mismatch_message(router, md.policy, missing))
+
     # -------------------------------------------------------------------------------- deployment
 
     def converge(self, namespace: str, name: str, apply: bool = True) -> str | None:
@@ -119,23 +153,43 @@ class Reconciler:
             except ValueError as exc:
                 return self._write_invalid_spec(body, str(exc))
             blocker, config = self.policy_state(namespace, md.policy)
+            if config is not None:
+                secret = self.secret_state(md)
+                if not secret.ok:  # nothing mounts a Secret not labelled for it; existing pods stay
+                    blocker, config = secret, None
+            compat = status.Blocker(True)
+            if config is not None:  # the children are fine; requests of some tiers would fail
+                md_policy = self.api.get(GROUP_VERSION, POLICY_PLURAL, namespace, md.policy)
+                compat = self.router_compat(md, md_policy)
             if config is not None and apply:
                 try:
                     dep = self._apply_children(md, config)
                 except ApiError as err:  # say why in status, then let kopf retry
-                    refused = status.Blocker(False, "ApplyFailed", f"the API server refused {err.message}")
+                    refused = (
+                        status.Blocker(False, "NotOwned", err.message)
+                        if isinstance(err, NotOwned)
+                        else status.Blocker(False, "ApplyFailed", f"the API server refused {err.message}")
+                    )
                     dep = self.api.get("apps/v1", "deployments", namespace, name)
                     self._write_status(body, md, refused, dep, self._pods(md) if dep is not None else [])
                     raise
             else:  # without a usable policy the existing pods keep their last good configuration
                 dep = self.api.get("apps/v1", "deployments", namespace, name)
             pods = self._pods(md) if dep is not None else []
-            return self._write_status(body, md, blocker, dep, pods)
+            return self._write_status(body, md, blocker if not blocker.ok else compat, dep, pods)
 
     def _apply_children(self, md: ModelDeploymentView, config: render.PolicyConfig) -> dict[str, Any] | None:
         """Server-side apply every child; returns the Deployment as stored (with its status)."""
         dep = None
-        for obj in render.children(md, config, self.settings):
+        for obj in render.children(md, config, self.settings, autoscaled=self._autoscaled(md)):
+            meta = obj["metadata"]
+            existing = self.api.get(obj["apiVersion"], PLURALS[obj["kind"]], md.namespace, meta["name"])
+            if existing is not None and not render.owned_by(existing, md):
+                raise NotOwned(
+                    f'{obj["kind"]} "{meta["name"]}" already exists and is not owned by this '
+                    "ModelDeployment; the operator never adopts it. Delete or rename it, or rename the "
+                    "ModelDeployment"
+                )
             try:
                 applied = self.api.apply(obj)
             except ApiError as err:
@@ -144,6 +198,12 @@ class Reconciler:
             if obj["kind"] == "Deployment":
                 dep = applied
         return dep
+
+    def _autoscaled(self, md: ModelDeploymentView) -> bool:
+        """Whether an HPA (or KEDA, which makes one) scales the engine Deployment: then replicas are its."""
+        path = f"/apis/autoscaling/v2/namespaces/{md.namespace}/horizontalpodautoscalers"
+        items = self.api.request("GET", path).get("items") or []
+        return any(render.targets(hpa, md) for hpa in items)
 
     def _pods(self, md: ModelDeploymentView) -> list[dict[str, Any]]:
         selector = ",".join(f"{k}={v}" for k, v in render.selector_labels(md).items())

@@ -93,14 +93,21 @@ def pod_annotations(md: ModelDeploymentView, settings: OperatorSettings) -> dict
     return notes
 
 
-def deployment(md: ModelDeploymentView, settings: OperatorSettings) -> dict[str, Any]:
-    """The engine Deployment. Rolls one pod at a time without surging, since GPUs are the scarce resource."""
+def deployment(
+    md: ModelDeploymentView, settings: OperatorSettings, *, autoscaled: bool = False
+) -> dict[str, Any]:
+    """The engine Deployment. Rolls one pod at a time without surging, since GPUs are the scarce resource.
+
+    ``autoscaled``: an autoscaler (an HPA, KEDA's included) targets the Deployment, so ``replicas`` is
+    left out of what the operator applies and the autoscaler's value stands.
+    """
+    replicas = {} if autoscaled else {"replicas": md.replicas}
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
         "metadata": _meta(md, md.name),
         "spec": {
-            "replicas": md.replicas,
+            **replicas,
             "selector": {"matchLabels": selector_labels(md)},
             "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1}},
             "progressDeadlineSeconds": 1800,
@@ -161,12 +168,26 @@ def pod_disruption_budget(md: ModelDeploymentView) -> dict[str, Any]:
 
 
 def children(
-    md: ModelDeploymentView, policy: PolicyConfig, settings: OperatorSettings
+    md: ModelDeploymentView, policy: PolicyConfig, settings: OperatorSettings, *, autoscaled: bool = False
 ) -> list[dict[str, Any]]:
     """Every object the ModelDeployment owns, in apply order (the ConfigMap before the pods that mount it)."""
     return [
         config_map(md, policy),
         service(md, settings),
         pod_disruption_budget(md),
-        deployment(md, settings),
+        deployment(md, settings, autoscaled=autoscaled),
     ]
+
+
+def owned_by(obj: dict[str, Any], md: ModelDeploymentView) -> bool:
+    """Whether ``obj`` names this ModelDeployment (by uid) as its controller."""
+    refs = (obj.get("metadata") or {}).get("ownerReferences") or []
+    return any(
+        r.get("kind") == "ModelDeployment" and r.get("controller") and r.get("uid") == md.uid for r in refs
+    )
+
+
+def targets(hpa: dict[str, Any], md: ModelDeploymentView) -> bool:
+    """Whether a HorizontalPodAutoscaler scales this ModelDeployment's engine Deployment."""
+    ref = (hpa.get("spec") or {}).get("scaleTargetRef") or {}
+    return ref.get("kind") == "Deployment" and ref.get("name") == md.name

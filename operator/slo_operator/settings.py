@@ -53,11 +53,29 @@ class OperatorSettings(BaseModel):
         default=50051, description="sidecar gRPC port (state stream for the router)"
     )
     engine_port: int = Field(default=8001, description="vLLM's OpenAI server port inside the pod")
+    plugin_metrics_port: int = Field(
+        default=9400,
+        description="the vLLM scheduler plugin's Prometheus port (slofleet_plugin_degraded: 1 while it "
+        "falls back to vLLM's stock order); the chart's PodMonitor scrapes it",
+    )
     drain_s: int = Field(
         default=120,
         description="seconds a terminating pod gets to drain in-flight requests before it is killed",
     )
     request_timeout_s: float = Field(default=30.0, description="timeout of every Kubernetes API call")
+    tag_key_secret: str | None = Field(
+        default=None,
+        description="Secret (key 'keys', one a line) the sidecar signs engine SLO tags with and the vLLM "
+        "plugin verifies them by; unsigned or forged tags are scheduled best-effort. None: tags unsigned",
+    )
+    router_policy: str | None = Field(
+        default=None,
+        description="SLOPolicy the router in front follows; ModelDeployments whose policy lacks one of "
+        "its tiers are reported (condition RouterCompatible, a Warning Event)",
+    )
+    router_namespace: str | None = Field(
+        default=None, description="namespace of the router's SLOPolicy and of the ModelDeployments it serves"
+    )
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> OperatorSettings:

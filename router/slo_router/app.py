@@ -35,6 +35,8 @@ from slo_router.errors import APIError, error_response
 from slo_router.intake import (
     affinity_of,
     authenticate,
+    bound_to_context,
+    model_context,
     read_body,
     request_view,
     resolve,
@@ -42,6 +44,7 @@ from slo_router.intake import (
 )
 from slo_router.metrics import RouterMetrics
 from slo_router.proxy import UpstreamUnavailable, open_upstream
+from slo_router.ratelimit import RequestTooLarge
 from slo_router.state import RouterState
 from slo_router.tenants import KeyStore
 
@@ -77,9 +80,18 @@ async def _serve(state: RouterState, request: Request, labels: list[str]) -> Res
     labels[:] = [tier, tenant.name, model]
     request_id = request.headers.get("x-request-id") or f"rtr-{uuid.uuid4().hex[:16]}"
     view = request_view(request_id, targets, state.clock(), body=body, tenant=tenant, slo=slo)
-    wait = state.limiter.check(
-        tenant.name, tenant.requests_per_s, tenant.tokens_per_s, view.prompt_tokens + view.max_tokens
-    )
+    bound_to_context(view, model_context(state.endpoints.values(), model))
+    try:
+        wait = state.limiter.check(
+            tenant.name, tenant.requests_per_s, tenant.tokens_per_s, view.prompt_tokens + view.max_tokens
+        )
+    except RequestTooLarge as exc:  # can never fit this tenant's burst: a 4xx, nothing charged
+        raise APIError(
+            400,
+            f"request of tenant {tenant.name!r} too large for its token rate: {exc}; lower max_tokens",
+            param="max_tokens",
+            code="request_too_large",
+        ) from None
     if wait is not None:
         raise APIError(
             429,
@@ -215,7 +227,10 @@ async def ready(request: Request) -> Response:
     state: RouterState = request.app.state.router
     n = len(state.usable_endpoints())
     state.metrics.endpoints_ready.set(n)
-    ok = n > 0 and state.policy_loaded
+    # ?engines=optional: ready once the policy is read (the chart's probe: a router with no engine
+    # answers 503 + Retry-After itself instead of leaving the Service)
+    engines_optional = request.query_params.get("engines") == "optional"
+    ok = (n > 0 or engines_optional) and state.policy_loaded
     body: dict[str, Any] = {"ready": ok, "endpoints": n, "policy_loaded": state.policy_loaded}
     if state.policy_source:
         body["policy"] = state.policy_source

@@ -38,6 +38,17 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--namespace", default=None, help="with --kubernetes: namespace to watch (default: all)"
     )
+    parser.add_argument(
+        "--peers-selector",
+        help="with --kubernetes: label selector of this router's replicas; each enforces 1/N of every "
+        "tenant's rate, N the ready replicas (fleet-wide tenant limits)",
+    )
+    parser.add_argument(
+        "--shutdown-timeout-s",
+        type=float,
+        default=10.0,
+        help="on SIGTERM, how long requests in flight may take to finish before they are cut",
+    )
     parser.set_defaults(func=run)
 
 
@@ -105,9 +116,17 @@ def run(args: argparse.Namespace) -> int:
                 file_keys=file_keys,
                 policy_name=args.policy_name,
                 adjust=lambda config: overrides(config, args),
+                peers_selector=args.peers_selector,
             )
 
         background.append(kube)
+    if args.policy_file:  # followed live: an edit (a ConfigMap update) applies without a restart
+        from slo_router.policyfile import follow_policy_file
+
+        policy_path = args.policy_file
+        background.append(
+            lambda state: follow_policy_file(state, policy_path, adjust=lambda c: overrides(c, args))
+        )
     from slo_router.statefeed import follow_states
 
     background.append(follow_states)
@@ -124,5 +143,11 @@ def run(args: argparse.Namespace) -> int:
         config.routing_policy,
         len(endpoints),
     )
-    uvicorn.run(app, host=args.host, port=args.port, log_level="warning", timeout_graceful_shutdown=10)
+    uvicorn.run(
+        app,
+        host=args.host,
+        port=args.port,
+        log_level="warning",
+        timeout_graceful_shutdown=max(1, round(args.shutdown_timeout_s)),
+    )
     return 0

@@ -23,6 +23,8 @@ from slo_router.state import RouterState
 from slo_router.tenants import Tenant
 
 DEFAULT_MAX_TOKENS = 1024
+# No engine has a context this long; a larger max_tokens (10**400, say) is a 400, never arithmetic.
+MAX_TOKENS_CEILING = 1 << 31
 PREFIX_AFFINITY_CHARS = 512
 PREFIX_AFFINITY_MIN_CHARS = 64
 
@@ -48,7 +50,32 @@ def max_tokens(body: dict[str, Any]) -> int:
         return DEFAULT_MAX_TOKENS
     if not isinstance(value, int) or isinstance(value, bool) or value < 1:
         raise APIError(400, "max_tokens must be a positive integer", param="max_tokens")
+    if value > MAX_TOKENS_CEILING:
+        raise APIError(400, f"max_tokens must be at most {MAX_TOKENS_CEILING}", param="max_tokens")
     return value
+
+
+def model_context(endpoints: Any, model: str) -> int | None:
+    """The longest context any known pod serving ``model`` offers (None: no pod states one)."""
+    known = [
+        ep.spec.max_context_tokens
+        for ep in endpoints
+        if (not ep.spec.models or model in ep.spec.models or model in ep.spec.lora_adapters)
+        and ep.spec.max_context_tokens < (1 << 30)
+    ]
+    return max(known) if known else None
+
+
+def bound_to_context(view: RequestView, context: int | None) -> None:
+    """vLLM's own rule, applied before anything is charged: prompt plus max_tokens fit the context."""
+    if context is not None and view.prompt_tokens + view.max_tokens > context:
+        raise APIError(
+            400,
+            f"max_tokens {view.max_tokens} plus about {view.prompt_tokens} prompt tokens exceeds the "
+            f"model's context of {context} tokens; lower max_tokens",
+            param="max_tokens",
+            code="context_length_exceeded",
+        )
 
 
 def authenticate(state: RouterState, request: Request) -> Tenant:

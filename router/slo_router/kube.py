@@ -109,6 +109,7 @@ class KubeDiscovery:
         policy_name: str | None = None,
         policy_every_s: float = 5.0,
         adjust: Callable[[RouterConfig], RouterConfig] = lambda config: config,
+        peers_selector: str | None = None,
     ) -> None:
         self.state = state
         self.namespace = namespace
@@ -124,6 +125,10 @@ class KubeDiscovery:
         self.policy_name = policy_name
         self.policy_every_s = policy_every_s
         self.adjust = adjust
+        # Router replicas (pods matching peers_selector): each enforces 1/N of every tenant's rate, so
+        # the fleet of routers admits the rate the policy states, however many replicas run.
+        self.peers_selector = peers_selector
+        self._peers: set[str] = set()
         self._secrets_due = threading.Event()  # set: re-read the Secrets now (the tenants changed)
         self.policy_source = f"{self.secrets_namespace}/{policy_name}" if policy_name else ""
         if policy_name:  # closed until the policy is read; set before the app takes any request
@@ -170,6 +175,15 @@ class KubeDiscovery:
             ),
             threading.Thread(target=self._refresh_secrets, args=(core,), name="kube-secrets", daemon=True),
         ]
+        if self.peers_selector:
+            workers.append(
+                threading.Thread(
+                    target=self._watch,
+                    args=(pods, self.peers_selector, self._peers_listed, self._peer_event),
+                    name="kube-peers",
+                    daemon=True,
+                )
+            )
         if self.policy_name:
             workers.append(
                 threading.Thread(target=self._follow_policy, args=(custom,), name="kube-policy", daemon=True)
@@ -332,6 +346,24 @@ class KubeDiscovery:
         elif current.spec != spec:
             current.spec = spec
 
+    def _peers_listed(self, pods: list[dict[str, Any]]) -> None:
+        self._peers = {_key(p) for p in pods if _ready(p)}
+        self._publish_share()
+
+    def _peer_event(self, kind: str, pod: dict[str, Any]) -> None:
+        if kind != "DELETED" and _ready(pod):
+            self._peers.add(_key(pod))
+        else:
+            self._peers.discard(_key(pod))
+        self._publish_share()
+
+    def _publish_share(self) -> None:
+        replicas = max(1, len(self._peers))  # this replica counts even before its own pod is Ready
+        share = 1.0 / replicas
+        if share != self.state.limiter.share:
+            self.state.limiter.set_share(share)
+            log.info("%d router replicas ready: each enforces 1/%d of a tenant's rate", replicas, replicas)
+
     def _mds_listed(self, mds: list[dict[str, Any]]) -> None:
         self._mds = {_key(md): deployment_models(md) for md in mds}
         self._publish_catalog()
@@ -350,6 +382,13 @@ class KubeDiscovery:
                 catalog.setdefault(n, key.split("/", 1)[1])
         self.state.catalog.clear()
         self.state.catalog.update(catalog)
+
+
+def _ready(pod: dict[str, Any]) -> bool:
+    meta, status = pod.get("metadata") or {}, pod.get("status") or {}
+    conds = status.get("conditions") or []
+    ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in conds)
+    return ready and not meta.get("deletionTimestamp")
 
 
 def _key(obj: dict[str, Any]) -> str:

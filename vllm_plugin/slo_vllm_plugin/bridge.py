@@ -18,9 +18,18 @@ from slo_core.policies.apply import ordered
 from slo_core.policies.base import Decision, EnginePolicy, EngineView, RequestView
 from slo_core.policies.guard import GuardedPolicy
 from slo_core.slo import RequestKind, SLOTargets
+from slo_core.wire.signing import verify
 from slo_core.wire.tags import EngineTags, decode_tags
 
 log = logging.getLogger(__name__)
+
+
+def decode_tags_safe(extra: Any) -> EngineTags | None:
+    try:
+        return decode_tags(extra)
+    except (ValueError, KeyError, TypeError):
+        return None
+
 
 BEST_EFFORT = SLOTargets(RequestKind.BEST_EFFORT)
 
@@ -35,11 +44,17 @@ class PolicyBridge:
         bounds: Callable[[], Mapping[str, int] | None] = lambda: {},
         clock: Callable[[], float] = time.time,
         seed: int = 0,
+        tag_keys: Sequence[bytes] | None = None,
+        on_unsigned: Callable[[str], None] = lambda _why: None,
     ) -> None:
         self.policy = policy
         self.guard = GuardedPolicy(
             policy
         )  # core's degrade-to-stock guard (engine-sim and sidecar use it too)
+        # None: tags are trusted as they come; a key list: only tags signed by one of them count
+        self.tag_keys = tag_keys
+        self.on_unsigned = on_unsigned
+        self.unsigned = 0
         self._bounds = bounds
         self._clock = clock
         self._rng = random.Random(seed)
@@ -67,6 +82,17 @@ class PolicyBridge:
         rid = request.request_id
         if rid not in self._tags:
             extra = getattr(request.sampling_params, "extra_args", None) if request.sampling_params else None
+            why = verify(extra, self.tag_keys, self._clock()) if self.tag_keys is not None else None
+            if why is not None and decode_tags_safe(extra) is not None:
+                # SLO tags not signed by the sidecar: a caller that skipped the router. Best-effort.
+                self.unsigned += 1
+                self.on_unsigned(why)
+                if self.unsigned == 1 or self.unsigned % 1000 == 0:
+                    log.warning(
+                        "request %s: SLO tags %s; scheduled best-effort (%d so far)", rid, why, self.unsigned
+                    )
+                self._tags[rid] = None
+                return None
             try:
                 self._tags[rid] = decode_tags(extra)
             except (ValueError, KeyError, TypeError) as exc:

@@ -19,6 +19,7 @@ class PluginMetrics:
         self.preemptions = 0
         self.rejections = 0
         self.is_degraded = False
+        self.unsigned_tags = 0
         self._prom: dict[str, Any] = {}
         if port is not None:
             self._serve(port)
@@ -36,6 +37,12 @@ class PluginMetrics:
             ),
             "preemptions": Counter("slofleet_plugin_preemptions", "Preemptions applied", registry=reg),
             "rejections": Counter("slofleet_plugin_rejections", "Requests rejected by policy", registry=reg),
+            "unsigned": Counter(
+                "slofleet_plugin_unsigned_tags_total",
+                "requests whose SLO tags were unsigned, forged or stale (scheduled best-effort)",
+                ["reason"],
+                registry=reg,
+            ),
             "degraded": Gauge(
                 "slofleet_plugin_degraded",
                 "1 while scheduling falls back to vLLM's stock order",
@@ -58,6 +65,11 @@ class PluginMetrics:
         self.rejections += 1
         if self._prom:
             self._prom["rejections"].inc()
+
+    def unsigned(self, reason: str) -> None:
+        self.unsigned_tags += 1
+        if self._prom:
+            self._prom["unsigned"].labels(reason).inc()
 
     def degraded(self, value: bool) -> None:
         self.is_degraded = value

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import logging
 import time
+from pathlib import Path
 from typing import Any
 
 from vllm.v1.core.sched.request_queue import FCFSRequestQueue
@@ -39,6 +40,26 @@ from slo_vllm_plugin.metrics import PluginMetrics
 from slo_vllm_plugin.settings import PluginSettings
 
 log = logging.getLogger(__name__)
+
+
+def _load_tag_keys(settings: PluginSettings) -> list[bytes] | None:
+    """The keys SLO tags must be signed with (None: no key configured, tags trusted as before).
+
+    A configured key file that cannot be read fails closed: no tag verifies, every request is
+    best-effort, and the error says why at start."""
+    if not settings.tag_key_file:
+        return None
+    from slo_core.wire.signing import parse_keys
+
+    try:
+        return parse_keys(Path(settings.tag_key_file).read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        log.error(
+            "slofleet: tag key file %s unusable (%s): every request is best-effort",
+            settings.tag_key_file,
+            exc,
+        )
+        return []
 
 
 def _load_policy(settings: PluginSettings) -> Any:
@@ -59,7 +80,12 @@ class SLOScheduler(Scheduler):  # type: ignore[misc]
         self.slo_metrics = PluginMetrics(self.slo_settings.metrics_port)
         self.slo_analyzer = _start_analyzer(self.slo_settings)
         policy = _load_policy(self.slo_settings)
-        self.slo_bridge = PolicyBridge(policy, bounds=self._fresh_bounds)
+        self.slo_bridge = PolicyBridge(
+            policy,
+            bounds=self._fresh_bounds,
+            tag_keys=_load_tag_keys(self.slo_settings),
+            on_unsigned=self.slo_metrics.unsigned,
+        )
         self._slo_profile = _load_profile(self.slo_settings.profile)
         self._slo_degraded_reason = ""
         log.info(

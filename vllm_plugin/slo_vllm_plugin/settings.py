@@ -8,6 +8,8 @@
 ``SLOFLEET_PROFILE``         performance-model profile for policies that need one (e.g. h100/llama-3-8b)
 ``SLOFLEET_STALE_AFTER_S``   analyzer data older than this counts as unreachable (default 5 s)
 ``SLOFLEET_METRICS_PORT``    serve the plugin's Prometheus metrics on this port (optional)
+``SLOFLEET_TAG_KEY_FILE``    keys (one a line) the sidecar signs SLO tags with; when set, a request whose
+                           tags are unsigned, forged or stale is scheduled best-effort (and counted)
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ class PluginSettings:
     profile: str | None = None
     stale_after_s: float = 5.0
     metrics_port: int | None = None
+    tag_key_file: str | None = None
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> PluginSettings:
@@ -48,4 +51,5 @@ class PluginSettings:
             profile=env.get("SLOFLEET_PROFILE") or None,
             stale_after_s=float(env.get("SLOFLEET_STALE_AFTER_S", "5")),
             metrics_port=int(port) if port else None,
+            tag_key_file=env.get("SLOFLEET_TAG_KEY_FILE") or None,
         )

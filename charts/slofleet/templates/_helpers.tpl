@@ -57,6 +57,17 @@ app.kubernetes.io/component: {{ index . 1 }}
 {{- default .Release.Namespace .Values.router.namespace }}
 {{- end }}
 
+{{/* Namespaces the operator manages when not cluster-wide: operator.watchNamespaces, else the
+release namespace (as a JSON list). */}}
+{{- define "slofleet.operatorNamespaces" -}}
+{{- if .Values.operator.watchNamespaces }}{{ toJson .Values.operator.watchNamespaces }}{{ else }}{{ list .Release.Namespace | toJson }}{{ end }}
+{{- end }}
+
+{{/* The SLOPolicy the router follows: router.policyName, else the chart's default policy. */}}
+{{- define "slofleet.routerPolicy" -}}
+{{- if .Values.router.policyName }}{{ .Values.router.policyName }}{{ else if .Values.defaultPolicy.enabled }}{{ .Values.defaultPolicy.name }}{{ end }}
+{{- end }}
+
 {{/* The kopf peering object (leader election) when the operator runs more than one replica. */}}
 {{- define "slofleet.peeringName" -}}
 {{- printf "%s-operator" (include "slofleet.fullname" .) }}
@@ -73,6 +84,11 @@ Pass (dict "peering" BOOL "peeringResource" "clusterkopfpeerings"|"kopfpeerings"
 - apiGroups: ["slofleet.io"]
   resources: ["modeldeployments"]
   verbs: ["get", "list", "watch", "patch"]
+# Children carry blockOwnerDeletion owner references: clusters with the OwnerReferencesPermission
+# admission plugin (OpenShift) require update on the owner's finalizers for that.
+- apiGroups: ["slofleet.io"]
+  resources: ["modeldeployments/finalizers"]
+  verbs: ["update"]
 # SLOPolicies: watched and read, never changed.
 - apiGroups: ["slofleet.io"]
   resources: ["slopolicies"]
@@ -80,16 +96,26 @@ Pass (dict "peering" BOOL "peeringResource" "clusterkopfpeerings"|"kopfpeerings"
 - apiGroups: ["slofleet.io"]
   resources: ["modeldeployments/status", "slopolicies/status"]
   verbs: ["patch"]
-# What a ModelDeployment becomes, applied server-side (an apply creates what is missing).
+# What a ModelDeployment becomes, applied server-side (an apply creates what is missing); each is read
+# first, and one the ModelDeployment does not own is never adopted.
 - apiGroups: ["apps"]
   resources: ["deployments"]
   verbs: ["get", "list", "watch", "create", "patch"]
 - apiGroups: [""]
   resources: ["services", "configmaps"]
-  verbs: ["create", "patch"]
+  verbs: ["get", "create", "patch"]
 - apiGroups: ["policy"]
   resources: ["poddisruptionbudgets"]
-  verbs: ["create", "patch"]
+  verbs: ["get", "create", "patch"]
+# An autoscaler targeting the engine Deployment owns its replicas (read only, to leave them alone).
+- apiGroups: ["autoscaling"]
+  resources: ["horizontalpodautoscalers"]
+  verbs: ["list"]
+# The labels of a ModelDeployment's hfTokenSecret (only Secrets labelled slofleet.io/hf-token=true are
+# mounted). No wider than before: whoever may create Deployments may mount any Secret of the namespace.
+- apiGroups: [""]
+  resources: ["secrets"]
+  verbs: ["get"]
 # The engine pods' addresses for status.endpoints.
 - apiGroups: [""]
   resources: ["pods"]

@@ -132,6 +132,13 @@ class GPUSpec(CRDModel):
     )
 
 
+class ResourceRequirements(CRDModel):
+    """Container resource requests and limits (Kubernetes quantities, e.g. 500m, 1Gi)."""
+
+    requests: dict[str, Quantity] = Field(default_factory=dict, description="resources requested")
+    limits: dict[str, Quantity] = Field(default_factory=dict, description="resource limits")
+
+
 class EngineSpec(CRDModel):
     """vLLM engine settings."""
 
@@ -153,13 +160,15 @@ class EngineSpec(CRDModel):
     extra_args: list[Arg] = Field(
         default_factory=list, max_length=64, description="further vLLM command-line arguments, verbatim"
     )
-
-
-class ResourceRequirements(CRDModel):
-    """Container resource requests and limits (Kubernetes quantities, e.g. 500m, 1Gi)."""
-
-    requests: dict[str, Quantity] = Field(default_factory=dict, description="resources requested")
-    limits: dict[str, Quantity] = Field(default_factory=dict, description="resource limits")
+    resources: ResourceRequirements = Field(
+        default_factory=ResourceRequirements,
+        description="vLLM container CPU and memory (the GPUs come from spec.gpu); absent: 4 CPUs and "
+        "32Gi requested, 64Gi memory limit",
+    )
+    cache_size_limit: Quantity = Field(
+        "200Gi",
+        description="most disk the model-download cache (an emptyDir) may use; the pod is evicted beyond",
+    )
 
 
 class SidecarSpec(CRDModel):

@@ -5,5 +5,6 @@
 * :mod:`.tags`: the SLO tags an engine request carries (``vllm_xargs``) and their encoding.
 * :mod:`.k8s`: the API group, pod labels and annotations the operator writes and the router reads.
 * :mod:`.openai`: OpenAI error objects and SSE framing.
+* :mod:`.signing`: HMAC signatures the router side puts on engine tags and the plugin verifies.
 * :mod:`.tokens`: the tokenizer-free token estimate used wherever text must be counted before an engine.
 """

@@ -240,10 +240,14 @@ def test_dashboard_shows_per_tier_goodput_and_attainment_from_exported_metrics(c
 
 def test_notes_tell_the_user_what_to_do_next(chart: helm.Chart) -> None:
     notes = chart.render({}, name="slofleet", namespace="serving")["slofleet/templates/NOTES.txt"]
-    for example in re.findall(r"apply -f (examples/\S+)", notes):
+    assert "kubectl -n serving wait md/" in notes and "create secret generic slofleet-api-keys" in notes
+    assert "spec.policyRef: default" in notes, "the router's policy is the one ModelDeployments must follow"
+    named = chart.render(VALUE_SETS["named-policy"], name="slofleet", namespace="serving")
+    notes = named["slofleet/templates/NOTES.txt"]
+    for example in re.findall(r"-f (examples/\S+)", notes):
         assert (ROOT / example).exists(), example
-    assert "kubectl -n serving get md" in notes and "create secret generic slofleet-api-keys" in notes
-    assert "change it to serving" in notes
+    assert "change it to serving" in notes and "spec.policyRef: chat-agent" in notes
+    assert "create secret generic product-keys" in notes and "x-slo-tier: interactive" not in notes
 
 
 OPERATOR_TOKEN, ROUTER_TOKEN = "chart-operator-token", "chart-router-token"
@@ -321,9 +325,15 @@ def test_the_operator_runs_with_the_charts_settings_and_serves_the_default_polic
     assert pod["containers"][0]["image"] == env["SLOFLEET_OPERATOR_ENGINE_IMAGE"]
     assert "interactive" in installed.get("configmap", "qwen-policy", NS)["data"]["policy.yaml"]
 
-    installed_role = json.loads(installed.kubectl("get", "clusterrole", "slofleet-operator", "-o", "json"))
+    # By default the operator manages the release namespace only: a Role there, a read-only ClusterRole.
+    cluster_role = json.loads(installed.kubectl("get", "clusterrole", "slofleet-operator", "-o", "json"))
+    role = json.loads(installed.kubectl("get", "role", "slofleet-operator", "-n", NS, "-o", "json"))
     records = [r for r in installed.call(lambda: list(installed.emulator.audit)) if r.user == OPERATOR_SA]
-    assert records and rbac.denied(records, installed_role["rules"]) == []
+    assert records and rbac.denied_in_scope(records, cluster_role["rules"], {NS: role["rules"]}) == []
+    assert {res for rule in cluster_role["rules"] for res in rule["resources"]} == {
+        "customresourcedefinitions",
+        "namespaces",
+    }
 
 
 def test_the_router_reads_the_charts_policy_within_its_read_only_role(
@@ -380,7 +390,7 @@ def test_the_router_reads_the_charts_policy_within_its_read_only_role(
 
     asyncio.run(until_watching())
     assert state.keys.tenant_of("sk-test-key") == "default"
-    (role,) = [d for d in docs if d["kind"] == "Role"]
+    (role,) = [d for d in docs if d["kind"] == "Role" and d["metadata"]["name"].endswith("-router")]
     records = [r for r in installed.call(lambda: list(installed.emulator.audit)) if r.user == ROUTER_SA]
     assert {r.namespace for r in records} == {role["metadata"]["namespace"]}
     assert {(r.resource, r.verb) for r in records} >= {("pods", "watch"), ("modeldeployments", "watch")}

@@ -47,6 +47,14 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     with Cluster(tmp_path_factory.mktemp("kube"), users=users) as c:
         c.kubectl("apply", "--server-side", "-f", str(ROOT / "crds"))
         c.kubectl("apply", "-f", "-", stdin=f"apiVersion: v1\nkind: Namespace\nmetadata:\n  name: {NS}\n")
+        # the example's hfTokenSecret, labelled so the operator may mount it
+        secret = {
+            "apiVersion": "v1",
+            "kind": "Secret",
+            "metadata": {"name": "hf-token", "namespace": NS, "labels": {"slofleet.io/hf-token": "true"}},
+            "stringData": {"token": "hf_x"},
+        }
+        c.kubectl("apply", "-f", "-", stdin=yaml.safe_dump(secret))
         yield c
 
 
@@ -300,6 +308,8 @@ def chart_docs(template: str, values: dict | None = None) -> list[dict]:
 
 
 def chart_operator_rules(values: dict | None = None) -> list[dict]:
+    """The operator's rules in cluster-wide mode (the opt-in; these tests run it cluster-wide)."""
+    values = {**(values or {}), "operator": {**(values or {}).get("operator", {}), "clusterWide": True}}
     (role,) = [d for d in chart_docs("operator-rbac.yaml", values) if d["kind"] == "ClusterRole"]
     return role["rules"]
 
@@ -387,6 +397,11 @@ def test_zz_every_request_of_the_operator_is_allowed_by_the_chart_and_no_more(
     rules = chart_operator_rules()
     assert not rbac.wildcards(rules)
     assert rbac.denied(records, rules) == [], "the chart's ClusterRole lacks permissions the operator uses"
+    # A cluster with the OwnerReferencesPermission admission plugin (OpenShift) refuses every child
+    # apply without this permission; the audit records it as needed for each blockOwnerDeletion.
+    assert ("slofleet.io", "modeldeployments/finalizers", "update") in {
+        need for record in records for need in rbac.needed(record)
+    }
     assert rbac.unused(records, rules) == [], (
         "the chart's ClusterRole grants permissions the operator never uses"
     )

@@ -47,6 +47,9 @@ class AuditRecord:
     namespace: str | None
     name: str | None
     code: int
+    # (apiVersion, kind) of owners the written object blocks deletion of (blockOwnerDeletion: true):
+    # the OwnerReferencesPermission admission plugin requires update on <owner>/finalizers for these.
+    blocked_owners: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass
@@ -64,6 +67,24 @@ class Call:
 
     def param(self, key: str) -> str | None:
         return self.request.params.get(key)
+
+
+def _blocked_owners(call: Call) -> tuple[tuple[str, str], ...]:
+    if call.verb not in ("create", "update", "patch"):
+        return ()
+    try:
+        body = json.loads(call.request.text or "{}")
+    except ValueError:
+        try:
+            body = yaml.safe_load(call.request.text)
+        except yaml.YAMLError:
+            return ()
+    refs = ((body or {}).get("metadata") or {}).get("ownerReferences") if isinstance(body, dict) else None
+    return tuple(
+        (str(r.get("apiVersion")), str(r.get("kind")))
+        for r in refs or []
+        if isinstance(r, dict) and r.get("blockOwnerDeletion")
+    )
 
 
 def _now() -> str:
@@ -224,6 +245,7 @@ class ApiEmulator(kmock.KubernetesEmulator):
                 namespace=call.namespace,
                 name=call.name,
                 code=code,
+                blocked_owners=_blocked_owners(call),
             )
         )
 

@@ -19,7 +19,16 @@ def needed(record: AuditRecord) -> list[tuple[str, str, str]]:
     verbs = [record.verb]
     if record.verb == "patch" and record.code == 201:
         verbs.append("create")
-    return [(record.group, resource, verb) for verb in verbs]
+    out = [(record.group, resource, verb) for verb in verbs]
+    # OwnerReferencesPermission (OpenShift, hardened clusters): blockOwnerDeletion needs update on the
+    # owner's finalizers subresource.
+    for api_version, kind in record.blocked_owners:
+        group = api_version.rsplit("/", 1)[0] if "/" in api_version else ""
+        out.append((group, f"{OWNER_PLURALS.get(kind, kind.lower() + 's')}/finalizers", "update"))
+    return out
+
+
+OWNER_PLURALS = {"ModelDeployment": "modeldeployments"}
 
 
 def granted(rules: Iterable[dict[str, Any]]) -> set[tuple[str, str, str]]:

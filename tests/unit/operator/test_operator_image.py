@@ -54,7 +54,7 @@ def test_installs_every_package_with_the_extras_the_services_need() -> None:
     for package in wheel:
         folder = package.split("/")[0]
         assert f"COPY {folder} ./{folder}" in DOCKERFILE, folder
-    (extras,) = re.findall(r'pip install "\.\[([a-z,]+)\]"', DOCKERFILE)
+    (extras,) = re.findall(r'pip install (?:-c \S+ )?"\.\[([a-z,]+)\]"', DOCKERFILE)
     declared = project["project"]["optional-dependencies"]
     assert {"service", "operator", "predictor"} <= set(extras.split(",")) <= set(declared)
 

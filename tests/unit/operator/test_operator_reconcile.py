@@ -48,16 +48,26 @@ class FakeApi:
         return self.objects[(plural, namespace, name)]
 
     def request(self, method: str, path: str, **_: Any) -> dict[str, Any]:
-        assert method == "GET" and path.endswith("/pods")
-        return {"items": []}
+        assert method == "GET" and path.endswith(("/pods", "/horizontalpodautoscalers"))
+        plural, namespace = path.rsplit("/", 1)[1], path.split("/namespaces/")[1].split("/", maxsplit=1)[0]
+        return {"items": [o for (p, ns, _), o in self.objects.items() if (p, ns) == (plural, namespace)]}
 
 
 def example(name: str) -> dict[str, Any]:
     return yaml.safe_load((ROOT / "examples" / name).read_text())
 
 
+HF_TOKEN = {
+    "apiVersion": "v1",
+    "kind": "Secret",
+    "metadata": {"name": "hf-token", "namespace": "llm", "labels": {"slofleet.io/hf-token": "true"}},
+    "data": {"token": "aGZfeA=="},
+}
+
+
 def make() -> tuple[FakeApi, Reconciler, list[tuple[str, str]]]:
     api = FakeApi()
+    api.put(copy.deepcopy(HF_TOKEN))
     events: list[tuple[str, str]] = []
     clock = iter(f"2026-01-01T00:00:{s:02d}Z" for s in range(60))
     reconciler = Reconciler(
@@ -160,3 +170,98 @@ def test_a_child_the_api_server_refuses_degrades_with_its_message_and_is_retried
     api.apply = real_apply  # type: ignore[method-assign]
     assert reconciler.converge("llm", "llama-8b") == "Progressing"
     assert events == [("Warning", "ApplyFailed"), ("Normal", "Progressing")]
+
+
+# ------------------------------------------------------------------ owning only what it created (issue 18)
+
+
+def test_an_object_it_does_not_own_is_never_adopted_and_says_which() -> None:
+    api, reconciler, events = make()
+    api.put(example("slopolicy-chat-agent.yaml"))
+    api.put(example("modeldeployment-llama-8b-h100.yaml"))
+    stranger = {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {"name": "llama-8b", "namespace": "llm"},
+        "spec": {"selector": {"app": "someone-else"}},
+    }
+    api.put(copy.deepcopy(stranger))
+    with pytest.raises(ApiError):
+        reconciler.converge("llm", "llama-8b")
+    assert api.get("", "services", "llm", "llama-8b")["spec"] == stranger["spec"], "selector hijacked"
+    status = api.get("", "modeldeployments", "llm", "llama-8b")["status"]
+    degraded = next(c for c in status["conditions"] if c["type"] == "Degraded")
+    assert status["phase"] == "Degraded" and degraded["reason"] == "NotOwned"
+    assert 'Service "llama-8b"' in degraded["message"]
+    assert ("Warning", "NotOwned") in events
+    # once the stranger is gone the operator creates its own
+    del api.objects[("services", "llm", "llama-8b")]
+    assert reconciler.converge("llm", "llama-8b") == "Progressing"
+
+
+def test_replicas_are_left_to_an_autoscaler_that_targets_the_deployment() -> None:
+    api, reconciler, _ = make()
+    api.put(example("slopolicy-chat-agent.yaml"))
+    api.put(example("modeldeployment-llama-8b-h100.yaml"))
+    reconciler.converge("llm", "llama-8b")
+    assert api.get("", "deployments", "llm", "llama-8b")["spec"]["replicas"] == 1
+    api.put(
+        {
+            "apiVersion": "autoscaling/v2",
+            "kind": "HorizontalPodAutoscaler",
+            "metadata": {"name": "llama-8b", "namespace": "llm"},
+            "spec": {
+                "scaleTargetRef": {"apiVersion": "apps/v1", "kind": "Deployment", "name": "llama-8b"},
+                "minReplicas": 1,
+                "maxReplicas": 4,
+            },
+        }
+    )
+    api.writes.clear()
+    reconciler.converge("llm", "llama-8b")
+    applied = api.get("", "deployments", "llm", "llama-8b")
+    assert "replicas" not in applied["spec"], "the operator would fight the HPA"
+
+
+def test_a_policy_lacking_the_routers_tiers_is_reported_with_an_event() -> None:
+    api = FakeApi()
+    api.put(copy.deepcopy(HF_TOKEN))
+    events: list[tuple[str, str]] = []
+    reconciler = Reconciler(
+        api,  # type: ignore[arg-type]
+        OperatorSettings(priority=1, router_policy="default", router_namespace="llm"),
+        events=lambda _body, type_, reason, _msg: events.append((type_, reason)),
+    )
+    router = example("slopolicy-chat-agent.yaml")
+    router["metadata"]["name"] = "default"
+    router["spec"]["tiers"].append({"name": "interactive", "kind": "best-effort", "priorityClass": "bronze"})
+    api.put(router)
+    api.put(example("slopolicy-chat-agent.yaml"))
+    api.put(example("modeldeployment-llama-8b-h100.yaml"))
+    assert reconciler.converge("llm", "llama-8b") == "Degraded"
+    status = api.get("", "modeldeployments", "llm", "llama-8b")["status"]
+    degraded = next(c for c in status["conditions"] if c["type"] == "Degraded")
+    assert degraded["reason"] == "RouterTierMismatch" and "interactive" in degraded["message"]
+    assert ("Warning", "RouterTierMismatch") in events
+    assert api.get("", "deployments", "llm", "llama-8b") is not None, "children are still applied"
+    # the router's policy loses the extra tier: the deployment recovers
+    router["spec"]["tiers"].pop()
+    api.put(router)
+    assert reconciler.converge("llm", "llama-8b") == "Progressing"
+
+
+def test_only_a_secret_labelled_for_it_is_mounted_as_the_hf_token() -> None:
+    api, reconciler, events = make()
+    unlabelled = copy.deepcopy(HF_TOKEN)
+    unlabelled["metadata"]["labels"] = {}
+    api.put(unlabelled)
+    api.put(example("slopolicy-chat-agent.yaml"))
+    api.put(example("modeldeployment-llama-8b-h100.yaml"))
+    assert reconciler.converge("llm", "llama-8b") == "Degraded"
+    assert api.get("apps/v1", "deployments", "llm", "llama-8b") is None, "nothing mounts it"
+    status = api.get("", "modeldeployments", "llm", "llama-8b")["status"]
+    degraded = next(c for c in status["conditions"] if c["type"] == "Degraded")
+    assert degraded["reason"] == "SecretNotAllowed" and "slofleet.io/hf-token" in degraded["message"]
+    assert "aGZfeA" not in str(status) and ("Warning", "SecretNotAllowed") in events
+    api.put(copy.deepcopy(HF_TOKEN))
+    assert reconciler.converge("llm", "llama-8b") == "Progressing"

@@ -82,7 +82,7 @@ def test_pod_runs_vllm_with_the_plugin_copied_in_and_the_sidecar_in_front() -> N
     assert f"--scheduler-cls={render.pod.SCHEDULER_CLS}" in vllm["args"]
     assert env["HF_TOKEN"]["valueFrom"]["secretKeyRef"] == {"name": "hf-token", "key": "token"}
     assert env["SLOFLEET_POLICY"]["valueFrom"]["configMapKeyRef"]["name"] == "llama-8b-policy"
-    assert vllm["resources"]["limits"] == {"nvidia.com/gpu": "1"}
+    assert vllm["resources"]["limits"] == {"memory": "64Gi", "nvidia.com/gpu": "1"}
     assert any(m["mountPath"] == "/dev/shm" for m in vllm["volumeMounts"])
     assert {p["name"] for p in sidecar["ports"]} == {"http", "grpc"}
     assert "--policy-file=/etc/slofleet/policy/policy.yaml" in sidecar["args"]

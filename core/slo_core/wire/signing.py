@@ -1,0 +1,71 @@
+"""HMAC signatures on the SLO tags an engine schedules by, so only slofleet's own path can set them.
+
+The sidecar (which takes requests only from the router) signs the ``slo_*`` tags it puts in a request's
+``vllm_xargs``; the vLLM scheduler plugin verifies them and schedules a request whose tags are missing,
+forged or stale as best-effort (and counts it). A client that reaches vLLM directly cannot give itself
+a tier. Keys come from a Secret the chart creates, one per line: the first signs, every line verifies,
+so a key is rotated by prepending the new one, rolling the pods, then dropping the old one.
+
+Pure functions (no I/O, no clock of their own): the signature covers every ``slo_`` tag in a canonical
+JSON form plus the signing time, and is carried in the ``slo_sig`` tag as ``<unix seconds>.<hex>``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+SIG_TAG = "slo_sig"
+PREFIX = "slo_"
+MAX_AGE_S = 600.0  # a request's tags are signed when it enters the pod; queues longer than this are rare
+MAX_SKEW_S = 30.0
+
+
+def parse_keys(text: str) -> list[bytes]:
+    """Keys from a Secret file: one per non-empty line (first signs, all verify)."""
+    keys = [line.strip().encode() for line in text.splitlines() if line.strip()]
+    if any(len(k) < 16 for k in keys):
+        raise ValueError("every tag-signing key must be at least 16 characters")
+    return keys
+
+
+def _payload(tags: Mapping[str, Any], stamp: str) -> bytes:
+    signed = {k: v for k, v in tags.items() if k.startswith(PREFIX) and k != SIG_TAG}
+    body = json.dumps(signed, sort_keys=True, separators=(",", ":"), allow_nan=False, default=str)
+    return f"{stamp}\n{body}".encode()
+
+
+def sign(tags: Mapping[str, Any], key: bytes, now_s: float) -> dict[str, Any]:
+    """``tags`` plus their signature in ``slo_sig``."""
+    stamp = str(int(now_s))
+    mac = hmac.new(key, _payload(tags, stamp), hashlib.sha256).hexdigest()
+    return {**tags, SIG_TAG: f"{stamp}.{mac}"}
+
+
+def verify(
+    tags: Mapping[str, Any] | None, keys: Sequence[bytes], now_s: float, max_age_s: float = MAX_AGE_S
+) -> str | None:
+    """None when the tags carry a valid, fresh signature by one of ``keys``; else why not."""
+    if not tags:
+        return "no tags"
+    sig = tags.get(SIG_TAG)
+    if not isinstance(sig, str) or "." not in sig:
+        return "unsigned"
+    stamp, _, mac = sig.partition(".")
+    if not stamp.isdigit() or len(stamp) > 12:
+        return "malformed signature"
+    age = now_s - int(stamp)
+    if not math.isfinite(age) or age > max_age_s or age < -MAX_SKEW_S:
+        return "stale signature"
+    try:
+        payload = _payload(tags, stamp)
+    except ValueError:  # NaN or infinity in a tag: never produced by a signer
+        return "malformed tags"
+    for key in keys:
+        if hmac.compare_digest(hmac.new(key, payload, hashlib.sha256).hexdigest(), mac):
+            return None
+    return "forged signature"

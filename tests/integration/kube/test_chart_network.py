@@ -1,0 +1,132 @@
+"""NetworkPolicies: engine pods admit only the router (sidecar ports) and Prometheus (metrics ports);
+vLLM's own port admits nothing from outside the pod. A small evaluator of NetworkPolicy ingress rules
+(podSelector/namespaceSelector matchLabels, named ports) checks the rendered policies against the engine
+pod the operator renders. Also: the plugin's degraded metric is served and scraped."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import helm_python as helm
+import kubernetes_validate
+import pytest
+import yaml
+from repo_paths import ROOT
+
+from slo_operator import render
+from slo_operator.model import view
+from slo_operator.policy import policy_config
+from slo_operator.settings import OperatorSettings
+
+NS = "llm"
+
+
+def chart_docs(values: dict[str, Any]) -> list[dict[str, Any]]:
+    out = helm.Chart.load(str(ROOT / "charts" / "slofleet")).render(values, name="slofleet", namespace=NS)
+    return [
+        d for p, t in sorted(out.items()) if not p.endswith("NOTES.txt") for d in yaml.safe_load_all(t) if d
+    ]
+
+
+def engine_pod() -> dict[str, Any]:
+    body = yaml.safe_load((ROOT / "examples" / "modeldeployment-llama-8b-h100.yaml").read_text())
+    body["metadata"]["uid"] = "u"
+    policy = policy_config(yaml.safe_load((ROOT / "examples" / "slopolicy-chat-agent.yaml").read_text()))
+    dep = next(
+        c
+        for c in render.children(view(body), policy, OperatorSettings(priority=1))
+        if c["kind"] == "Deployment"
+    )
+    return dep["spec"]["template"]  # type: ignore[no-any-return]
+
+
+def _matches(selector: dict[str, Any], labels: dict[str, str]) -> bool:
+    return all(labels.get(k) == v for k, v in (selector.get("matchLabels") or {}).items())
+
+
+def admitted(
+    policies: list[dict[str, Any]],
+    pod: dict[str, Any],
+    pod_ns: str,
+    src: dict[str, str],
+    src_ns: str,
+    port: int,
+) -> bool:
+    """Whether ingress from a pod (labels ``src`` in ``src_ns``) to ``port`` of ``pod`` is allowed."""
+    labels = pod["metadata"]["labels"]
+    named = {p["name"]: p["containerPort"] for c in pod["spec"]["containers"] for p in c.get("ports", [])}
+    selecting = [
+        p
+        for p in policies
+        if p["metadata"]["namespace"] == pod_ns and _matches(p["spec"]["podSelector"], labels)
+    ]
+    if not selecting:
+        return True
+    for policy in selecting:
+        for rule in policy["spec"].get("ingress") or []:
+            ports = [named.get(p["port"], p["port"]) for p in rule.get("ports") or []]
+            if ports and port not in ports:
+                continue
+            peers = rule.get("from")
+            if not peers:
+                return True
+            for peer in peers:
+                ns_ok = "namespaceSelector" not in peer or _matches(
+                    peer["namespaceSelector"], {"kubernetes.io/metadata.name": src_ns}
+                )
+                pod_ok = "podSelector" not in peer or _matches(peer["podSelector"], src)
+                # a podSelector alone selects pods of the policy's own namespace
+                same_ns = "namespaceSelector" in peer or src_ns == pod_ns
+                if ("namespaceSelector" in peer or "podSelector" in peer) and ns_ok and pod_ok and same_ns:
+                    return True
+    return False
+
+
+@pytest.mark.parametrize("values", [{}, {"operator": {"watchNamespaces": ["llm", "batch"]}}])
+def test_only_the_router_reaches_engine_pods_and_only_prometheus_their_metrics(
+    values: dict[str, Any],
+) -> None:
+    docs = chart_docs(values)
+    policies = [d for d in docs if d["kind"] == "NetworkPolicy"]
+    for p in policies:
+        kubernetes_validate.validate(p, "1.32.0", strict=True)
+    (router,) = [d for d in docs if d["kind"] == "Deployment" and d["metadata"]["name"] == "slofleet-router"]
+    router_labels = router["spec"]["template"]["metadata"]["labels"]
+    pod = engine_pod()
+    s = OperatorSettings(priority=1)
+    http, grpc, engine, plugin = (
+        s.sidecar_http_port,
+        s.sidecar_grpc_port,
+        s.engine_port,
+        s.plugin_metrics_port,
+    )
+    for ns in values.get("operator", {}).get("watchNamespaces", [NS]):
+        assert admitted(policies, pod, ns, router_labels, NS, http)
+        assert admitted(policies, pod, ns, router_labels, NS, grpc)
+        assert not admitted(policies, pod, ns, router_labels, NS, engine), (
+            "vLLM is reached only via the sidecar"
+        )
+        stranger = {"app": "curious"}
+        for port in (http, grpc, engine, plugin):
+            assert not admitted(policies, pod, ns, stranger, ns, port), f"any pod reaches port {port}"
+        prometheus = {"app.kubernetes.io/name": "prometheus"}
+        assert admitted(policies, pod, ns, prometheus, "monitoring", plugin)
+        assert not admitted(policies, pod, ns, prometheus, "monitoring", engine)
+        assert not admitted(policies, pod, ns, {"app": "x"}, "monitoring", grpc)
+    (op,) = [d for d in docs if d["kind"] == "Deployment" and d["metadata"]["name"] == "slofleet-operator"]
+    assert not admitted(policies, op["spec"]["template"], NS, router_labels, NS, 8080)
+
+
+def test_the_plugin_says_when_it_degrades_on_a_port_the_chart_scrapes() -> None:
+    pod = engine_pod()
+    vllm = pod["spec"]["containers"][0]
+    env = {e["name"]: e.get("value") for e in vllm["env"]}
+    ports = {p["name"]: p["containerPort"] for p in vllm["ports"]}
+    assert env["SLOFLEET_METRICS_PORT"] == str(ports["plugin-metrics"])
+    docs = chart_docs({"metrics": {"serviceMonitor": {"enabled": True}}})
+    (monitor,) = [d for d in docs if d["kind"] == "PodMonitor"]
+    assert "plugin-metrics" in {e["port"] for e in monitor["spec"]["podMetricsEndpoints"]}
+    from slo_vllm_plugin.metrics import PluginMetrics
+
+    text = (ROOT / "engine_sidecar" / "slo_sidecar" / "vllm_plugin" / "metrics.py").read_text()
+    assert "slofleet_plugin_degraded" in text and PluginMetrics
