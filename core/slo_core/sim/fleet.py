@@ -21,7 +21,7 @@ import random
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -39,6 +39,7 @@ from slo_core.workloads.jobs import Job
 
 _ARRIVAL = 0
 _STEP = 1
+_TICK = 2  # a periodic hook (the autoscaler, slo_core.sim.autoscale)
 
 
 class SimConfig(BaseModel):
@@ -83,6 +84,16 @@ class SimResult:
 PolicyFactory = Callable[[], EnginePolicy]
 
 
+class Ticker(Protocol):
+    """Called every ``period_s`` of simulated time (e.g. :class:`slo_core.sim.autoscale.Autoscaler`)."""
+
+    period_s: float
+
+    def attach(self, fleet: FleetSim) -> None: ...
+
+    def tick(self, fleet: FleetSim, t: float) -> None: ...
+
+
 def _policy_factory(policy: str | PolicyFactory, params: Mapping[str, Any] | None) -> PolicyFactory:
     if isinstance(policy, str):
         name = policy
@@ -104,6 +115,7 @@ class FleetSim:
         policy_params: Mapping[str, Any] | None = None,
         router_params: Mapping[str, Any] | None = None,
         analyzer: SimAnalyzer | None = None,
+        autoscaler: Ticker | None = None,
     ) -> None:
         """``analyzer``: the sidecar's request analyzer (QRF bounds refined as tokens stream, pattern-graph
         stage sub-deadlines); None leaves bounds unknown (policies fall back to max_tokens) and splits a
@@ -130,6 +142,7 @@ class FleetSim:
         self.router = make_router_policy(router, router_params) if isinstance(router, str) else router
         self.router_rng = random.Random(seed * 7_919 + 17)
         self._router_needs_requests = bool(getattr(self.router, "needs_request_snapshots", True))
+        self.autoscaler = autoscaler
 
     # ---- the event loop ---------------------------------------------------------------------------
 
@@ -156,6 +169,9 @@ class FleetSim:
         t = 0.0
         engines = self.engines
         tick = max(1, n_jobs // 200)
+        if self.autoscaler is not None:
+            self.autoscaler.attach(self)
+            self._push(0.0, _TICK, 0)
         while True:
             next_job = ordered[i].arrival_s if i < n_jobs else math.inf
             if heap and (heap[0][0] < next_job or (heap[0][0] == next_job and heap[0][1] == _ARRIVAL)):
@@ -164,6 +180,8 @@ class FleetSim:
                     break
                 if kind == _STEP:
                     self._step(engines[payload], t)
+                elif kind == _TICK:
+                    self._tick(t, more=i < n_jobs)
                 else:
                     self._release_stage(self._programs[payload], t)
             elif i < n_jobs:
@@ -197,6 +215,12 @@ class FleetSim:
             replica_stats=stats,
             rejected_by_router=self._rejected_by_router,
         )
+
+    def _tick(self, t: float, *, more: bool) -> None:
+        assert self.autoscaler is not None
+        self.autoscaler.tick(self, t)
+        if more or self._heap or not all(self._idle):
+            self._push(t + self.autoscaler.period_s, _TICK, 0)
 
     def _push(self, t: float, kind: int, payload: int) -> None:
         self._seq += 1
