@@ -186,3 +186,40 @@ async def test_picker_and_router_see_the_same_request_and_choose_the_same_pod() 
     a, b = router_policy.seen[0], picker_policy.seen[0]
     ignore = {"request_id": "", "arrival_s": 0.0, "deadline_at_s": None}
     assert dataclasses.replace(a, **ignore) == dataclasses.replace(b, **ignore)
+
+
+async def test_health_services_follow_policy_and_pods() -> None:
+    import asyncio
+
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+    from grpc_health.v1.health import aio as health_aio
+
+    from slo_router.extproc.server import follow_health
+
+    state = router_state(PODS)
+    server = grpc.aio.server()
+    health = health_aio.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health, server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    task = asyncio.create_task(follow_health(state, health, period_s=0.05))
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as ch:
+            stub = health_pb2_grpc.HealthStub(ch)
+
+            async def status(name: str) -> int:
+                await asyncio.sleep(0.2)
+                return (await stub.Check(health_pb2.HealthCheckRequest(service=name))).status
+
+            serving, not_serving = (
+                health_pb2.HealthCheckResponse.SERVING,
+                health_pb2.HealthCheckResponse.NOT_SERVING,
+            )
+            assert await status("readiness") == serving
+            for ep in state.endpoints.values():
+                ep.ready = False
+            assert await status("envoy.service.ext_proc.v3.ExternalProcessor") == not_serving
+            assert await status("liveness") == serving
+    finally:
+        task.cancel()
+        await server.stop(grace=0)

@@ -11,14 +11,17 @@ response (or of the stream) releases the request from the pod's load estimate.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 import grpc
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_health.v1.health import aio as health_aio
 
 from slo_router.app import RouterState
 from slo_router.errors import APIError
@@ -156,6 +159,30 @@ class EndpointPicker(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
             ex.picked = None
 
 
+HEALTH_PERIOD_S = 1.0
+LIVENESS, READINESS = "liveness", "readiness"
+EXT_PROC_SERVICE = "envoy.service.ext_proc.v3.ExternalProcessor"
+
+
+def serving(state: RouterState) -> bool:
+    """Ready to pick: the SLOPolicy has been read and at least one pod is usable."""
+    return state.policy_loaded and bool(state.usable_endpoints())
+
+
+async def follow_health(state: RouterState, health: Any, period_s: float = HEALTH_PERIOD_S) -> None:
+    """The protocol's gRPC health services: liveness always, readiness and ext_proc while serving."""
+    await health.set(LIVENESS, health_pb2.HealthCheckResponse.SERVING)
+    while True:
+        status = (
+            health_pb2.HealthCheckResponse.SERVING
+            if serving(state)
+            else health_pb2.HealthCheckResponse.NOT_SERVING
+        )
+        for name in (READINESS, EXT_PROC_SERVICE, ""):
+            await health.set(name, status)
+        await asyncio.sleep(period_s)
+
+
 def server_options() -> list[tuple[str, int]]:
     """A buffered body arrives as one message: let one of MAX_BODY_BYTES through (then answer 413)."""
     return [("grpc.max_receive_message_length", MAX_BODY_BYTES + (64 << 10))]
@@ -171,10 +198,14 @@ async def serve(state: RouterState, *, host: str, port: int, body_mode: BodyMode
     """Run the picker's gRPC server on the router's event loop until cancelled."""
     server = grpc.aio.server(options=server_options())
     add_to_server(server, state, body_mode=body_mode)
+    health = health_aio.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health, server)
     bound = server.add_insecure_port(f"{host}:{port}")
     await server.start()
     log.info("endpoint picker (ext_proc v3, %s bodies) on %s:%d", body_mode, host, bound)
+    follower = asyncio.create_task(follow_health(state, health))
     try:
         await server.wait_for_termination()
     finally:
+        follower.cancel()
         await server.stop(grace=5)
