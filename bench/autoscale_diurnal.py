@@ -2,11 +2,13 @@
 
 Both scalers run the same decision function (slo_core.scaling.decide) with the same bounds,
 stabilization windows, step limits and replica start-up time (from the profile); only the metric
-differs. The queue-length scaler's target (waiting requests per replica) is swept, since users tune
-it; every run is reported. A static fleet at max replicas is the reference. Writes JSON and a
-markdown table under bench/results/autoscale/.
+differs. Each scaler's one knob is swept (the queue scaler's waiting requests per replica, the goodput
+scaler's planned utilization of a replica's goodput capacity), since users tune them; every run is
+reported, and the comparison is the cheapest run of each kind that meets every tier's target
+(``--static`` adds a fixed fleet at max replicas). Writes JSON and a markdown table under
+bench/results/autoscale/.
 
-    nice -n 10 .venv/bin/python bench/autoscale_diurnal.py            # ~minutes on a loaded host
+    nice -n 10 .venv/bin/python bench/autoscale_diurnal.py --peak-rps 30 --day-s 1200   # ~8 min here
 """
 
 from __future__ import annotations
@@ -96,7 +98,8 @@ def main() -> None:
     ap.add_argument("--period-s", type=float, default=15.0)
     ap.add_argument("--engine-policy", default="sarathi")
     ap.add_argument("--router", default="min-load")
-    ap.add_argument("--queue-targets", default="1,2,4,8")
+    ap.add_argument("--queue-targets", default="2,4,8")
+    ap.add_argument("--utilizations", default="0.75,0.9", help="goodput scaler's planned utilization")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--static", action="store_true", help="also run a static fleet at max replicas")
     ap.add_argument("--out", default="bench/results/autoscale")
@@ -104,7 +107,10 @@ def main() -> None:
     jobs = diurnal_jobs(args.trace, peak_rps=args.peak_rps, day_s=args.day_s, tiers=TIERS, seed=args.seed)
     base = {"min_replicas": args.min_replicas, "max_replicas": args.max_replicas}
     runs = [("static max", None)] if args.static else []
-    runs.append(("goodput", ScalingParams(**base, metric="goodput")))
+    for u in args.utilizations.split(","):
+        runs.append(
+            (f"goodput (utilization {u})", ScalingParams(**base, metric="goodput", utilization=float(u)))
+        )
     for q in args.queue_targets.split(","):
         runs.append(
             (f"queue (target {q}/replica)", ScalingParams(**base, metric="queue", target_queue=float(q)))
