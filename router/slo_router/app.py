@@ -27,6 +27,7 @@ from starlette.routing import Route
 from slo_core.policies.base import RequestView
 from slo_core.policies.registry import make_router_policy
 from slo_core.policies.seed_estimates import first_token_due_s
+from slo_core.routing import Affinity, Routed
 from slo_core.wire.request_slo import strip_slo_fields
 from slo_router.accounting import respond
 from slo_router.config import RouterConfig
@@ -46,7 +47,7 @@ from slo_router.metrics import RouterMetrics
 from slo_router.proxy import UpstreamUnavailable, open_upstream
 from slo_router.ratelimit import RequestTooLarge
 from slo_router.state import RouterState
-from slo_router.tenants import KeyStore
+from slo_router.tenants import KeyStore, Tenant
 
 __all__ = ["RouterState", "build_state", "create_app"]
 
@@ -81,25 +82,7 @@ async def _serve(state: RouterState, request: Request, labels: list[str]) -> Res
     request_id = request.headers.get("x-request-id") or f"rtr-{uuid.uuid4().hex[:16]}"
     view = request_view(request_id, targets, state.clock(), body=body, tenant=tenant, slo=slo)
     bound_to_context(view, model_context(state.endpoints.values(), model))
-    try:
-        wait = state.limiter.check(
-            tenant.name, tenant.requests_per_s, tenant.tokens_per_s, view.prompt_tokens + view.max_tokens
-        )
-    except RequestTooLarge as exc:  # can never fit this tenant's burst: a 4xx, nothing charged
-        raise APIError(
-            400,
-            f"request of tenant {tenant.name!r} too large for its token rate: {exc}; lower max_tokens",
-            param="max_tokens",
-            code="request_too_large",
-        ) from None
-    if wait is not None:
-        raise APIError(
-            429,
-            f"rate limit of tenant {tenant.name!r} exceeded",
-            kind="rate_limit_error",
-            code="rate_limited",
-            retry_after_s=wait,
-        )
+    charge_rate_limit(state, tenant, view)
     forward_body = strip_slo_fields(body)
     affinity = affinity_of(state, request, body, slo)
     tried: set[str] = set()
@@ -107,25 +90,19 @@ async def _serve(state: RouterState, request: Request, labels: list[str]) -> Res
     retry_after: float | None = 1.0
     retry_until = _retry_until_s(state.config, view)
     for _attempt in range(MAX_ATTEMPTS):
-        t0 = time.perf_counter()
-        result = state.pipeline.route(
+        result = route_once(
+            state,
             view,
             list(state.endpoints.values()),
-            now_s=state.clock(),
-            rng=state.rng,
             model=model,
-            exclude=frozenset(tried),
-            gpu_classes=state.config.tier_gpu_classes.get(tier, frozenset()),
-            demoted_gpu_classes=_demoted_gpu_classes(state.config),
+            tier=tier,
             affinity=affinity,
-            sessions=state.sessions,
+            labels=labels,
+            exclude=frozenset(tried),
             check_admission=not tried,  # pods already refused it: take what the policy picks
         )
-        state.metrics.dispatch_seconds.labels(state.policy.name).observe(time.perf_counter() - t0)
         if result.outcome == "demoted":
-            state.metrics.downgraded.labels(*labels).inc()
-            tier = labels[0] = state.config.best_effort_tier or tier
-            view = result.request
+            tier, view = labels[0], result.request
         ep = result.endpoint
         if ep is not None and len(tried) > state.config.max_retries:
             ep = None  # this pass tried enough pods
@@ -189,6 +166,64 @@ async def _serve(state: RouterState, request: Request, labels: list[str]) -> Res
         code="no_capacity",
         retry_after_s=retry_after,
     )
+
+
+def charge_rate_limit(state: RouterState, tenant: Tenant, view: RequestView) -> None:
+    """The tenant's request and token buckets (fleet-wide share): 429 to wait, 400 if it can never fit."""
+    try:
+        wait = state.limiter.check(
+            tenant.name, tenant.requests_per_s, tenant.tokens_per_s, view.prompt_tokens + view.max_tokens
+        )
+    except RequestTooLarge as exc:  # can never fit this tenant's burst: a 4xx, nothing charged
+        raise APIError(
+            400,
+            f"request of tenant {tenant.name!r} too large for its token rate: {exc}; lower max_tokens",
+            param="max_tokens",
+            code="request_too_large",
+        ) from None
+    if wait is not None:
+        raise APIError(
+            429,
+            f"rate limit of tenant {tenant.name!r} exceeded",
+            kind="rate_limit_error",
+            code="rate_limited",
+            retry_after_s=wait,
+        )
+
+
+def route_once(
+    state: RouterState,
+    view: RequestView,
+    endpoints: list[EndpointState],
+    *,
+    model: str,
+    tier: str,
+    affinity: Affinity | None,
+    labels: list[str],
+    exclude: frozenset[str] = frozenset(),
+    check_admission: bool = True,
+) -> Routed[EndpointState]:
+    """One pass of core's routing pipeline for this request (the HTTP front and the endpoint picker
+    both route through here); a demotion to best effort is counted and written into ``labels[0]``."""
+    t0 = time.perf_counter()
+    result = state.pipeline.route(
+        view,
+        endpoints,
+        now_s=state.clock(),
+        rng=state.rng,
+        model=model,
+        exclude=exclude,
+        gpu_classes=state.config.tier_gpu_classes.get(tier, frozenset()),
+        demoted_gpu_classes=_demoted_gpu_classes(state.config),
+        affinity=affinity,
+        sessions=state.sessions,
+        check_admission=check_admission,
+    )
+    state.metrics.dispatch_seconds.labels(state.policy.name).observe(time.perf_counter() - t0)
+    if result.outcome == "demoted":
+        state.metrics.downgraded.labels(*labels).inc()
+        labels[0] = state.config.best_effort_tier or tier
+    return result
 
 
 def _demoted_gpu_classes(cfg: RouterConfig) -> frozenset[str]:

@@ -49,6 +49,18 @@ def register(parser: argparse.ArgumentParser) -> None:
         default=10.0,
         help="on SIGTERM, how long requests in flight may take to finish before they are cut",
     )
+    parser.add_argument(
+        "--ext-proc-port",
+        type=int,
+        default=None,
+        help="also serve as a Gateway API Inference Extension endpoint picker (Envoy ext_proc v3) here",
+    )
+    parser.add_argument(
+        "--ext-proc-body-mode",
+        choices=("full-duplex", "buffered"),
+        default="full-duplex",
+        help="the gateway's ext_proc request_body_mode: FULL_DUPLEX_STREAMED (the protocol's) or BUFFERED",
+    )
     parser.set_defaults(func=run)
 
 
@@ -130,6 +142,11 @@ def run(args: argparse.Namespace) -> int:
     from slo_router.statefeed import follow_states
 
     background.append(follow_states)
+    if args.ext_proc_port:
+        from slo_router.extproc.server import serve as serve_picker
+
+        port, mode = args.ext_proc_port, args.ext_proc_body_mode
+        background.append(lambda state: serve_picker(state, host=args.host, port=port, body_mode=mode))
     try:
         state = build_state(config, KeyStore(file_keys), endpoints)
     except ValueError as exc:  # e.g. an unknown routing policy or parameter

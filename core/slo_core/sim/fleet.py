@@ -24,7 +24,7 @@ import random
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -44,6 +44,7 @@ from slo_core.workloads.jobs import Job
 
 _ARRIVAL = 0
 _STEP = 1
+_TICK = 2  # a periodic hook (the autoscaler, slo_core.sim.autoscale)
 
 
 class SimConfig(BaseModel):
@@ -89,6 +90,20 @@ class SimResult:
 PolicyFactory = Callable[[], EnginePolicy]
 
 
+class Ticker(Protocol):
+    """Called every ``period_s`` of simulated time (e.g. :class:`slo_core.sim.autoscale.Autoscaler`)."""
+
+    period_s: float
+
+    def attach(self, fleet: FleetSim) -> None: ...
+
+    def tick(self, fleet: FleetSim, t: float) -> None: ...
+
+    def ready_ids(self, now_s: float) -> frozenset[str]:
+        """The replicas that may take traffic now (the rest are off, starting or draining)."""
+        ...
+
+
 def _policy_factory(policy: str | PolicyFactory, params: Mapping[str, Any] | None) -> PolicyFactory:
     if isinstance(policy, str):
         name = policy
@@ -113,6 +128,7 @@ class FleetSim:
         admission: AdmissionRule | None = None,
         shuffle_ties: bool = True,
         objective: Objective | None = None,
+        autoscaler: Ticker | None = None,
     ) -> None:
         """``analyzer``: the sidecar's request analyzer (QRF bounds refined as tokens stream, pattern-graph
         stage sub-deadlines); None leaves bounds unknown (policies fall back to max_tokens) and splits a
@@ -146,6 +162,7 @@ class FleetSim:
         self.router_rng = random.Random(seed * 7_919 + 17)
         self.pipeline = RoutingPipeline(self.router, admission, shuffle=shuffle_ties)
         self._router_needs_requests = self.router.needs_request_snapshots
+        self.autoscaler = autoscaler
 
     @classmethod
     def from_runtime(cls, replicas: Sequence[ReplicaSpec], runtime: RuntimePolicy, **kwargs: Any) -> FleetSim:
@@ -188,6 +205,9 @@ class FleetSim:
         t = 0.0
         engines = self.engines
         tick = max(1, n_jobs // 200)
+        if self.autoscaler is not None:
+            self.autoscaler.attach(self)
+            self._push(0.0, _TICK, 0)
         while True:
             next_job = ordered[i].arrival_s if i < n_jobs else math.inf
             if heap and (heap[0][0] < next_job or (heap[0][0] == next_job and heap[0][1] == _ARRIVAL)):
@@ -196,6 +216,8 @@ class FleetSim:
                     break
                 if kind == _STEP:
                     self._step(engines[payload], t)
+                elif kind == _TICK:
+                    self._tick(t, more=i < n_jobs)
                 else:
                     self._release_stage(self._programs[payload], t)
             elif i < n_jobs:
@@ -230,6 +252,12 @@ class FleetSim:
             rejected_by_router=self._rejected_by_router,
             demoted_by_router=self._demoted_by_router,
         )
+
+    def _tick(self, t: float, *, more: bool) -> None:
+        assert self.autoscaler is not None
+        self.autoscaler.tick(self, t)
+        if more or self._heap or not all(self._idle):
+            self._push(t + self.autoscaler.period_s, _TICK, 0)
 
     def _push(self, t: float, kind: int, payload: int) -> None:
         self._seq += 1
@@ -357,9 +385,12 @@ class FleetSim:
     def _route(self, r: SimRequest, t: float) -> None:
         r.state = WAITING
         r.waiting_since_s = t
+        engines = self.engines
+        if self.autoscaler is not None:  # only replicas that are up take traffic
+            ready = self.autoscaler.ready_ids(t)
+            engines = [e for e in engines if e.engine_id in ready]
         endpoints = [
-            SnapshotEndpoint(e.replica_view(t, with_requests=self._router_needs_requests))
-            for e in self.engines
+            SnapshotEndpoint(e.replica_view(t, with_requests=self._router_needs_requests)) for e in engines
         ]
         routed = self.pipeline.route(request_view(r), endpoints, now_s=t, rng=self.router_rng)
         if routed.outcome == "demoted":

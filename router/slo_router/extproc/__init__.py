@@ -1,0 +1,1 @@
+"""slofleet as a Gateway API Inference Extension endpoint picker (Envoy ext_proc v3)."""
