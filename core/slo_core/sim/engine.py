@@ -205,7 +205,7 @@ class SimEngine(EngineSnapshots):
         chunk_ctx = 0
         for r, n in self._batch_p:
             chunk_ctx += n * (r.computed + n)
-        dt = self.profile.iteration_time_from_sums_s(n_tokens, chunk_ctx, kv)
+        dt = self.profile.iteration_time_from_sums_s(n_tokens, chunk_ctx, kv, len(self._batch_p))
         self.busy_s += dt
         self.steps_run += 1
         self.step_end_s = now_s + dt
