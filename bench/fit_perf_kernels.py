@@ -52,6 +52,7 @@ def profile_doc(
         "a_ms_per_token": fit.a_ms_per_token,
         "b_ms_per_token_ctx": fit.b_ms_per_token_ctx,
         "d_ms_per_kv_token": fit.d_ms_per_kv_token,
+        "s_ms_per_prefill": fit.s_ms_per_prefill,
         "kv_cache_tokens": kv_tokens,
         "max_model_len": shape.max_model_len,
         "source": source,

@@ -1,11 +1,12 @@
 """Side-by-side comparison of every engine policy and router on the simulator (issue 5).
 
-    .venv/bin/python bench/compare/run.py                      # every scenario, 2 workers
+    .venv/bin/python bench/compare/run.py                      # every scenario, one worker per core
     .venv/bin/python bench/compare/run.py --scenarios conv,code --workers 2
 
 Writes ``<out>/records.json`` (one record per run or capacity search, every paper's metric), then the
 tables and plots (bench/compare/report.py). Runs are deterministic (seeded workloads and policies), so
-the worker count changes only the wall time.
+the worker count changes only the wall time (tests/unit/test_compare_parallel.py); records are saved after
+every run and runs already recorded are skipped, so an interrupted comparison resumes where it stopped.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import argparse
 import dataclasses
 import functools
 import json
+import os
 import sys
 import time
 import traceback
@@ -150,19 +152,32 @@ def _save(records: list[dict[str, Any]], path: Path) -> None:
 
 
 def _run_pool(tasks: list[Any], workers: int, records: list[dict[str, Any]], path: Path) -> None:
-    """Run ``tasks``, saving the records after each one (an interrupted comparison resumes)."""
+    """Run ``tasks``, saving the records after each one (an interrupted comparison resumes).
+
+    A progress bar on stderr shows the tasks done and tqdm's estimate of the time left.
+    """
+    if not tasks:
+        return
+    from tqdm import tqdm
+
     tasks.sort(key=_cost, reverse=True)
-    with Pool(max(1, workers)) as pool:
-        for i, rec in enumerate(pool.imap_unordered(execute, tasks), 1):
-            records.append(rec)
-            _save(records, path)
-            status = rec.get("error", "")[:80] or f"{rec['task_wall_s']:.0f}s"
-            print(
-                f"[{i}/{len(tasks)}] {rec['scenario']} {rec['policy']}/{rec['router']} "
-                f"x{rec['replicas']} {rec.get('rps')}: {status}",
-                file=sys.stderr,
-                flush=True,
-            )
+    bar = tqdm(total=len(tasks), unit="run", file=sys.stderr, dynamic_ncols=True)
+    bar.set_description_str(f"{tasks[0].scenario}", refresh=False)
+    try:
+        with Pool(max(1, min(workers, len(tasks)))) as pool:
+            for rec in pool.imap_unordered(execute, tasks):
+                records.append(rec)
+                _save(records, path)
+                status = rec.get("error", "")[:80] or f"{rec['task_wall_s']:.0f}s"
+                bar.write(
+                    f"{rec['scenario']} {rec['policy']}/{rec['router']} x{rec['replicas']} "
+                    f"{rec.get('rps')}: {status}",
+                    file=sys.stderr,
+                )
+                bar.set_description_str(rec["scenario"], refresh=False)
+                bar.update(1)
+    finally:
+        bar.close()
 
 
 def _with_known(task: CapacitySearch, records: list[dict[str, Any]]) -> CapacitySearch:
@@ -188,7 +203,12 @@ def _with_known(task: CapacitySearch, records: list[dict[str, Any]]) -> Capacity
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--scenarios", default=",".join(SCENARIOS), help=f"comma list of {', '.join(SCENARIOS)}")
-    ap.add_argument("--workers", type=int, default=2, help="parallel simulations (default 2)")
+    ap.add_argument(
+        "--workers",
+        type=int,
+        default=os.cpu_count() or 1,
+        help=f"parallel simulations (default: every core, {os.cpu_count() or 1} here)",
+    )
     ap.add_argument("--out", default="bench/results/compare", help="output folder")
     ap.add_argument(
         "--analyzer",

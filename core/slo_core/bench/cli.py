@@ -11,13 +11,14 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import sys
 from pathlib import Path
 from typing import Any
 
 from pydantic import ValidationError
 
-from slo_core.bench.runner import BenchConfig, markdown_table, run_bench
+from slo_core.bench.runner import BenchConfig, fingerprint, markdown_table, record_key, run_bench, run_keys
 from slo_core.perf import list_profiles, load_profile
 from slo_core.perf.model import PerfProfile
 from slo_core.policies.registry import ENGINE_POLICIES, ROUTER_POLICIES, engine_policy_names
@@ -107,6 +108,19 @@ def register(parser: argparse.ArgumentParser) -> None:
     o.add_argument("--plots", default=None, help="write PNG plots into this folder")
     o.add_argument("--bucket", type=float, default=60.0, help="goodput-over-time bucket, seconds (60)")
     o.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+    o.add_argument(
+        "--workers",
+        type=int,
+        default=None,
+        help="processes running simulations at once (default: every core, "
+        f"{os.cpu_count() or 1} here); results are those of a serial run",
+    )
+    o.add_argument(
+        "--resume",
+        action="store_true",
+        help="with --json: keep the runs already recorded there (without error) and run only the rest; "
+        "the file is rewritten after every run, so an interrupted sweep resumes",
+    )
     parser.set_defaults(func=run)
 
 
@@ -218,22 +232,45 @@ def run(args: argparse.Namespace) -> int:
     except (UsageError, ValueError) as exc:
         print(f"slofleet bench: error: {exc}", file=sys.stderr)
         return 2
+    workers = args.workers if args.workers is not None else (os.cpu_count() or 1)
+    if workers < 1:
+        print(f"slofleet bench: error: --workers must be at least 1, got {workers}", file=sys.stderr)
+        return 2
+    if args.resume and not args.json_path:
+        print("slofleet bench: error: --resume needs --json (the earlier runs' records)", file=sys.stderr)
+        return 2
+    json_path = Path(args.json_path) if args.json_path else None
+    done: list[dict[str, Any]] = []
+    if args.resume and json_path is not None and json_path.exists():
+        done = _resumable(json.loads(json_path.read_text(encoding="utf-8")), cfg)
     total = len(cfg.rps) * len(cfg.policies) * len(cfg.routers)
+    skip = {record_key(r) for r in done if "error" not in r}
+    todo = sum(1 for k in run_keys(cfg) if k not in skip)
     bar: Any = None
     if not args.no_progress:
         from tqdm import tqdm
 
+        # runs done of those to do, elapsed < time left (tqdm's estimate from the runs done so far)
         bar = tqdm(
-            total=total,
+            total=todo,
             unit="run",
             file=sys.stderr,
             dynamic_ncols=True,
             bar_format="{l_bar}{bar}| {n:.2f}/{total} runs [{elapsed}<{remaining}]",
         )
-    state: dict[str, Any] = {"label": None, "index": -1, "done": 0.0}
+        if total > todo:
+            bar.write(f"resuming: {total - todo} of {total} runs already recorded", file=sys.stderr)
+    state: dict[str, Any] = {"label": None, "index": -1, "done": 0.0, "finished": 0}
+    saved: list[dict[str, Any]] = list(done)
 
     def progress(label: str, frac: float) -> None:
         if bar is None:
+            return
+        if workers > 1:  # runs end out of order: count whole runs
+            if frac >= 1.0:
+                state["finished"] += 1
+                bar.set_description(label, refresh=False)
+                bar.update(1)
             return
         if label != state["label"]:
             state["label"] = label
@@ -244,16 +281,24 @@ def run(args: argparse.Namespace) -> int:
             bar.update(target - state["done"])
             state["done"] = target
 
+    def save(record: dict[str, Any]) -> None:
+        if json_path is None:
+            return
+        saved.append(record)
+        json_path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = json_path.with_suffix(json_path.suffix + ".tmp")
+        tmp.write_text(json.dumps(saved, indent=1) + "\n", encoding="utf-8")
+        tmp.replace(json_path)
+
     try:
-        result = run_bench(cfg, progress)
+        result = run_bench(cfg, progress, workers=workers, done=done, on_record=save)
     finally:
         if bar is not None:
             bar.close()
     print(markdown_table(result.records, args.goodput))
-    if args.json_path:
-        path = Path(args.json_path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(result.records, indent=1) + "\n", encoding="utf-8")
+    if json_path is not None:
+        json_path.parent.mkdir(parents=True, exist_ok=True)
+        json_path.write_text(json.dumps(result.records, indent=1) + "\n", encoding="utf-8")
     if args.plots:
         from slo_core.sim.plots import write_plots
 
@@ -265,3 +310,11 @@ def run(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
     return 1 if errors else 0
+
+
+def _resumable(records: Any, cfg: BenchConfig) -> list[dict[str, Any]]:
+    """The records of an earlier sweep this one can reuse: the same workload, fleet and analyzer."""
+    if not isinstance(records, list):
+        return []
+    mine = fingerprint(cfg)
+    return [r for r in records if isinstance(r, dict) and r.get("sweep_fingerprint") == mine]

@@ -1,13 +1,20 @@
 """The benchmark runner behind ``slofleet bench``: policies × routers × loads on one seeded workload.
 
 Every run of a sweep sees the identical jobs for a given load (same spec and seed); only the policy
-and router differ. A run that raises is recorded with its error and the sweep goes on.
+and router differ. A run that raises is recorded with its error and the sweep goes on. Runs are
+independent, so they can be spread over processes (``workers``) and an interrupted sweep resumed
+from the records it saved (``done``); either way the records are those of a serial run.
 """
 
 from __future__ import annotations
 
+import functools
+import hashlib
+import json
+import multiprocessing
 import traceback
 from collections.abc import Callable, Sequence
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -15,11 +22,12 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from slo_core.metrics import job_outcomes, latency_samples, summarize
 from slo_core.perf.model import PerfProfile
-from slo_core.predict import load_estimator
+from slo_core.predict import OutputBoundEstimator, load_estimator
 from slo_core.sim.analyzer import SimAnalyzer
 from slo_core.sim.engine_types import EngineConfig
 from slo_core.sim.fleet import FleetSim, ReplicaSpec, SimConfig
 from slo_core.workloads import WorkloadSpec, build_workload
+from slo_core.workloads.jobs import Job
 
 
 class BenchConfig(BaseModel):
@@ -51,6 +59,7 @@ class BenchResult:
 
 
 Progress = Callable[[str, float], None]
+Key = tuple[str, str, float | None]  # (policy, router, requested rps); None: the trace's own rate
 
 
 def _record_head(cfg: BenchConfig, policy: str, router: str, rps: float, n_jobs: int) -> dict[str, Any]:
@@ -73,37 +82,113 @@ def _record_head(cfg: BenchConfig, policy: str, router: str, rps: float, n_jobs:
     }
 
 
-def run_bench(cfg: BenchConfig, progress: Progress | None = None) -> BenchResult:
-    """Run every (load, policy, router); ``progress(label, fraction of this run)`` as runs go."""
-    out = BenchResult()
+def fingerprint(cfg: BenchConfig) -> str:
+    """What every run of a sweep shares (workload, fleet, engine, analyzer): records with the same
+    fingerprint came from the same setup, whatever loads, policies and routers the sweep listed."""
+    shared = cfg.model_dump(mode="json", exclude={"rps", "policies", "routers", "bucket_s"})
+    blob = json.dumps(shared, sort_keys=True, separators=(",", ":")).encode()
+    return hashlib.sha256(blob).hexdigest()[:16]
+
+
+def run_keys(cfg: BenchConfig) -> list[Key]:
+    """Every run of the sweep, in the serial order (load, then policy, then router)."""
+    return [(p, r, rps) for rps in cfg.rps for p in cfg.policies for r in cfg.routers]
+
+
+def record_key(record: dict[str, Any]) -> Key:
+    """The run a record belongs to (records carry the requested rate as ``rps_requested``)."""
+    return (record["policy"], record["router"], record.get("rps_requested"))
+
+
+@functools.lru_cache(maxsize=4)
+def _jobs(spec: WorkloadSpec) -> list[Job]:
+    return build_workload(spec)
+
+
+@functools.lru_cache(maxsize=1)
+def _estimator() -> OutputBoundEstimator:
+    return load_estimator()
+
+
+RunOutput = tuple[dict[str, Any], dict[str, list[float]] | None]
+
+
+def run_one(cfg: BenchConfig, key: Key, progress: Callable[[float], None] | None = None) -> RunOutput:
+    """One (policy, router, load) of the sweep: its record and latency samples (None if it failed).
+
+    A pure function of ``cfg`` and ``key`` apart from ``wall_s``: any process gives the same record.
+    """
+    policy, router, rps = key
+    spec = cfg.workload.model_copy(update={"rps": rps})
+    jobs = _jobs(spec)
+    realized = rps if rps is not None else len(jobs) / spec.duration_s
+    head = _record_head(cfg, policy, router, realized, len(jobs))
+    head |= {"rps_requested": rps, "sweep_fingerprint": fingerprint(cfg)}
     specs = [ReplicaSpec(cfg.profiles[i % len(cfg.profiles)], cfg.engine) for i in range(cfg.replicas)]
-    estimator = load_estimator() if cfg.analyzer == "qrf" else None
-    for rps in cfg.rps:
-        spec = cfg.workload.model_copy(update={"rps": rps})
-        jobs = build_workload(spec)
-        realized = rps if rps is not None else len(jobs) / spec.duration_s
-        for policy in cfg.policies:
-            for router in cfg.routers:
-                label = f"{policy}/{router}@{realized:g}rps"
-                head = _record_head(cfg, policy, router, realized, len(jobs))
+    try:
+        # a fresh analyzer per run: pattern history is learned within the run only
+        analyzer = SimAnalyzer(_estimator()) if cfg.analyzer == "qrf" else None
+        sim = FleetSim(specs, policy, router, seed=spec.seed, config=cfg.sim, analyzer=analyzer)
+        result = sim.run(jobs, progress=progress)
+        outcomes = job_outcomes(result)
+        metrics = summarize(result, bucket_s=cfg.bucket_s, jobs=outcomes)
+        return {**head, **metrics}, latency_samples(outcomes)
+    except Exception as exc:
+        detail = "".join(traceback.format_exception_only(type(exc), exc)).strip()
+        return {**head, "error": detail}, None
 
-                def tick(frac: float, label: str = label) -> None:
-                    if progress is not None:
-                        progress(label, frac)
 
-                try:
-                    # a fresh analyzer per run: pattern history is learned within the run only
-                    analyzer = SimAnalyzer(estimator) if estimator is not None else None
-                    sim = FleetSim(specs, policy, router, seed=spec.seed, config=cfg.sim, analyzer=analyzer)
-                    result = sim.run(jobs, progress=tick)
-                    outcomes = job_outcomes(result)
-                    metrics = summarize(result, bucket_s=cfg.bucket_s, jobs=outcomes)
-                    out.samples[(policy, router, realized)] = latency_samples(outcomes)
-                    out.records.append({**head, **metrics})
-                except Exception as exc:
-                    detail = "".join(traceback.format_exception_only(type(exc), exc)).strip()
-                    out.records.append({**head, "error": detail})
-                tick(1.0)
+def _label(key: Key) -> str:
+    policy, router, rps = key
+    return f"{policy}/{router}@{'trace' if rps is None else f'{rps:g}'}rps"
+
+
+def run_bench(
+    cfg: BenchConfig,
+    progress: Progress | None = None,
+    *,
+    workers: int = 1,
+    done: Sequence[dict[str, Any]] = (),
+    on_record: Callable[[dict[str, Any]], None] | None = None,
+) -> BenchResult:
+    """Run every (load, policy, router); ``progress(label, fraction of this run)`` as runs go.
+
+    ``workers`` > 1 spreads the runs over that many processes (each run is independent and seeded, so
+    the records are those of a serial run, in the same order). ``done``: records of an earlier,
+    interrupted sweep of the same config; their runs are not repeated (resume). ``on_record`` sees
+    each new record as soon as its run ends (to save progress).
+    """
+    keys = run_keys(cfg)
+    kept = {record_key(r): r for r in done if "error" not in r}
+    todo = [k for k in keys if k not in kept]
+    new: dict[Key, RunOutput] = {}
+
+    def finished(key: Key, out: RunOutput) -> None:
+        new[key] = out
+        if on_record is not None:
+            on_record(out[0])
+        if progress is not None:
+            progress(_label(key), 1.0)
+
+    if workers <= 1 or len(todo) <= 1:
+        for key in todo:
+            tick = None if progress is None else functools.partial(progress, _label(key))
+            finished(key, run_one(cfg, key, tick))
+    else:
+        ctx = multiprocessing.get_context("spawn")  # no inherited threads or state: a clean process
+        with ProcessPoolExecutor(max_workers=min(workers, len(todo)), mp_context=ctx) as pool:
+            futures = {pool.submit(run_one, cfg, key): key for key in todo}
+            for fut in as_completed(futures):
+                finished(futures[fut], fut.result())
+    out = BenchResult()
+    for key in keys:
+        if key in kept:
+            out.records.append(kept[key])
+            continue
+        record, samples = new[key]
+        out.records.append(record)
+        if samples is not None:
+            out.samples[(record["policy"], record["router"], record["rps"])] = samples
     return out
 
 

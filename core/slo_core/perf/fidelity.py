@@ -3,9 +3,10 @@
 Splitwise (``splitwise_perf_model.csv.gz``, see data/SOURCES.md) reports, per (model, GPU, TP,
 prompt size P, batch B, generated tokens T), ``prompt_time``: one prefill iteration of B prompts of
 P tokens, and ``token_time``: the mean decode iteration of B sequences while they generate T tokens.
-As model inputs a prompt row is N = B·P, Σ(chunk·ctx) = B·P², ΣKV = 0, and a token row is N = B,
-Σ(chunk·ctx) = 0, ΣKV = B·(P + T/2) (the mean KV length over the decode; the model is linear in ΣKV,
-so the mean iteration time is the time at the mean KV). Repeated measurements are reduced to medians.
+As model inputs a prompt row is N = B·P, Σ(chunk·ctx) = B·P², ΣKV = 0, B prefill chunks, and a token
+row is N = B, Σ(chunk·ctx) = 0, ΣKV = B·(P + T/2), no prefill chunk (the mean KV length over the
+decode; the model is linear in ΣKV, so the mean iteration time is the time at the mean KV).
+Repeated measurements are reduced to medians.
 """
 
 from __future__ import annotations
@@ -14,11 +15,12 @@ import csv
 import gzip
 from collections import defaultdict
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
 from slo_core import data
-from slo_core.perf.fit import FloatArray, Points, ape
+from slo_core.perf.fit import ALL_COLUMNS, FloatArray, Points, ape
 from slo_core.perf.model import PerfProfile
 
 SPLITWISE_FILE = "splitwise_perf_model.csv.gz"
@@ -66,10 +68,10 @@ def phase_points(configs: list[SplitwiseConfig], phase: str) -> Points:
     zero = np.zeros_like(p)
     if phase == "prompt":
         y = np.asarray([c.prompt_time_ms for c in configs], dtype=np.float64)
-        return Points(b * p, b * p * p, zero, y)
+        return Points(b * p, b * p * p, zero, y, b)
     if phase == "token":
         y = np.asarray([c.token_time_ms for c in configs], dtype=np.float64)
-        return Points(b, zero, b * (p + t / 2.0), y)
+        return Points(b, zero, b * (p + t / 2.0), y, zero)
     raise ValueError(f"unknown phase {phase!r}; choose one of {PHASES}")
 
 
@@ -81,15 +83,20 @@ def all_points(configs: list[SplitwiseConfig]) -> Points:
         np.concatenate([q.chunk_ctx for q in parts]),
         np.concatenate([q.kv_tokens for q in parts]),
         np.concatenate([q.time_ms for q in parts]),
+        np.concatenate([q.prefills for q in parts]),
     )
+
+
+# How the shipped 70B profiles are fitted: every term, least relative absolute error (least MAPE)
+SPLITWISE_FIT: dict[str, Any] = {"use": ALL_COLUMNS, "loss": "l1"}
 
 
 def profile_predict_ms(profile: PerfProfile, pts: Points) -> FloatArray:
     """The profile's iteration time (ms) at each point."""
     return np.asarray(
         [
-            1000.0 * profile.iteration_time_from_sums_s(int(n), float(s), float(k))
-            for n, s, k in zip(pts.n_tokens, pts.chunk_ctx, pts.kv_tokens, strict=True)
+            1000.0 * profile.iteration_time_from_sums_s(int(n), float(s), float(k), int(q))
+            for n, s, k, q in zip(pts.n_tokens, pts.chunk_ctx, pts.kv_tokens, pts.prefills, strict=True)
         ],
         dtype=np.float64,
     )

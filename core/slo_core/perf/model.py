@@ -1,11 +1,13 @@
 """Per-iteration batch latency model (PROSERVE §4.1, SLOs-Serve §3.1.1).
 
-    T(batch) = t_c + max(floor, a·N) + b·Σ(chunk·ctx) + d·ΣKV
+    T(batch) = t_c + max(floor, a·N) + b·Σ(chunk·ctx) + d·ΣKV + s·P
 
 N is the number of tokens processed in the iteration (prefill chunk tokens plus one per decoding
 sequence); the linear term is floored because small batches are memory-bound; Σ(chunk·ctx) is the
 prefill attention work (each chunk's length times the context it attends to, itself included); ΣKV
-is the number of KV-cache tokens read by the decoding sequences. Coefficients are fitted from real
+is the number of KV-cache tokens read by the decoding sequences; P is the number of prefill chunks in
+the batch (a per-sequence prefill cost: Splitwise's batched prompts cost ~20 ms per prompt on top of
+their tokens; 0 in profiles composed from kernel timings). Coefficients are fitted from real
 GPU profiles by ``bench/fit_perf.py`` and shipped as JSON under ``slo_core/data/profiles``.
 """
 
@@ -35,6 +37,7 @@ class PerfProfile:
     kv_cache_tokens: int
     max_model_len: int
     source: str = ""
+    s_ms_per_prefill: float = 0.0
 
     def iteration_time_s(
         self, prefill_chunks: Sequence[tuple[int, int]], decode_kv_tokens: Sequence[int]
@@ -42,9 +45,12 @@ class PerfProfile:
         """Latency of one iteration: ``prefill_chunks`` are (chunk tokens, context incl. chunk)."""
         n_tokens = sum(c for c, _ in prefill_chunks) + len(decode_kv_tokens)
         chunk_ctx = sum(c * ctx for c, ctx in prefill_chunks)
-        return self.iteration_time_from_sums_s(n_tokens, chunk_ctx, sum(decode_kv_tokens))
+        n_prefills = sum(1 for c, _ in prefill_chunks if c > 0)
+        return self.iteration_time_from_sums_s(n_tokens, chunk_ctx, sum(decode_kv_tokens), n_prefills)
 
-    def iteration_time_from_sums_s(self, n_tokens: int, sum_chunk_ctx: float, sum_kv_tokens: float) -> float:
+    def iteration_time_from_sums_s(
+        self, n_tokens: int, sum_chunk_ctx: float, sum_kv_tokens: float, n_prefills: int = 0
+    ) -> float:
         """The same model from pre-aggregated sums (the simulator's hot path)."""
         if n_tokens <= 0:
             return 0.0
@@ -55,6 +61,8 @@ class PerfProfile:
             + self.b_ms_per_token_ctx * sum_chunk_ctx
             + self.d_ms_per_kv_token * sum_kv_tokens
         )
+        if n_prefills:
+            ms += self.s_ms_per_prefill * n_prefills
         return ms / 1000.0
 
 

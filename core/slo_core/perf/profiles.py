@@ -18,7 +18,7 @@ from slo_core.perf.model import PerfProfile
 
 PROFILES_DIR = DATA_DIR / "profiles"
 _FIELDS = tuple(f.name for f in fields(PerfProfile))
-_REQUIRED = tuple(f for f in _FIELDS if f != "source")
+_REQUIRED = tuple(f for f in _FIELDS if f not in ("source", "s_ms_per_prefill"))
 
 
 def list_profiles() -> list[str]:
@@ -52,7 +52,15 @@ def load_profile(name_or_path: str | Path) -> PerfProfile:
     values = {f: doc[f] for f in _FIELDS if f in doc}
     for f in ("tensor_parallel", "kv_cache_tokens", "max_model_len"):
         values[f] = int(values[f])
-    for f in ("t_c_ms", "floor_ms", "a_ms_per_token", "b_ms_per_token_ctx", "d_ms_per_kv_token"):
+    values.setdefault("s_ms_per_prefill", 0.0)
+    for f in (
+        "t_c_ms",
+        "floor_ms",
+        "a_ms_per_token",
+        "b_ms_per_token_ctx",
+        "d_ms_per_kv_token",
+        "s_ms_per_prefill",
+    ):
         values[f] = float(values[f])
         if values[f] < 0:
             raise ValueError(f"profile {str(name_or_path)!r}: {f} must be non-negative, got {values[f]}")

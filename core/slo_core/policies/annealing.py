@@ -80,7 +80,7 @@ class LatencyPredictor:
         b, ln = (g.ravel() for g in np.meshgrid(bs, ls))
         x = np.column_stack([b * ln, b, ln, np.ones_like(b)])
         y_p = [
-            profile.iteration_time_from_sums_s(int(bi * li), bi * li * li, 0.0)
+            profile.iteration_time_from_sums_s(int(bi * li), bi * li * li, 0.0, int(bi))
             for bi, li in zip(b, ln, strict=True)
         ]
         y_d = [

@@ -138,6 +138,8 @@ class SimEngine(EngineSnapshots):
         r.state = WAITING
         r.waiting_since_s = now_s
         r.preemptions += 1
+        if r.program is not None:
+            r.program.attained_cache = -1
         self.preemptions += 1
         self.events = True
 
@@ -203,7 +205,7 @@ class SimEngine(EngineSnapshots):
         chunk_ctx = 0
         for r, n in self._batch_p:
             chunk_ctx += n * (r.computed + n)
-        dt = self.profile.iteration_time_from_sums_s(n_tokens, chunk_ctx, kv)
+        dt = self.profile.iteration_time_from_sums_s(n_tokens, chunk_ctx, kv, len(self._batch_p))
         self.busy_s += dt
         self.steps_run += 1
         self.step_end_s = now_s + dt
@@ -303,6 +305,8 @@ class SimEngine(EngineSnapshots):
         finished: list[SimRequest] = []
         emitted: list[SimRequest] = []
         for r, n in self._batch_p:
+            if r.program is not None:
+                r.program.attained_cache = -1
             c = r.computed
             if c < r.prompt_tokens:
                 self.prompt_left_tokens -= min(n, r.prompt_tokens - c)
@@ -319,6 +323,8 @@ class SimEngine(EngineSnapshots):
                     finished.append(r)
         decodes = self._batch_d
         for r in decodes:
+            if r.program is not None:
+                r.program.attained_cache = -1
             r.computed += 1
             r.generated += 1
             r.num_tokens += 1
@@ -386,5 +392,7 @@ class SimEngine(EngineSnapshots):
         r.blocks = 0
         r.state = state
         r.finish_s = now_s
+        if r.program is not None:
+            r.program.attained_cache = -1
         self.done.append(r)
         self.events = True

@@ -29,6 +29,7 @@ class ProgramState:
 
     __slots__ = (
         "arrival_s",
+        "attained_cache",
         "attained_done_tokens",
         "calls",
         "deadline_at_s",
@@ -70,6 +71,9 @@ class ProgramState:
         self.pending_calls = 0
         self.calls: list[SimRequest] = []
         self.attained_done_tokens = 0
+        # attained_tokens() memoized; -1: stale. Whoever changes a call's computed/generated/state or
+        # attained_done_tokens resets it (the engine's step, preemption and leaving; the fleet's stage end)
+        self.attained_cache = -1
         self.finish_s: float | None = None
         self.failed = False
 
@@ -79,11 +83,15 @@ class ProgramState:
 
     def attained_tokens(self) -> int:
         """Autellix's attained service: tokens served to the program so far (no recompute counted)."""
+        cached = self.attained_cache
+        if cached >= 0:
+            return cached
         live = 0
         for c in self.calls:
             if c.state in (RUNNING, WAITING):
                 live += c.attained_tokens()
-        return self.attained_done_tokens + live
+        self.attained_cache = total = self.attained_done_tokens + live
+        return total
 
     def stage_deadline_at_s(self, stage: int, release_s: float) -> float:
         """Sub-deadline of a stage's calls: the time left split equally over the stages left.

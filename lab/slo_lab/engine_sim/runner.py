@@ -240,6 +240,7 @@ class EngineRunner:
                 if c.request_id not in self.live:  # a finished call: keep its service, drop the object
                     p.attained_done_tokens += c.attained_tokens()
             p.calls = [c for c in p.calls if c.request_id in self.live]
+            p.attained_cache = -1
         return p
 
     # ---- the engine task --------------------------------------------------------------------------

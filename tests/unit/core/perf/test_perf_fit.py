@@ -50,3 +50,25 @@ def test_unknown_column_is_an_error() -> None:
     pts = Points(np.ones(3), np.zeros(3), np.zeros(3), np.ones(3))
     with pytest.raises(ValueError, match="unknown columns"):
         fit_points(pts, use=("t_c", "z"))
+
+
+def test_l1_fit_recovers_the_per_prefill_term_and_ignores_an_outlier() -> None:
+    rng = np.random.default_rng(2)
+    truth = Fit(4.0, 0.03, 1e-6, 5e-5, 200.0, s_ms_per_prefill=15.0)
+    n = rng.integers(256, 8192, 30).astype(float)
+    q = rng.integers(1, 9, 30).astype(float)  # prefill chunks per batch
+    base = Points(n, n * n / q, np.zeros_like(n), np.ones_like(n), q)
+    y = truth.predict_ms(base)
+    y[0] *= 1.5  # one bad measurement: least absolute error is not pulled by it
+    pts = Points(base.n_tokens, base.chunk_ctx, base.kv_tokens, y, q)
+    got = fit_points(pts, use=("t_c", "a", "b", "s"), knees=np.asarray([200.0]), loss="l1")
+    assert got.s_ms_per_prefill == pytest.approx(15.0, rel=1e-4)
+    assert got.a_ms_per_token == pytest.approx(0.03, rel=1e-4)
+    l2 = fit_points(pts, use=("t_c", "a", "b", "s"), knees=np.asarray([200.0]))
+    assert abs(l2.s_ms_per_prefill - 15.0) > abs(got.s_ms_per_prefill - 15.0)
+
+
+def test_unknown_loss_is_an_error() -> None:
+    pts = Points(np.ones(3), np.zeros(3), np.zeros(3), np.ones(3))
+    with pytest.raises(ValueError, match="unknown loss"):
+        fit_points(pts, loss="huber")
