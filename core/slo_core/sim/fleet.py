@@ -25,6 +25,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from slo_core.objective import Objective
 from slo_core.perf.model import PerfProfile
 from slo_core.policies.base import EnginePolicy, RouterPolicy
 from slo_core.policies.registry import make_engine_policy, make_router_policy
@@ -83,10 +84,12 @@ class SimResult:
 PolicyFactory = Callable[[], EnginePolicy]
 
 
-def _policy_factory(policy: str | PolicyFactory, params: Mapping[str, Any] | None) -> PolicyFactory:
+def _policy_factory(
+    policy: str | PolicyFactory, params: Mapping[str, Any] | None, objective: Objective | None = None
+) -> PolicyFactory:
     if isinstance(policy, str):
         name = policy
-        return lambda: make_engine_policy(name, params)
+        return lambda: make_engine_policy(name, params, objective)
     return policy
 
 
@@ -104,16 +107,22 @@ class FleetSim:
         policy_params: Mapping[str, Any] | None = None,
         router_params: Mapping[str, Any] | None = None,
         analyzer: SimAnalyzer | None = None,
+        objective: Objective | None = None,
     ) -> None:
         """``analyzer``: the sidecar's request analyzer (QRF bounds refined as tokens stream, pattern-graph
         stage sub-deadlines); None leaves bounds unknown (policies fall back to max_tokens) and splits a
-        program's remaining time equally over its remaining stages."""
+        program's remaining time equally over its remaining stages. ``objective``: what SLO-aware
+        policies maximize (given to the engine and router policies named here, and the goodput of
+        the feedback they observe); None keeps each policy's own defaults."""
         self.analyzer = analyzer
         if not replicas:
             raise ValueError("a fleet needs at least one replica")
         self.config = config or SimConfig()
-        make_policy = _policy_factory(policy, policy_params)
-        feedback = Feedback(self.config.feedback_goodput)
+        make_policy = _policy_factory(policy, policy_params, objective)
+        if objective is not None:
+            feedback = Feedback(objective.goodput, objective.gain)
+        else:
+            feedback = Feedback(self.config.feedback_goodput)
         self.engines = [
             SimEngine(
                 f"replica-{i}",
@@ -127,7 +136,9 @@ class FleetSim:
             for i, spec in enumerate(replicas)
         ]
         self.by_id = {e.engine_id: e for e in self.engines}
-        self.router = make_router_policy(router, router_params) if isinstance(router, str) else router
+        self.router = (
+            make_router_policy(router, router_params, objective) if isinstance(router, str) else router
+        )
         self.router_rng = random.Random(seed * 7_919 + 17)
         self._router_needs_requests = bool(getattr(self.router, "needs_request_snapshots", True))
 
