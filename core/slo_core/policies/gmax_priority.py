@@ -154,6 +154,51 @@ def latency_on_time_tokens(c: Columns, now_s: float, t_pre: F64, bound: F64, v: 
     return out, next_on
 
 
+def normal_cdf(x: F64) -> F64:
+    """Φ(x), vectorized (Abramowitz–Stegun 7.1.26, |error| < 1.5e-7); ±inf map to 1 and 0."""
+    z = np.abs(np.nan_to_num(x, nan=0.0, posinf=40.0, neginf=-40.0)) / np.sqrt(2.0)
+    t = 1.0 / (1.0 + 0.3275911 * z)
+    poly = t * (0.254829592 + t * (-0.284496736 + t * (1.421413741 + t * (-1.453152027 + t * 1.061405429))))
+    erf = 1.0 - poly * np.exp(-z * z)
+    out: F64 = np.where(np.nan_to_num(x, nan=0.0) >= 0, 0.5 * (1.0 + erf), 0.5 * (1.0 - erf))
+    return out
+
+
+_Z_OF_QUANTILE: dict[float, float] = {}
+
+
+def _z(q: float) -> float:
+    """Φ⁻¹(q) by bisection on :func:`normal_cdf` (cached; q in (0.5, 1))."""
+    z = _Z_OF_QUANTILE.get(q)
+    if z is None:
+        lo, hi = 0.0, 10.0
+        for _ in range(60):
+            mid = 0.5 * (lo + hi)
+            if float(normal_cdf(np.array([mid]))[0]) < q:
+                lo = mid
+            else:
+                hi = mid
+        z = _Z_OF_QUANTILE[q] = 0.5 * (lo + hi)
+    return z
+
+
+def fit_probability(generated: F64, bound: F64, slack_tokens: F64, sigma: float, z_bound: float) -> F64:
+    """P(true total length ≤ generated + slack | true length > generated).
+
+    The true length is log-normal with spread ``sigma`` whose ``Φ(z_bound)`` quantile is ``bound``
+    (z_bound = 0: the bound is the median; sigma = 0 is handled by the caller as a yes/no test).
+    """
+    with np.errstate(divide="ignore", invalid="ignore"):
+        log_b = np.log(np.maximum(bound, 1.0))
+        hi = normal_cdf((np.log(np.maximum(generated + slack_tokens, 1e-9)) - log_b) / sigma + z_bound)
+        lo = np.where(
+            generated > 0, normal_cdf((np.log(np.maximum(generated, 1e-9)) - log_b) / sigma + z_bound), 0.0
+        )
+        p = np.where(slack_tokens <= 0, 0.0, (hi - lo) / np.maximum(1.0 - lo, 1e-12))
+    out: F64 = np.clip(np.nan_to_num(p), 0.0, 1.0)
+    return out
+
+
 def _decay(slo_s: F64, actual_s: F64, alpha: float) -> F64:
     """Tempo's min(1, (SLO/x)^α), 0 for an SLO already behind (SLO ≤ 0)."""
     with np.errstate(invalid="ignore", divide="ignore"):
@@ -205,12 +250,22 @@ def estimate(c: Columns, now_s: float, speed: SpeedModel, p: GMAXParams, frame_s
     t_finish = _stage_sum(stage_key, stage_mask, t_gen, reduce_max=True)  # stage calls run in parallel
     t_gen_agg = _stage_sum(stage_key, stage_mask, t_gen)  # bandwidth: every call holds a slot
     feasible_deadline = now_s + t_finish <= np.nan_to_num(deadline, nan=-np.inf) + _EPS_S
+    if p.feasibility == "probabilistic" and p.length_source != "oracle":
+        # P(this call fits before its deadline); a stage needs all of its calls: the product.
+        slack = (np.nan_to_num(deadline, nan=-np.inf) - now_s - t_pre) / v
+        z_b = _z(p.bound_quantile) if p.length_source == "analyzer" else 0.0
+        p_fit = fit_probability(g, bound, slack, p.length_sigma, z_b)
+        with np.errstate(divide="ignore"):
+            log_p = _stage_sum(stage_key, stage_mask, np.log(p_fit))
+        p_on_time = np.exp(log_p)
+    else:
+        p_on_time = feasible_deadline.astype(np.float64)
 
     n_on, next_on = latency_on_time_tokens(c, now_s, t_pre, bound, v)
     tokens = _stage_sum(stage_key, stage_mask, prompt + bound)
     prior = _prior_stage_tokens(c, stage_mask)
     tokens = tokens + prior
-    fdl = feasible_deadline.astype(np.float64)
+    fdl = p_on_time
     if p.goodput == "token":
         gd = tokens * fdl
         gl = n_on
