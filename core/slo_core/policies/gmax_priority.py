@@ -24,7 +24,7 @@ import numpy as np
 
 from slo_core.perf.model import PerfProfile
 from slo_core.policies.gmax_params import GMAXParams
-from slo_core.policies.gmax_snapshot import B8, BEST_EFFORT, COMPOUND, F64, LATENCY, Columns
+from slo_core.policies.gmax_snapshot import B8, BEST_EFFORT, COMPOUND, F64, I64, LATENCY, Columns
 
 _EPS_S = 1e-9
 _MIN_T_S = 1e-6
@@ -207,27 +207,43 @@ def _decay(slo_s: F64, actual_s: F64, alpha: float) -> F64:
     return out
 
 
-def _stage_sum(key: np.ndarray, mask: B8, values: F64, reduce_max: bool = False) -> F64:
-    """Replace values of masked rows by their per-key sum (or max); other rows unchanged."""
+class _Groups:
+    """Rows under ``mask`` grouped by ``key`` (np.unique once per key, reused by every aggregate)."""
+
+    __slots__ = ("inv", "mask", "n")
+
+    def __init__(self, key: np.ndarray, mask: B8) -> None:
+        self.mask = mask
+        if mask.any():
+            _, inv = np.unique(key[mask], return_inverse=True)
+            self.inv: I64 = inv
+            self.n = int(inv.max()) + 1
+        else:
+            self.inv = np.zeros(0, dtype=np.int64)
+            self.n = 0
+
+
+def _stage_sum(groups: _Groups, values: F64, reduce_max: bool = False) -> F64:
+    """Replace values of the grouped rows by their per-group sum (or max); other rows unchanged."""
     out = values.copy()
-    if not mask.any():
+    if groups.n == 0:
         return out
-    _, inv = np.unique(key[mask], return_inverse=True)
+    mask, inv = groups.mask, groups.inv
     if reduce_max:
-        agg = np.full(int(inv.max()) + 1, -np.inf)
+        agg = np.full(groups.n, -np.inf)
         np.maximum.at(agg, inv, values[mask])
     else:
-        agg = np.bincount(inv, weights=values[mask])
+        agg = np.bincount(inv, weights=values[mask], minlength=groups.n)
     out[mask] = agg[inv]
     return out
 
 
-def _prior_stage_tokens(c: Columns, stage_mask: B8) -> F64:
+def _prior_tokens(c: Columns, stage_mask: B8, by_program: _Groups) -> F64:
     """Tokens a compound program earned in earlier stages: its attained service minus what the
     program's calls in this snapshot have attained so far (prompt once it is done, plus outputs)."""
     g = c.generated_tokens
     live = np.where(g > 0, c.prompt_tokens, np.minimum(c.computed_tokens, c.prompt_tokens)) + g
-    live_sum = _stage_sum(c.program, stage_mask, live)
+    live_sum = _stage_sum(by_program, live)
     out: F64 = np.where(stage_mask, np.maximum(0.0, c.program_attained_tokens - live_sum), 0.0)
     return out
 
@@ -247,8 +263,9 @@ def estimate(c: Columns, now_s: float, speed: SpeedModel, p: GMAXParams, frame_s
     is_lat = kind == LATENCY
     stage_mask = (kind == COMPOUND) & (c.program >= 0)
     stage_key = c.program * 1_000_003 + c.stage + 1
-    t_finish = _stage_sum(stage_key, stage_mask, t_gen, reduce_max=True)  # stage calls run in parallel
-    t_gen_agg = _stage_sum(stage_key, stage_mask, t_gen)  # bandwidth: every call holds a slot
+    stages = _Groups(stage_key, stage_mask)
+    t_finish = _stage_sum(stages, t_gen, reduce_max=True)  # stage calls run in parallel
+    t_gen_agg = _stage_sum(stages, t_gen)  # bandwidth: every call holds a slot
     feasible_deadline = now_s + t_finish <= np.nan_to_num(deadline, nan=-np.inf) + _EPS_S
     if p.feasibility == "probabilistic" and p.length_source != "oracle":
         # P(this call fits before its deadline); a stage needs all of its calls: the product.
@@ -256,14 +273,14 @@ def estimate(c: Columns, now_s: float, speed: SpeedModel, p: GMAXParams, frame_s
         z_b = _z(p.bound_quantile) if p.length_source == "analyzer" else 0.0
         p_fit = fit_probability(g, bound, slack, p.length_sigma, z_b)
         with np.errstate(divide="ignore"):
-            log_p = _stage_sum(stage_key, stage_mask, np.log(p_fit))
+            log_p = _stage_sum(stages, np.log(p_fit))
         p_on_time = np.exp(log_p)
     else:
         p_on_time = feasible_deadline.astype(np.float64)
 
     n_on, next_on = latency_on_time_tokens(c, now_s, t_pre, bound, v)
-    tokens = _stage_sum(stage_key, stage_mask, prompt + bound)
-    prior = _prior_stage_tokens(c, stage_mask)
+    tokens = _stage_sum(stages, prompt + bound)
+    prior = _prior_tokens(c, stage_mask, _Groups(c.program, stage_mask))
     tokens = tokens + prior
     fdl = p_on_time
     if p.goodput == "token":
@@ -274,7 +291,7 @@ def estimate(c: Columns, now_s: float, speed: SpeedModel, p: GMAXParams, frame_s
         gl = (n_on >= len_rem).astype(np.float64)
     elif p.goodput == "tempo":
         arrival = np.where(np.isnan(c.program_arrival_s), c.arrival_s, c.program_arrival_s)
-        base = _stage_sum(stage_key, stage_mask, gp.input_weight * prompt + gp.output_weight * bound)
+        base = _stage_sum(stages, gp.input_weight * prompt + gp.output_weight * bound)
         base = base + gp.output_weight * prior
         gd = base * _decay(deadline - arrival, now_s + t_finish - arrival, gp.alpha)
         due_last = c.ttft_s + (bound - 1.0) * c.tbt_s
@@ -306,7 +323,7 @@ def estimate(c: Columns, now_s: float, speed: SpeedModel, p: GMAXParams, frame_s
     feasible = np.where(is_lat, n_on > 0, feasible_deadline)
     return Estimates(
         bound_tokens=bound,
-        len_rem_tokens=_stage_sum(stage_key, stage_mask, len_rem),
+        len_rem_tokens=_stage_sum(stages, len_rem),
         t_gen_s=t_gen_agg,
         t_rem_s=t_rem,
         deadline_at_s=deadline,
