@@ -80,25 +80,27 @@ def run(args: argparse.Namespace) -> int:
     for family in args.families.split(","):
         for replicas in (int(r) for r in args.replicas.split(",")):
             for seed in (int(s) for s in args.seeds.split(",")):
-                rates = _rates(args.rps, family, replicas)
-                spec = _spec(family, args.duration, seed, rates[0])
-                cfg = BenchConfig(
-                    workload=spec,
-                    rps=tuple(rates),
-                    policies=policies,
-                    routers=(args.router,),
-                    profiles=(load_profile(PROFILE),),
-                    replicas=replicas,
-                    engine=EngineConfig(),
-                    objective=objective,
-                )
-                result = run_bench(cfg)
-                for r in result.records:
-                    r["family"] = family
-                    r.pop("goodput_over_time", None)
                 name = f"records-{family}-r{replicas}-s{seed}-{args.objective}.json"
-                (out / name).write_text(json.dumps(result.records, indent=1) + "\n", encoding="utf-8")
-                print(f"wrote {out / name}", file=sys.stderr, flush=True)
+                path = out / name
+                records: list[dict[str, Any]] = []
+                for rps in _rates(args.rps, family, replicas):
+                    for policy in policies:  # one run at a time: records are saved as they come
+                        cfg = BenchConfig(
+                            workload=_spec(family, args.duration, seed, rps),
+                            rps=(rps,),
+                            policies=(policy,),
+                            routers=(args.router,),
+                            profiles=(load_profile(PROFILE),),
+                            replicas=replicas,
+                            engine=EngineConfig(),
+                            objective=objective,
+                        )
+                        for r in run_bench(cfg).records:
+                            r["family"] = family
+                            r.pop("goodput_over_time", None)
+                            records.append(r)
+                        path.write_text(json.dumps(records, indent=1) + "\n", encoding="utf-8")
+                        print(f"{path}: {policy} @ {rps:g}", file=sys.stderr, flush=True)
     return 0
 
 
