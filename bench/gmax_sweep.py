@@ -207,7 +207,7 @@ def tables(args: argparse.Namespace) -> int:
                 f"{(f'{statistics.fmean(lg):.3f}' if lg else '–')} | "
                 f"{(f'{statistics.fmean(lf):.3f}' if lf else '–')} |"
             )
-    text = "\n".join([*lines[:5], *summary, "", *lines[5:]]) + "\n"
+    text = "\n".join([*lines[:4], *summary, "", *lines[4:]]) + "\n"
     (out / "tables.md").write_text(text, encoding="utf-8")
     print(text)
     return 0
