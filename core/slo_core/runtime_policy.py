@@ -5,7 +5,7 @@ wait, goodput, engine policy), the vLLM plugin, the operator (what it renders fo
 simulator and the local fleet all read the same object, so a setting cannot mean one thing in one
 process and another elsewhere. ``SLOPolicySpec.runtime()`` (slo_core.crd.policy) builds it; this module
 holds only the plain, frozen types (no pydantic models of the CRD, no registry imports), so policies
-may take an :class:`Objective` as an input without importing the CRD layer.
+may take the :class:`~slo_core.objective.Objective` as an input without importing the CRD layer.
 """
 
 from __future__ import annotations
@@ -15,29 +15,11 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Literal
 
-from slo_core.gain import Delivery, GainParams, GoodputFunction, goodput_function
+from slo_core.objective import Objective
 from slo_core.slo import PriorityClass, RequestKind, SLOTier
 
 OverloadAction = Literal["reject", "best-effort", "admit"]
 OVERLOAD_ACTIONS: tuple[OverloadAction, ...] = ("reject", "best-effort", "admit")
-
-
-@dataclass(frozen=True, slots=True)
-class Objective:
-    """The goodput function a fleet maximizes and accounts with: its name and its weights."""
-
-    name: str = "token"
-    weights: GainParams = field(default_factory=GainParams)
-
-    def __post_init__(self) -> None:
-        goodput_function(self.name)  # an unknown name fails here, with the list of valid ones
-
-    def function(self) -> GoodputFunction:
-        return goodput_function(self.name)
-
-    def __call__(self, delivery: Delivery) -> float:
-        """The gain of ``delivery`` under this objective (its function with its weights)."""
-        return goodput_function(self.name)(delivery, self.weights)
 
 
 @dataclass(frozen=True, slots=True)

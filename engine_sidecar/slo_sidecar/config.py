@@ -18,9 +18,10 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from slo_core.gain import GainParams
+from slo_core.objective import Objective
 from slo_core.policies.base import EnginePolicy
 from slo_core.policies.registry import make_engine_policy
-from slo_core.runtime_policy import Objective, RuntimePolicy
+from slo_core.runtime_policy import RuntimePolicy
 from slo_core.slo import PriorityClass, RequestKind, SLOTier
 
 log = logging.getLogger(__name__)
@@ -79,7 +80,7 @@ class PolicyConfig:
 
     @property
     def objective(self) -> Objective:
-        return Objective(self.goodput, self.gain_params)
+        return Objective(goodput=self.goodput, gain=self.gain_params)
 
     @staticmethod
     def from_runtime(rp: RuntimePolicy, digest: str = "") -> PolicyConfig:
@@ -88,8 +89,8 @@ class PolicyConfig:
             tiers=dict(rp.tiers),
             default_tier=rp.default_tier,
             max_wait_s=rp.admission.max_wait_s,
-            goodput=rp.objective.name,
-            gain_params=rp.objective.weights,
+            goodput=rp.objective.goodput,
+            gain_params=rp.objective.gain,
             policy_name=rp.scheduling.name,
             policy_params=rp.scheduling.kwargs(),
             digest=digest,

@@ -9,7 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from slo_core.runtime_policy import OVERLOAD_ACTIONS, AdmissionRule, Objective, RuntimePolicy
+from slo_core.objective import Objective
+from slo_core.runtime_policy import OVERLOAD_ACTIONS, AdmissionRule, RuntimePolicy
 from slo_core.slo import PriorityClass, RequestKind, SLOTier
 from slo_router.tenants import Tenant
 

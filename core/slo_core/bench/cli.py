@@ -19,6 +19,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from slo_core.bench.runner import BenchConfig, fingerprint, markdown_table, record_key, run_bench, run_keys
+from slo_core.objective import Objective
 from slo_core.perf import list_profiles, load_profile
 from slo_core.perf.model import PerfProfile
 from slo_core.policies.registry import ENGINE_POLICIES, ROUTER_POLICIES, engine_policy_names
@@ -97,12 +98,30 @@ def register(parser: argparse.ArgumentParser) -> None:
         default="qrf",
         help="request analyzer: QRF length bounds and pattern-graph sub-deadlines (qrf, as deployed) or none",
     )
+    p.add_argument(
+        "--objective",
+        default=None,
+        choices=("token", "request", "tempo", "tdg"),
+        help="goodput function SLO-aware policies maximize and the table's headline column "
+        "(default: --slo-policy's spec.goodput, else token); every function is recorded",
+    )
+    p.add_argument(
+        "--fairness",
+        type=float,
+        default=None,
+        help="per-tenant fairness weight f in 0..1 (default: --slo-policy's spec.fairness, else 0)",
+    )
+    p.add_argument(
+        "--slo-policy",
+        default=None,
+        help="SLOPolicy YAML file whose spec.goodput and spec.fairness set the objective",
+    )
     o = parser.add_argument_group("output")
     o.add_argument(
         "--goodput",
-        default="token",
+        default=None,
         choices=("token", "request", "tempo", "tdg"),
-        help="goodput function of the table's headline column (all are recorded)",
+        help="deprecated alias of --objective",
     )
     o.add_argument("--json", dest="json_path", default=None, help="write the records to this JSON file")
     o.add_argument("--plots", default=None, help="write PNG plots into this folder")
@@ -161,6 +180,30 @@ def _profiles(args: argparse.Namespace) -> tuple[PerfProfile, ...]:
         raise UsageError(f"profile: {exc}") from None
 
 
+def objective_from_args(args: argparse.Namespace) -> Objective:
+    """--slo-policy's spec.goodput/spec.fairness, overridden by --objective (or --goodput) and --fairness."""
+    base = Objective()
+    if args.slo_policy is not None:
+        import yaml
+
+        from slo_core.crd.policy import SLOPolicy
+
+        try:
+            doc = yaml.safe_load(Path(args.slo_policy).read_text(encoding="utf-8"))
+            base = Objective.from_spec(SLOPolicy.model_validate(doc).spec)
+        except (OSError, yaml.YAMLError, ValidationError) as exc:
+            raise UsageError(f"--slo-policy {args.slo_policy!r}: {str(exc).splitlines()[0]}") from None
+    name = args.objective or args.goodput
+    update: dict[str, Any] = {}
+    if name is not None:
+        update["goodput"] = name
+    if args.fairness is not None:
+        if not 0 <= args.fairness <= 1:
+            raise UsageError(f"--fairness must lie in [0, 1], got {args.fairness}")
+        update["fairness"] = args.fairness
+    return base.model_copy(update=update) if update else base
+
+
 def build_config(args: argparse.Namespace) -> BenchConfig:
     """The sweep the options describe; UsageError says which option is wrong."""
     policies = (
@@ -207,6 +250,7 @@ def build_config(args: argparse.Namespace) -> BenchConfig:
         err = exc.errors()[0]
         raise UsageError(f"{'.'.join(map(str, err['loc']))}: {err['msg']}") from None
     return BenchConfig(
+        objective=objective_from_args(args),
         workload=workload,
         rps=_rates(args.rps),
         policies=policies,
@@ -295,14 +339,14 @@ def run(args: argparse.Namespace) -> int:
     finally:
         if bar is not None:
             bar.close()
-    print(markdown_table(result.records, args.goodput))
+    print(markdown_table(result.records, cfg.objective.goodput))
     if json_path is not None:
         json_path.parent.mkdir(parents=True, exist_ok=True)
         json_path.write_text(json.dumps(result.records, indent=1) + "\n", encoding="utf-8")
     if args.plots:
         from slo_core.sim.plots import write_plots
 
-        write_plots(result.records, result.samples, args.plots, args.goodput)
+        write_plots(result.records, result.samples, args.plots, cfg.objective.goodput)
     errors = [r for r in result.records if "error" in r]
     for r in errors:
         print(

@@ -21,6 +21,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from slo_core.metrics import job_outcomes, latency_samples, summarize
+from slo_core.objective import Objective
 from slo_core.perf.model import PerfProfile
 from slo_core.predict import OutputBoundEstimator, load_estimator
 from slo_core.sim.analyzer import SimAnalyzer
@@ -44,6 +45,10 @@ class BenchConfig(BaseModel):
     engine: EngineConfig = Field(default_factory=EngineConfig)
     sim: SimConfig = Field(default_factory=SimConfig)
     bucket_s: float = Field(60.0, gt=0, description="goodput-over-time bucket (s)")
+    objective: Objective = Field(
+        default_factory=Objective,
+        description="what SLO-aware policies maximize (spec.goodput, spec.fairness); headline column",
+    )
     analyzer: Literal["qrf", "none"] = Field(
         "qrf",
         description="qrf: requests carry the sidecar analyzer's QRF bounds (refined as tokens stream) and "
@@ -79,6 +84,8 @@ def _record_head(cfg: BenchConfig, policy: str, router: str, rps: float, n_jobs:
         "slo_scale": w.slo_scale,
         "jobs_offered": n_jobs,
         "analyzer": cfg.analyzer,
+        "objective": cfg.objective.goodput,
+        "fairness": cfg.objective.fairness,
     }
 
 
@@ -128,7 +135,15 @@ def run_one(cfg: BenchConfig, key: Key, progress: Callable[[float], None] | None
     try:
         # a fresh analyzer per run: pattern history is learned within the run only
         analyzer = SimAnalyzer(_estimator()) if cfg.analyzer == "qrf" else None
-        sim = FleetSim(specs, policy, router, seed=spec.seed, config=cfg.sim, analyzer=analyzer)
+        sim = FleetSim(
+            specs,
+            policy,
+            router,
+            seed=spec.seed,
+            config=cfg.sim,
+            analyzer=analyzer,
+            objective=cfg.objective,
+        )
         result = sim.run(jobs, progress=progress)
         outcomes = job_outcomes(result)
         metrics = summarize(result, bucket_s=cfg.bucket_s, jobs=outcomes)

@@ -18,7 +18,8 @@ from pydantic import ConfigDict, Field, model_validator
 from slo_core.crd.common import LIST_SET, CRDModel, Name, ObjectMeta, SecretKeyRef, ShortName, cel, list_map
 from slo_core.crd.status import SLOPolicyStatus
 from slo_core.gain import GainParams
-from slo_core.runtime_policy import AdmissionRule, Objective, PolicyChoice, RuntimePolicy, TenantRule
+from slo_core.objective import Objective
+from slo_core.runtime_policy import AdmissionRule, PolicyChoice, RuntimePolicy, TenantRule
 from slo_core.slo import PriorityClass, RequestKind, SLOTier
 
 MAX_PRIORITY_CLASSES = 16
@@ -304,7 +305,9 @@ class SLOPolicySpec(CRDModel):
                 best_effort=tiers[be_name] if be_name is not None else None,
                 max_wait_s=float(self.admission.max_wait_s),
             ),
-            objective=Objective(self.goodput.name, self.goodput.gain_params()),
+            objective=Objective(
+                goodput=self.goodput.name, gain=self.goodput.gain_params(), fairness=self.fairness
+            ),
             scheduling=PolicyChoice(self.scheduling.name, self.scheduling.params),
             routing=PolicyChoice(self.routing.name, self.routing.params),
             fairness=self.fairness,

@@ -24,6 +24,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from slo_core.objective import Objective
 from slo_core.perf.model import OnlineCorrection
 from slo_core.policies.base import BaseEnginePolicy, Decision, EngineView, FinishedView, RequestView
 from slo_core.policies.gmax_fairness import TenantService, blend
@@ -52,6 +53,16 @@ class GMAX(BaseEnginePolicy):
     name = "gmax"
     reschedule_on_events = True
     _variant: ClassVar[dict[str, Any]] = {}
+
+    @classmethod
+    def objective_params(cls, objective: Objective) -> dict[str, object]:
+        """The objective sets the goodput GMAX estimates, its weights and the fairness blend."""
+        return {
+            "goodput": objective.goodput,
+            "gain": objective.gain.model_dump(),
+            "fairness": objective.fairness,
+            "fairness_half_life_s": objective.fairness_half_life_s,
+        }
 
     def __init__(self, params: GMAXParams | None = None, **overrides: Any) -> None:
         base = params.model_dump(exclude_unset=True) if params is not None else {}

@@ -15,6 +15,7 @@ from slo_core.slo import DEFAULT_BEST_EFFORT_DEADLINE_S
 
 LengthSource = Literal["analyzer", "oracle", "mean"]
 Ordering = Literal["gmax", "sjf"]
+Feasibility = Literal["bound", "probabilistic"]
 
 
 class GMAXParams(BaseModel):
@@ -33,6 +34,22 @@ class GMAXParams(BaseModel):
     )
     ordering: Ordering = Field(
         "gmax", description="'gmax' = cutoff + length window (Algorithm 1); 'sjf' = shortest bound first"
+    )
+    feasibility: Feasibility = Field(
+        "probabilistic",
+        description="how a deadline/compound request's chance of finishing in time scales its goodput: "
+        "'bound' = yes/no on the analyzer's bound (JITServe Appendix B); 'probabilistic' = P(true length "
+        "fits the time left) under a log-normal whose bound_quantile is the bound (a compound stage: the "
+        "product over its calls)",
+    )
+    bound_quantile: float = Field(
+        0.95, gt=0.5, lt=1, description="quantile the analyzer's output bound stands for (fraction)"
+    )
+    length_sigma: float = Field(
+        0.45,
+        gt=0,
+        description="log-normal spread σ of a true output length around its bound (unitless; "
+        "0.45 ≈ the shipped forest's median q95-bound/true ratio of ~2)",
     )
     fallback_output_tokens: int = Field(
         1024, ge=1, description="output-length bound (tokens) used when the analyzer set none"

@@ -24,7 +24,7 @@ import numpy as np
 
 from slo_core.perf.model import PerfProfile
 from slo_core.policies.gmax_params import GMAXParams
-from slo_core.policies.gmax_snapshot import B8, BEST_EFFORT, COMPOUND, F64, LATENCY, Columns
+from slo_core.policies.gmax_snapshot import B8, BEST_EFFORT, COMPOUND, F64, I64, LATENCY, Columns
 
 _EPS_S = 1e-9
 _MIN_T_S = 1e-6
@@ -154,6 +154,51 @@ def latency_on_time_tokens(c: Columns, now_s: float, t_pre: F64, bound: F64, v: 
     return out, next_on
 
 
+def normal_cdf(x: F64) -> F64:
+    """Φ(x), vectorized (Abramowitz–Stegun 7.1.26, |error| < 1.5e-7); ±inf map to 1 and 0."""
+    z = np.abs(np.nan_to_num(x, nan=0.0, posinf=40.0, neginf=-40.0)) / np.sqrt(2.0)
+    t = 1.0 / (1.0 + 0.3275911 * z)
+    poly = t * (0.254829592 + t * (-0.284496736 + t * (1.421413741 + t * (-1.453152027 + t * 1.061405429))))
+    erf = 1.0 - poly * np.exp(-z * z)
+    out: F64 = np.where(np.nan_to_num(x, nan=0.0) >= 0, 0.5 * (1.0 + erf), 0.5 * (1.0 - erf))
+    return out
+
+
+_Z_OF_QUANTILE: dict[float, float] = {}
+
+
+def _z(q: float) -> float:
+    """Φ⁻¹(q) by bisection on :func:`normal_cdf` (cached; q in (0.5, 1))."""
+    z = _Z_OF_QUANTILE.get(q)
+    if z is None:
+        lo, hi = 0.0, 10.0
+        for _ in range(60):
+            mid = 0.5 * (lo + hi)
+            if float(normal_cdf(np.array([mid]))[0]) < q:
+                lo = mid
+            else:
+                hi = mid
+        z = _Z_OF_QUANTILE[q] = 0.5 * (lo + hi)
+    return z
+
+
+def fit_probability(generated: F64, bound: F64, slack_tokens: F64, sigma: float, z_bound: float) -> F64:
+    """P(true total length ≤ generated + slack | true length > generated).
+
+    The true length is log-normal with spread ``sigma`` whose ``Φ(z_bound)`` quantile is ``bound``
+    (z_bound = 0: the bound is the median; sigma = 0 is handled by the caller as a yes/no test).
+    """
+    with np.errstate(divide="ignore", invalid="ignore"):
+        log_b = np.log(np.maximum(bound, 1.0))
+        hi = normal_cdf((np.log(np.maximum(generated + slack_tokens, 1e-9)) - log_b) / sigma + z_bound)
+        lo = np.where(
+            generated > 0, normal_cdf((np.log(np.maximum(generated, 1e-9)) - log_b) / sigma + z_bound), 0.0
+        )
+        p = np.where(slack_tokens <= 0, 0.0, (hi - lo) / np.maximum(1.0 - lo, 1e-12))
+    out: F64 = np.clip(np.nan_to_num(p), 0.0, 1.0)
+    return out
+
+
 def _decay(slo_s: F64, actual_s: F64, alpha: float) -> F64:
     """Tempo's min(1, (SLO/x)^α), 0 for an SLO already behind (SLO ≤ 0)."""
     with np.errstate(invalid="ignore", divide="ignore"):
@@ -162,27 +207,43 @@ def _decay(slo_s: F64, actual_s: F64, alpha: float) -> F64:
     return out
 
 
-def _stage_sum(key: np.ndarray, mask: B8, values: F64, reduce_max: bool = False) -> F64:
-    """Replace values of masked rows by their per-key sum (or max); other rows unchanged."""
+class _Groups:
+    """Rows under ``mask`` grouped by ``key`` (np.unique once per key, reused by every aggregate)."""
+
+    __slots__ = ("inv", "mask", "n")
+
+    def __init__(self, key: np.ndarray, mask: B8) -> None:
+        self.mask = mask
+        if mask.any():
+            _, inv = np.unique(key[mask], return_inverse=True)
+            self.inv: I64 = inv
+            self.n = int(inv.max()) + 1
+        else:
+            self.inv = np.zeros(0, dtype=np.int64)
+            self.n = 0
+
+
+def _stage_sum(groups: _Groups, values: F64, reduce_max: bool = False) -> F64:
+    """Replace values of the grouped rows by their per-group sum (or max); other rows unchanged."""
     out = values.copy()
-    if not mask.any():
+    if groups.n == 0:
         return out
-    _, inv = np.unique(key[mask], return_inverse=True)
+    mask, inv = groups.mask, groups.inv
     if reduce_max:
-        agg = np.full(int(inv.max()) + 1, -np.inf)
+        agg = np.full(groups.n, -np.inf)
         np.maximum.at(agg, inv, values[mask])
     else:
-        agg = np.bincount(inv, weights=values[mask])
+        agg = np.bincount(inv, weights=values[mask], minlength=groups.n)
     out[mask] = agg[inv]
     return out
 
 
-def _prior_stage_tokens(c: Columns, stage_mask: B8) -> F64:
+def _prior_tokens(c: Columns, stage_mask: B8, by_program: _Groups) -> F64:
     """Tokens a compound program earned in earlier stages: its attained service minus what the
     program's calls in this snapshot have attained so far (prompt once it is done, plus outputs)."""
     g = c.generated_tokens
     live = np.where(g > 0, c.prompt_tokens, np.minimum(c.computed_tokens, c.prompt_tokens)) + g
-    live_sum = _stage_sum(c.program, stage_mask, live)
+    live_sum = _stage_sum(by_program, live)
     out: F64 = np.where(stage_mask, np.maximum(0.0, c.program_attained_tokens - live_sum), 0.0)
     return out
 
@@ -202,15 +263,26 @@ def estimate(c: Columns, now_s: float, speed: SpeedModel, p: GMAXParams, frame_s
     is_lat = kind == LATENCY
     stage_mask = (kind == COMPOUND) & (c.program >= 0)
     stage_key = c.program * 1_000_003 + c.stage + 1
-    t_finish = _stage_sum(stage_key, stage_mask, t_gen, reduce_max=True)  # stage calls run in parallel
-    t_gen_agg = _stage_sum(stage_key, stage_mask, t_gen)  # bandwidth: every call holds a slot
+    stages = _Groups(stage_key, stage_mask)
+    t_finish = _stage_sum(stages, t_gen, reduce_max=True)  # stage calls run in parallel
+    t_gen_agg = _stage_sum(stages, t_gen)  # bandwidth: every call holds a slot
     feasible_deadline = now_s + t_finish <= np.nan_to_num(deadline, nan=-np.inf) + _EPS_S
+    if p.feasibility == "probabilistic" and p.length_source != "oracle":
+        # P(this call fits before its deadline); a stage needs all of its calls: the product.
+        slack = (np.nan_to_num(deadline, nan=-np.inf) - now_s - t_pre) / v
+        z_b = _z(p.bound_quantile) if p.length_source == "analyzer" else 0.0
+        p_fit = fit_probability(g, bound, slack, p.length_sigma, z_b)
+        with np.errstate(divide="ignore"):
+            log_p = _stage_sum(stages, np.log(p_fit))
+        p_on_time = np.exp(log_p)
+    else:
+        p_on_time = feasible_deadline.astype(np.float64)
 
     n_on, next_on = latency_on_time_tokens(c, now_s, t_pre, bound, v)
-    tokens = _stage_sum(stage_key, stage_mask, prompt + bound)
-    prior = _prior_stage_tokens(c, stage_mask)
+    tokens = _stage_sum(stages, prompt + bound)
+    prior = _prior_tokens(c, stage_mask, _Groups(c.program, stage_mask))
     tokens = tokens + prior
-    fdl = feasible_deadline.astype(np.float64)
+    fdl = p_on_time
     if p.goodput == "token":
         gd = tokens * fdl
         gl = n_on
@@ -219,7 +291,7 @@ def estimate(c: Columns, now_s: float, speed: SpeedModel, p: GMAXParams, frame_s
         gl = (n_on >= len_rem).astype(np.float64)
     elif p.goodput == "tempo":
         arrival = np.where(np.isnan(c.program_arrival_s), c.arrival_s, c.program_arrival_s)
-        base = _stage_sum(stage_key, stage_mask, gp.input_weight * prompt + gp.output_weight * bound)
+        base = _stage_sum(stages, gp.input_weight * prompt + gp.output_weight * bound)
         base = base + gp.output_weight * prior
         gd = base * _decay(deadline - arrival, now_s + t_finish - arrival, gp.alpha)
         due_last = c.ttft_s + (bound - 1.0) * c.tbt_s
@@ -251,7 +323,7 @@ def estimate(c: Columns, now_s: float, speed: SpeedModel, p: GMAXParams, frame_s
     feasible = np.where(is_lat, n_on > 0, feasible_deadline)
     return Estimates(
         bound_tokens=bound,
-        len_rem_tokens=_stage_sum(stage_key, stage_mask, len_rem),
+        len_rem_tokens=_stage_sum(stages, len_rem),
         t_gen_s=t_gen_agg,
         t_rem_s=t_rem,
         deadline_at_s=deadline,

@@ -25,6 +25,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from slo_core.objective import Objective
 from slo_core.policies.base import BaseRouterPolicy, ReplicaView, RequestView, RouteDecision
 from slo_core.policies.seed_estimates import (
     decode_core_s,
@@ -69,6 +70,13 @@ class GoRouting(BaseRouterPolicy):
 
     name = "go-routing"
     gain_scored = True  # scores are Δ_p: Δ_max ≤ 0 means no replica serves the request in time
+
+    @classmethod
+    def objective_params(cls, objective: Objective) -> dict[str, object]:
+        """TDG's first-token weight from spec.goodput (1 under the other objectives)."""
+        if objective.goodput == "tdg":
+            return {"first_token_weight": max(objective.gain.first_token_weight, 1e-6)}
+        return {"first_token_weight": 1.0}
 
     def __init__(self, params: GoRoutingParams | None = None, **kwargs: object) -> None:
         self.params = params if params is not None else GoRoutingParams.model_validate(kwargs)

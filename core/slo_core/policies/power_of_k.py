@@ -22,6 +22,7 @@ from collections.abc import Sequence
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
+from slo_core.objective import Objective
 from slo_core.policies.base import BaseRouterPolicy, ReplicaView, RequestView, RouteDecision
 from slo_core.policies.gmax_params import GMAXParams
 from slo_core.policies.gmax_priority import SpeedModel, estimate
@@ -48,6 +49,11 @@ class PowerOfK(BaseRouterPolicy):
     """Route to the sampled replica where the request's GMAX priority is highest."""
 
     name = "power-of-k"
+
+    @classmethod
+    def objective_params(cls, objective: Objective) -> dict[str, object]:
+        """The replica priorities estimate the objective's goodput, as GMAX in the engine does."""
+        return {"gmax": {"goodput": objective.goodput, "gain": objective.gain.model_dump()}}
 
     def __init__(self, params: PowerOfKParams | None = None, **overrides: object) -> None:
         base = params.model_dump(exclude_unset=True) if params is not None else {}

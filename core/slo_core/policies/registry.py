@@ -11,6 +11,7 @@ import importlib
 from collections.abc import Callable, Mapping
 from typing import Any, cast
 
+from slo_core.objective import Objective, merge_objective_params
 from slo_core.policies.base import EnginePolicy, RouterPolicy
 
 ENGINE_POLICIES: dict[str, str] = {
@@ -53,14 +54,41 @@ def _load(table: Mapping[str, str], kind: str, name: str) -> Callable[..., Any]:
     return cast(Callable[..., Any], getattr(importlib.import_module(module_name), attr))
 
 
-def make_engine_policy(name: str, params: Mapping[str, Any] | None = None) -> EnginePolicy:
-    """Build the engine policy ``name`` with ``params`` (unknown params are a clear error)."""
-    return cast(EnginePolicy, _load(ENGINE_POLICIES, "engine", name)(**dict(params or {})))
+def _with_objective(
+    factory: Callable[..., Any], name: str, params: Mapping[str, Any] | None, objective: Objective | None
+) -> dict[str, Any]:
+    """``params`` plus what ``objective`` sets in an objective-aware policy (see slo_core.objective)."""
+    out = dict(params or {})
+    derive = getattr(factory, "objective_params", None)
+    if objective is None or derive is None:
+        return out
+    return merge_objective_params(name, out, derive(objective))
 
 
-def make_router_policy(name: str, params: Mapping[str, Any] | None = None) -> RouterPolicy:
-    """Build the router policy ``name`` with ``params``."""
-    return cast(RouterPolicy, _load(ROUTER_POLICIES, "router", name)(**dict(params or {})))
+def make_engine_policy(
+    name: str, params: Mapping[str, Any] | None = None, objective: Objective | None = None
+) -> EnginePolicy:
+    """Build the engine policy ``name`` with ``params`` (unknown params are a clear error).
+
+    ``objective``: what SLO-aware policies maximize (spec.goodput, spec.fairness); policies without
+    an ``objective_params`` classmethod do not read it.
+    """
+    factory = _load(ENGINE_POLICIES, "engine", name)
+    return cast(EnginePolicy, factory(**_with_objective(factory, name, params, objective)))
+
+
+def make_router_policy(
+    name: str, params: Mapping[str, Any] | None = None, objective: Objective | None = None
+) -> RouterPolicy:
+    """Build the router policy ``name`` with ``params`` (and ``objective``, as for engine policies)."""
+    factory = _load(ROUTER_POLICIES, "router", name)
+    return cast(RouterPolicy, factory(**_with_objective(factory, name, params, objective)))
+
+
+def objective_aware(name: str, kind: str = "engine") -> bool:
+    """Whether the policy ``name`` takes its parameters from the objective."""
+    table = ENGINE_POLICIES if kind == "engine" else ROUTER_POLICIES
+    return hasattr(_load(table, kind, name), "objective_params")
 
 
 def engine_policy_names() -> list[str]:

@@ -25,6 +25,7 @@ from typing import Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
+from slo_core.objective import Objective
 from slo_core.perf.model import OnlineCorrection, PerfProfile
 from slo_core.policies.base import BaseEnginePolicy, Decision, EngineView, RequestView
 from slo_core.policies.seed_estimates import (
@@ -138,6 +139,17 @@ class SlideBatching(BaseEnginePolicy):
     name = "slide-batching"
     frame_steps = 1
     reschedule_on_events = True
+
+    @classmethod
+    def objective_params(cls, objective: Objective) -> dict[str, object]:
+        """TDG's token weights from spec.goodput (token and request objectives weigh tokens alike)."""
+        g = objective.gain
+        if objective.goodput in ("tdg", "tempo"):
+            return {
+                "first_token_weight": max(g.first_token_weight, 1e-6),
+                "decode_token_weight": max(g.decode_token_weight, 1e-6),
+            }
+        return {"first_token_weight": 1.0, "decode_token_weight": 1.0}
 
     def __init__(self, params: SlideBatchingParams | None = None, **kwargs: object) -> None:
         self.params = params if params is not None else SlideBatchingParams.model_validate(kwargs)

@@ -21,6 +21,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from slo_core.objective import Objective
 from slo_core.perf.model import PerfProfile
 from slo_core.policies.base import BaseEnginePolicy, Decision, EngineView, RequestView
 from slo_core.policies.seed_estimates import (
@@ -135,6 +136,11 @@ class SLOsServe(BaseEnginePolicy):
 
     name = "slos-serve"
     reschedule_on_events = True
+
+    @classmethod
+    def objective_params(cls, objective: Objective) -> dict[str, object]:
+        """The DP's value of attaining a request: its weight (request goodput) or weight × tokens."""
+        return {"value": "request" if objective.goodput == "request" else "tokens"}
 
     def __init__(self, params: SLOsServeParams | None = None, **kwargs: object) -> None:
         self.params = params if params is not None else SLOsServeParams.model_validate(kwargs)

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
+from slo_core.objective import Objective
 from slo_core.policies.base import BaseEnginePolicy, Decision, EngineView, RequestView
 from slo_core.policies.seed_estimates import (
     expected_output_tokens,
@@ -154,6 +155,18 @@ class Tempo(BaseEnginePolicy):
 
     name = "tempo"
     reschedule_on_events = True
+
+    @classmethod
+    def objective_params(cls, objective: Objective) -> dict[str, object]:
+        """Tempo's gain weights from the objective: token goodput counts input and output tokens alike,
+        TDG only output tokens; tempo (and request, which Tempo cannot express per request) use
+        spec.goodput's w_i, w_o and α."""
+        g = objective.gain
+        if objective.goodput == "token":
+            return {"input_weight": 1.0, "output_weight": 1.0, "alpha": g.alpha}
+        if objective.goodput == "tdg":
+            return {"input_weight": 0.0, "output_weight": g.decode_token_weight, "alpha": g.alpha}
+        return {"input_weight": g.input_weight, "output_weight": g.output_weight, "alpha": g.alpha}
 
     def __init__(self, params: TempoParams | None = None, **kwargs: object) -> None:
         self.params = params if params is not None else TempoParams.model_validate(kwargs)

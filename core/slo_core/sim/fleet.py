@@ -28,11 +28,12 @@ from typing import Any, Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from slo_core.objective import Objective
 from slo_core.perf.model import PerfProfile
 from slo_core.policies.base import EnginePolicy, RouterPolicy
 from slo_core.policies.registry import make_engine_policy, make_router_policy
 from slo_core.routing import RoutingPipeline, SnapshotEndpoint
-from slo_core.runtime_policy import AdmissionRule, Objective, RuntimePolicy
+from slo_core.runtime_policy import AdmissionRule, RuntimePolicy
 from slo_core.sim.analyzer import SimAnalyzer
 from slo_core.sim.engine import SimEngine
 from slo_core.sim.engine_types import EngineConfig
@@ -104,10 +105,12 @@ class Ticker(Protocol):
         ...
 
 
-def _policy_factory(policy: str | PolicyFactory, params: Mapping[str, Any] | None) -> PolicyFactory:
+def _policy_factory(
+    policy: str | PolicyFactory, params: Mapping[str, Any] | None, objective: Objective | None = None
+) -> PolicyFactory:
     if isinstance(policy, str):
         name = policy
-        return lambda: make_engine_policy(name, params)
+        return lambda: make_engine_policy(name, params, objective)
     return policy
 
 
@@ -135,16 +138,18 @@ class FleetSim:
         program's remaining time equally over its remaining stages. ``admission``: what happens to a
         request no replica can serve in time (the SLOPolicy's, ``RuntimePolicy.admission``; default
         reject, as a router without a best-effort tier does); ``shuffle_ties`` as the router's;
-        ``objective``: the goodput function and weights of the policies' feedback (default:
-        ``config.feedback_goodput`` with default weights)."""
+        ``objective``: what SLO-aware policies maximize (given to the engine and router policies named
+        here, and the goodput of the feedback they observe); None keeps each policy's own defaults and
+        feeds back ``config.feedback_goodput``."""
         self.analyzer = analyzer
         if not replicas:
             raise ValueError("a fleet needs at least one replica")
         self.config = config or SimConfig()
-        make_policy = _policy_factory(policy, policy_params)
-        if objective is None:
-            objective = Objective(self.config.feedback_goodput)
-        feedback = Feedback(objective.name, objective.weights)
+        make_policy = _policy_factory(policy, policy_params, objective)
+        if objective is not None:
+            feedback = Feedback(objective.goodput, objective.gain)
+        else:
+            feedback = Feedback(self.config.feedback_goodput)
         self.engines = [
             SimEngine(
                 f"replica-{i}",
@@ -158,7 +163,9 @@ class FleetSim:
             for i, spec in enumerate(replicas)
         ]
         self.by_id = {e.engine_id: e for e in self.engines}
-        self.router = make_router_policy(router, router_params) if isinstance(router, str) else router
+        self.router = (
+            make_router_policy(router, router_params, objective) if isinstance(router, str) else router
+        )
         self.router_rng = random.Random(seed * 7_919 + 17)
         self.pipeline = RoutingPipeline(self.router, admission, shuffle=shuffle_ties)
         self._router_needs_requests = self.router.needs_request_snapshots

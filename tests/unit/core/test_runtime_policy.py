@@ -12,8 +12,9 @@ from repo_paths import ROOT
 from slo_core.crd.loads import load_policy, render_policy_config
 from slo_core.crd.policy import SLOPolicy
 from slo_core.gain import Delivery, GainParams
+from slo_core.objective import Objective
 from slo_core.perf.profiles import load_profile
-from slo_core.runtime_policy import AdmissionRule, Objective, RuntimePolicy
+from slo_core.runtime_policy import AdmissionRule, RuntimePolicy
 from slo_core.sim.fleet import FleetSim, ReplicaSpec
 from slo_core.slo import RequestKind, SLOTargets
 from slo_operator.policy import policy_config
@@ -38,7 +39,9 @@ def policy(tmp_path: Path, **spec: object) -> tuple[SLOPolicy, Path]:
 def test_every_process_reads_the_one_runtime_policy(tmp_path: Path) -> None:
     pol, path = policy(tmp_path)
     rp = pol.spec.runtime()
-    assert rp.objective == Objective("tempo", GainParams(output_weight=5.0, alpha=2.0))
+    assert rp.objective == Objective(
+        goodput="tempo", gain=GainParams(output_weight=5.0, alpha=2.0), fairness=pol.spec.fairness
+    )
     assert rp.admission == AdmissionRule(
         "best-effort", "best-effort", rp.tiers["best-effort"], max_wait_s=12.0
     )
@@ -67,7 +70,7 @@ def test_the_router_accounts_goodput_with_the_policys_weights(tmp_path: Path) ->
     slo = SLOTargets(RequestKind.DEADLINE, deadline_s=1.0)
     late = Delivery(slo=slo, arrival_s=0.0, input_tokens=10, token_times_s=(1.5, 2.0), completed=True)
     weighted = config.objective(late)
-    default = Objective("tempo")(late)
+    default = Objective(goodput="tempo")(late)
     # tempo: w·(w_i·in + w_o·out)·min(1, (D/t)^α) = (10 + 5·2)·(1/2)^2 = 5.0, not (10 + 2·2)·(1/2) = 7.0
     assert weighted == pytest.approx(5.0) and default == pytest.approx(7.0)
 
@@ -76,8 +79,8 @@ def test_runtime_policy_is_frozen_and_checks_its_names() -> None:
     rp = RuntimePolicy()
     with pytest.raises(TypeError):
         rp.tiers["x"] = rp.tiers["standard"]  # type: ignore[index]
-    with pytest.raises(ValueError, match="unknown goodput function"):
-        Objective("nope")
+    with pytest.raises(ValueError, match="Input should be 'token'"):
+        Objective(goodput="nope")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="best-effort tier"):
         AdmissionRule("best-effort")
     with pytest.raises(ValueError, match="defaultTier"):

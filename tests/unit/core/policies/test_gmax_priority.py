@@ -64,7 +64,7 @@ def test_deadline_request_bandwidth_and_priority() -> None:
 
 def test_deadline_request_that_cannot_finish_pays_nothing() -> None:
     # 100 tokens need 1 s but only 0.5 s remain: the Appendix B filter zeroes its goodput.
-    e = run([req("d", DL)], now_s=19.5)
+    e = run([req("d", DL)], now_s=19.5, feasibility="bound")
     assert e.bandwidth[0] == pytest.approx(2.0)
     assert not e.feasible[0]
     assert e.goodput[0] == 0.0
@@ -95,10 +95,10 @@ def test_prefill_of_uncomputed_tokens_counts_in_t_gen() -> None:
 
 def test_waiting_requests_gain_delta_per_frame_waited() -> None:
     w = req("w", DL, waiting_since_s=0.0)
-    e = run([], now_s=19.8, waiting=[w], delta_per_frame=2.0, frame_s=0.5)
+    e = run([], now_s=19.8, waiting=[w], delta_per_frame=2.0, frame_s=0.5, feasibility="bound")
     # infeasible (needs 1 s, 0.2 s left) so only the starvation guard pays: 2 · 19.8 / 0.5
     assert e.goodput[0] == pytest.approx(2.0 * 19.8 / 0.5)
-    running = run([req("r", DL)], now_s=19.8, delta_per_frame=2.0, frame_s=0.5)
+    running = run([req("r", DL)], now_s=19.8, delta_per_frame=2.0, frame_s=0.5, feasibility="bound")
     assert running.goodput[0] == 0.0  # running requests are not waiting
 
 
@@ -152,7 +152,9 @@ def test_output_bound_sources(kwargs: dict[str, Any], params: dict[str, Any], ex
 
 
 def test_request_goodput_counts_one_per_feasible_request() -> None:
-    e = run([req("d", DL), req("late", DL, arrival_s=-19.5)], now_s=0.0, goodput="request")
+    e = run(
+        [req("d", DL), req("late", DL, arrival_s=-19.5)], now_s=0.0, goodput="request", feasibility="bound"
+    )
     assert e.goodput.tolist() == [1.0, 0.0]
 
 

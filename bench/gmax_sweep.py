@@ -1,0 +1,238 @@
+"""Issue 15's evidence: every registered policy vs the default (gmax), its oracle, the envelope and
+an offline upper bound, over workload families × replicas × loads × seeds.
+
+Run (one process per seed is the natural split; records land in OUT/records-*.json):
+
+    .venv/bin/python bench/gmax_sweep.py run --out bench/results/gmax/sweep \\
+        --families conv --replicas 1 --rps 8,12 --seeds 0 --duration 60
+    .venv/bin/python bench/gmax_sweep.py tables --out bench/results/gmax/sweep
+
+The full sweep the issue asks for (>= 300 s windows, >= 3 seeds, three families, 1/2/4 replicas)::
+
+    for s in 0 1 2; do .venv/bin/python bench/gmax_sweep.py run --out OUT --families conv,tot,sharegpt \\
+        --replicas 1,2,4 --rps overload,light --seeds $s --duration 300 --policies all & done; wait
+
+``--rps overload,light`` picks per family the load where FCFS attains < 50 % and a lighter one
+(per replica, times the replica count). ``tables`` prints mean ± spread (min–max over seeds) of the
+objective per policy, the envelope (best other registered policy's mean at that point), the offline
+upper bound (slo_core.metrics.ceiling) and ratios of gmax to each.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+from slo_core.bench.runner import BenchConfig, run_bench
+from slo_core.metrics.ceiling import offline_bound
+from slo_core.objective import Objective
+from slo_core.perf import load_profile
+from slo_core.policies.registry import engine_policy_names
+from slo_core.sim.engine_types import EngineConfig
+from slo_core.workloads import WorkloadSpec, build_workload
+
+PROFILE = "h100-llama3-8b-tp1"
+# family -> (workload fields, per-replica (overload, light) rates in requests/s)
+FAMILIES: dict[str, tuple[dict[str, Any], tuple[float, float]]] = {
+    "conv": ({"trace": "azure-conv-2023", "mix": (1.0, 1.0, 1.0), "dags": "deep-research"}, (12.0, 8.0)),
+    "code": ({"trace": "azure-code-2023", "mix": (1.0, 1.0, 1.0), "dags": "deep-research"}, (8.0, 5.0)),
+    "tot": ({"trace": "azure-conv-2023", "mix": (1.0, 1.0, 1.0), "dags": "tot"}, (12.0, 8.0)),
+    "sharegpt": (
+        {"trace": "sharegpt", "arrival": "poisson", "mix": (1.0, 1.0, 1.0), "dags": "deep-research"},
+        (8.0, 5.0),
+    ),
+}
+DEFAULT_POLICIES = (
+    "fcfs,sarathi,edf,ltr,sjf-oracle,strict-priority,tempo,slos-serve,"
+    "gmax,gmax-oracle,gmax-no-gmax,gmax-no-analyzer"
+)
+
+
+def _spec(family: str, duration: float, seed: int, rps: float) -> WorkloadSpec:
+    fields, _ = FAMILIES[family]
+    return WorkloadSpec(duration_s=duration, seed=seed, rps=rps, **fields)
+
+
+def _rates(text: str, family: str, replicas: int) -> list[float]:
+    over, light = FAMILIES[family][1]
+    out = []
+    for raw in text.split(","):
+        item = raw.strip()
+        if item == "overload":
+            out.append(over * replicas)
+        elif item == "light":
+            out.append(light * replicas)
+        else:
+            out.append(float(item))
+    return out
+
+
+def run(args: argparse.Namespace) -> int:
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    policies = tuple(engine_policy_names()) if args.policies == "all" else tuple(args.policies.split(","))
+    objective = Objective(goodput=args.objective)
+    for family in args.families.split(","):
+        for replicas in (int(r) for r in args.replicas.split(",")):
+            for seed in (int(s) for s in args.seeds.split(",")):
+                name = f"records-{family}-r{replicas}-s{seed}-{args.objective}.json"
+                path = out / name
+                records: list[dict[str, Any]] = []
+                for rps in _rates(args.rps, family, replicas):
+                    for policy in policies:  # one run at a time: records are saved as they come
+                        cfg = BenchConfig(
+                            workload=_spec(family, args.duration, seed, rps),
+                            rps=(rps,),
+                            policies=(policy,),
+                            routers=(args.router,),
+                            profiles=(load_profile(PROFILE),),
+                            replicas=replicas,
+                            engine=EngineConfig(),
+                            objective=objective,
+                        )
+                        for r in run_bench(cfg).records:
+                            r["family"] = family
+                            r.pop("goodput_over_time", None)
+                            records.append(r)
+                        path.write_text(json.dumps(records, indent=1) + "\n", encoding="utf-8")
+                        print(f"{path}: {policy} @ {rps:g}", file=sys.stderr, flush=True)
+    return 0
+
+
+def _mean_spread(xs: list[float]) -> str:
+    if not xs:
+        return "–"
+    m = statistics.fmean(xs)
+    return f"{m:.3f}" if len(xs) == 1 else f"{m:.3f} ({min(xs):.3f}–{max(xs):.3f})"
+
+
+def tables(args: argparse.Namespace) -> int:
+    out = Path(args.out)
+    records: list[dict[str, Any]] = []
+    for path in sorted(out.glob("records-*.json")):
+        records += [r for r in json.loads(path.read_text(encoding="utf-8")) if "error" not in r]
+    groups: dict[tuple[Any, ...], list[dict[str, Any]]] = defaultdict(list)
+    for r in records:
+        groups[(r["family"], r["replicas"], r["rps"], r.get("objective", "token"))].append(r)
+    lines = [
+        "# GMAX vs every registered policy, the envelope and the offline bound (bench/gmax_sweep.py)",
+        "",
+        "Objective ratio = goodput over the instant-service gain of the same jobs. Mean over seeds, "
+        "(min–max) in brackets. `envelope` = best mean of the other policies at the point; `bound` = "
+        "offline upper bound (slo_core/metrics/ceiling.py; a relaxation, mean over seeds); "
+        "`lat` = latency-tier attainment.",
+        "",
+    ]
+    summary = [
+        "## gmax at each point",
+        "",
+        "| family | replicas | req/s | objective | seeds | gmax | /envelope (best other) | /oracle | /bound "
+        "| /fcfs | /sarathi | lat gmax | lat fcfs |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for key in sorted(groups):
+        family, replicas, rps, objective = key
+        rs = groups[key]
+        by_pol: dict[str, list[dict[str, Any]]] = defaultdict(list)
+        for r in rs:
+            by_pol[r["policy"]].append(r)
+        col = f"goodput_{objective}_ratio"
+
+        def vals(pol: str, field: str = col, rows: dict[str, list[dict[str, Any]]] = by_pol) -> list[float]:
+            return [float(r[field]) for r in rows.get(pol, []) if r.get(field) is not None]
+
+        def lat(pol: str, rows: dict[str, list[dict[str, Any]]] = by_pol) -> list[float]:
+            return [
+                float(r["by_kind"]["latency"]["attainment"])
+                for r in rows.get(pol, [])
+                if "latency" in r.get("by_kind", {})
+            ]
+
+        seeds = sorted({r["seed"] for r in rs})
+        bounds = []
+        for seed in seeds:
+            head = rs[0]
+            spec = _spec(family, head["duration_s"], seed, rps)
+            c = offline_bound(
+                build_workload(spec),
+                objective,
+                profiles=(load_profile(PROFILE),),
+                replicas=replicas,
+                max_num_seqs=EngineConfig().max_num_seqs,
+            )
+            if c is not None:
+                bounds.append(c.ratio)
+        bound = statistics.fmean(bounds) if bounds else None
+        means = {p: statistics.fmean(vals(p)) for p in by_pol if vals(p)}
+        others = {p: m for p, m in means.items() if p not in {"gmax", "gmax-oracle"}}
+        best = max(others, key=lambda p: others[p]) if others else None
+        lines += [
+            f"## {family}, {replicas} replica(s), {rps:g} req/s, objective {objective}, seeds {seeds}, "
+            f"{rs[0]['duration_s']:g} s",
+            "",
+            f"offline bound: {bound:.3f}" if bound is not None else "offline bound: not defined",
+            "",
+            "| policy | objective ratio | token | request | attain | lat attain | of envelope | of bound |",
+            "|---|---|---|---|---|---|---|---|",
+        ]
+        for pol in sorted(means, key=lambda p: -means[p]):
+            m = means[pol]
+            env = f"{m / others[best]:.2f}" if best and others[best] > 0 else "–"
+            ob = f"{m / bound:.2f}" if bound else "–"
+            lines.append(
+                f"| {pol} | {_mean_spread(vals(pol))} "
+                f"| {_mean_spread(vals(pol, 'goodput_token_ratio'))} "
+                f"| {_mean_spread(vals(pol, 'goodput_request_ratio'))} "
+                f"| {_mean_spread(vals(pol, 'attainment'))} | {_mean_spread(lat(pol))} | {env} | {ob} |"
+            )
+        lines.append("")
+        g = means.get("gmax")
+        if g is not None:
+
+            def ratio(p: str | None, g: float = g, means: dict[str, float] = means) -> str:
+                if p is None or p not in means or means[p] <= 0:
+                    return "–"
+                return f"{g / means[p]:.2f}"
+
+            lg, lf = lat("gmax"), lat("fcfs")
+            summary.append(
+                f"| {family} | {replicas} | {rps:g} | {objective} | {len(seeds)} | {g:.3f} | "
+                f"{ratio(best)} ({best}) | {ratio('gmax-oracle')} | "
+                f"{(f'{g / bound:.2f}' if bound else '–')} | {ratio('fcfs')} | {ratio('sarathi')} | "
+                f"{(f'{statistics.fmean(lg):.3f}' if lg else '–')} | "
+                f"{(f'{statistics.fmean(lf):.3f}' if lf else '–')} |"
+            )
+    text = "\n".join([*lines[:4], *summary, "", *lines[4:]]) + "\n"
+    (out / "tables.md").write_text(text, encoding="utf-8")
+    print(text)
+    return 0
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    r = sub.add_parser("run")
+    r.add_argument("--out", required=True)
+    r.add_argument("--families", default="conv")
+    r.add_argument("--replicas", default="1")
+    r.add_argument("--rps", default="overload,light")
+    r.add_argument("--seeds", default="0")
+    r.add_argument("--duration", type=float, default=60.0)
+    r.add_argument("--policies", default=DEFAULT_POLICIES)
+    r.add_argument("--router", default="round-robin")
+    r.add_argument("--objective", default="token", choices=("token", "request", "tempo", "tdg"))
+    r.set_defaults(func=run)
+    t = sub.add_parser("tables")
+    t.add_argument("--out", required=True)
+    t.set_defaults(func=tables)
+    args = ap.parse_args()
+    return int(args.func(args))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
