@@ -17,7 +17,6 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from slo_core.gain import GainParams
 from slo_core.objective import Objective
 from slo_core.policies.base import EnginePolicy
 from slo_core.policies.registry import make_engine_policy
@@ -69,18 +68,13 @@ class PolicyConfig:
     tiers: dict[str, SLOTier]
     default_tier: str
     max_wait_s: float = 30.0
-    goodput: str = "token"
-    gain_params: GainParams = field(default_factory=GainParams)
+    objective: Objective = field(default_factory=Objective)
     policy_name: str = "fcfs"
     policy_params: dict[str, Any] = field(default_factory=dict)
     digest: str = ""
 
     def make_policy(self) -> EnginePolicy:
-        return make_engine_policy(self.policy_name, self.policy_params)
-
-    @property
-    def objective(self) -> Objective:
-        return Objective(goodput=self.goodput, gain=self.gain_params)
+        return make_engine_policy(self.policy_name, self.policy_params, self.objective)
 
     @staticmethod
     def from_runtime(rp: RuntimePolicy, digest: str = "") -> PolicyConfig:
@@ -89,8 +83,7 @@ class PolicyConfig:
             tiers=dict(rp.tiers),
             default_tier=rp.default_tier,
             max_wait_s=rp.admission.max_wait_s,
-            goodput=rp.objective.goodput,
-            gain_params=rp.objective.gain,
+            objective=rp.objective,
             policy_name=rp.scheduling.name,
             policy_params=rp.scheduling.kwargs(),
             digest=digest,

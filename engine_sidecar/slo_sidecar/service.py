@@ -324,7 +324,9 @@ class Sidecar:
         live, m = job.live, self.metrics
         tier, pclass = live.tier.name, live.targets.priority_class
         self.tier_inflight[tier] -= 1
-        outcome = self.tracker.outcome(live, status == "ok", self.config.goodput, self.config.gain_params)
+        outcome = self.tracker.outcome(
+            live, status == "ok", self.config.objective.goodput, self.config.objective.gain
+        )
         m.requests.labels(tier, pclass, status).inc()
         m.goodput_earned.labels(tier, pclass).inc(outcome.earned)
         m.goodput_lost.labels(tier, pclass).inc(max(0.0, outcome.ideal - outcome.earned))
