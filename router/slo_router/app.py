@@ -31,16 +31,21 @@ from slo_core.policies.base import RequestView, RouterPolicy
 from slo_core.policies.registry import make_router_policy
 from slo_core.policies.seed_estimates import first_token_due_s
 from slo_core.slo import RequestKind
+from slo_core.wire.limits import RequestLimits
 from slo_core.wire.request_slo import strip_slo_fields
+from slo_core.wire.tags import strip_engine_tags
 from slo_router.accounting import respond
 from slo_router.config import RouterConfig
 from slo_router.dispatch import DispatchResult, SessionTable, dispatch
 from slo_router.endpoints import EndpointState
-from slo_router.errors import APIError, error_response
+from slo_router.errors import APIError, error_response, exception_handlers
 from slo_router.intake import (
     affinity_of,
     authenticate,
-    read_body,
+    check_model,
+    model_context_tokens,
+    read_request,
+    request_id_of,
     request_view,
     resolve,
     upstream_headers,
@@ -75,6 +80,7 @@ class RouterState:
     # False while a policy the router must follow (``--policy-name``) has not been read yet: not ready
     policy_loaded: bool = True
     policy_source: str = ""
+    limits: RequestLimits = field(default_factory=RequestLimits)
 
     def usable_endpoints(self) -> list[EndpointState]:
         return [ep for ep in self.endpoints.values() if ep.usable]
@@ -109,12 +115,23 @@ async def _serve(state: RouterState, request: Request, labels: list[str]) -> Res
             code="policy_not_loaded",
             retry_after_s=5.0,
         )
-    body = await read_body(request)
-    tenant, slo, tier, targets = resolve(state, request, body)
+    tenant, body = await read_request(state, request)
     model = body["model"]
-    labels[:] = [tier, tenant.name, model]
-    request_id = request.headers.get("x-request-id") or f"rtr-{uuid.uuid4().hex[:16]}"
-    view = request_view(request_id, targets, state.clock(), body=body, tenant=tenant, slo=slo)
+    labels[:] = ["", tenant.name, ""]
+    labels[2] = check_model(state, model)
+    slo, tier, targets = resolve(state, request, body, tenant)
+    labels[0] = tier
+    request_id = request_id_of(request) or f"rtr-{uuid.uuid4().hex[:16]}"
+    view = request_view(
+        request_id,
+        targets,
+        state.clock(),
+        body=body,
+        tenant=tenant,
+        slo=slo,
+        context_tokens=model_context_tokens(state, model),
+        max_tokens_limit=state.limits.max_tokens_limit,
+    )
     wait = state.limiter.check(
         tenant.name, tenant.requests_per_s, tenant.tokens_per_s, view.prompt_tokens + view.max_tokens
     )
@@ -126,7 +143,9 @@ async def _serve(state: RouterState, request: Request, labels: list[str]) -> Res
             code="rate_limited",
             retry_after_s=wait,
         )
-    forward_body = strip_slo_fields(body)
+    forward_body, dropped = strip_engine_tags(strip_slo_fields(body))
+    if dropped:  # engine tags only slofleet sets (priority, vllm_xargs, slo_*): never a client's
+        state.metrics.stripped.labels(tenant.name).inc()
     affinity = affinity_of(state, request, body, slo)
     tried: set[str] = set()
     last_reason = "no replica available"
@@ -275,9 +294,13 @@ async def models(request: Request) -> Response:
     for ep in state.endpoints.values():
         for name in (*ep.spec.models, *ep.spec.lora_adapters):
             names.setdefault(name, ep.spec.deployment or "slofleet")
-    data = [
-        {"id": n, "object": "model", "created": 0, "owned_by": owner} for n, owner in sorted(names.items())
-    ]
+    data: list[dict[str, Any]] = []
+    for n, owner in sorted(names.items()):
+        entry: dict[str, Any] = {"id": n, "object": "model", "created": 0, "owned_by": owner}
+        context = model_context_tokens(state, n)
+        if context is not None:  # as vLLM lists it
+            entry["max_model_len"] = context
+        data.append(entry)
     return JSONResponse({"object": "list", "data": data})
 
 
@@ -335,6 +358,7 @@ def create_app(
             Route("/metrics", metrics, methods=["GET"]),
         ],
         lifespan=lifespan,
+        exception_handlers=exception_handlers(),
     )
     app.state.router = state
     return app

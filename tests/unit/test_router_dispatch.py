@@ -91,9 +91,12 @@ async def test_gpu_class_and_context_filters_leave_only_capable_pods() -> None:
         r = await client.post("/v1/completions", json={**BODY, "max_tokens": 1000}, headers=H)
         assert r.status_code == 200
     assert {q.url.host for q in seen} == {"big.pod"}
-    r = await client.post("/v1/completions", json={**BODY, "max_tokens": 10_000}, headers=H)
+    r = await client.post("/v1/completions", json={**BODY, "max_tokens": 4096}, headers=H)
     prompt = approx_tokens(BODY["prompt"])
-    assert r.status_code == 503 and f"context of {prompt + 10_000} tokens" in r.json()["error"]["message"]
+    assert r.status_code == 503 and f"context of {prompt + 4096} tokens" in r.json()["error"]["message"]
+    # beyond every pod's context: the client's mistake, a 400 saying so (no retry can help)
+    r = await client.post("/v1/completions", json={**BODY, "max_tokens": 10_000}, headers=H)
+    assert r.status_code == 400 and r.json()["error"]["code"] == "context_length_exceeded"
     assert state.metrics.requests.labels("gold", "t", "m", "ok")._value.get() == 3
 
 
