@@ -214,10 +214,23 @@ async def metrics(request: Request) -> Response:
     return Response(generate_latest(sc.metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
 
+def create_metrics_app(sc: Sidecar) -> Starlette:
+    """``/metrics`` alone, for a port the pod's Service does not expose."""
+    app = Starlette(
+        routes=[Route("/metrics", metrics, methods=["GET"])], exception_handlers=exception_handlers()
+    )
+    app.state.sidecar = sc
+    return app
+
+
 def create_app(
-    sc: Sidecar, lifespan: Callable[[Starlette], AbstractAsyncContextManager[None]] | None = None
+    sc: Sidecar,
+    lifespan: Callable[[Starlette], AbstractAsyncContextManager[None]] | None = None,
+    *,
+    metrics_route: bool = True,
 ) -> Starlette:
-    """App factory: the sidecar core is built by the caller and shared by every handler."""
+    """App factory: the sidecar core is built by the caller and shared by every handler
+    (``metrics_route=False``: ``/metrics`` is served on its own port, see ``--metrics-port``)."""
     app = Starlette(
         routes=[
             Route("/v1/chat/completions", _handler(CHAT), methods=["POST"]),
@@ -225,7 +238,7 @@ def create_app(
             Route("/v1/models", models, methods=["GET"]),
             Route("/health", health, methods=["GET"]),
             Route("/ready", ready, methods=["GET"]),
-            Route("/metrics", metrics, methods=["GET"]),
+            *([Route("/metrics", metrics, methods=["GET"])] if metrics_route else []),
         ],
         lifespan=lifespan,
         exception_handlers=exception_handlers(),

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
+import uvicorn
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -325,10 +326,36 @@ async def metrics(request: Request) -> Response:
     return Response(generate_latest(state.metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
 
+def create_metrics_app(state: RouterState) -> Starlette:
+    """``/metrics`` alone, for a port the public Service does not expose (metrics name tenants)."""
+    app = Starlette(
+        routes=[Route("/metrics", metrics, methods=["GET"])], exception_handlers=exception_handlers()
+    )
+    app.state.router = state
+    return app
+
+
+async def serve_metrics(state: RouterState, host: str, port: int) -> None:
+    """Background job: serve :func:`create_metrics_app` on its own port until cancelled."""
+    app = create_metrics_app(state)
+    server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="off"))
+    try:
+        await server._serve()
+    finally:
+        server.should_exit = True
+
+
 def create_app(
-    state: RouterState, *, background: list[Callable[[RouterState], Any]] | None = None
+    state: RouterState,
+    *,
+    background: list[Callable[[RouterState], Any]] | None = None,
+    metrics_route: bool = True,
 ) -> Starlette:
-    """App factory: the state is built by the caller and shared by every handler."""
+    """App factory: the state is built by the caller and shared by every handler.
+
+    ``metrics_route=False`` leaves ``/metrics`` off the public app (``slofleet router --metrics-port``
+    serves it on its own port instead, see :func:`serve_metrics`).
+    """
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -355,7 +382,7 @@ def create_app(
             Route("/v1/models", models, methods=["GET"]),
             Route("/health", health, methods=["GET"]),
             Route("/ready", ready, methods=["GET"]),
-            Route("/metrics", metrics, methods=["GET"]),
+            *([Route("/metrics", metrics, methods=["GET"])] if metrics_route else []),
         ],
         lifespan=lifespan,
         exception_handlers=exception_handlers(),
