@@ -49,6 +49,7 @@ async def run(args: argparse.Namespace, url: str, model: str, router_pid: int) -
     cases = hostile_cases(model, huge=True)
     statuses: Counter[str] = Counter()
     by_case: Counter[str] = Counter()
+    five_xx: Counter[str] = Counter()
     not_openai: list[str] = []
     dropped: list[str] = []
     rss: list[tuple[int, float]] = [(0, rss_mb(router_pid))]
@@ -84,6 +85,12 @@ async def run(args: argparse.Namespace, url: str, model: str, router_pid: int) -
                 continue
             statuses[f"{resp.status_code // 100}xx"] += 1
             by_case[f"{name} -> {resp.status_code}"] += 1
+            if resp.status_code >= 500:
+                try:
+                    code = resp.json()["error"]["code"]
+                except (ValueError, KeyError, TypeError):
+                    code = resp.text[:60]
+                five_xx[f"{resp.status_code} {code}"] += 1
             if resp.status_code >= 400:
                 try:
                     ok = is_openai_error(resp.json())
@@ -104,6 +111,7 @@ async def run(args: argparse.Namespace, url: str, model: str, router_pid: int) -
         "seconds": round(time.monotonic() - started, 1),
         "statuses": dict(sorted(statuses.items())),
         "five_xx": statuses.get("5xx", 0),
+        "five_xx_by_code": dict(five_xx),
         "dropped_connections": len(dropped),
         "dropped_examples": dropped[:10],
         "errors_not_openai_shaped": len(not_openai),
@@ -128,7 +136,7 @@ def markdown(result: dict[str, Any], args: argparse.Namespace) -> str:
         "|---|---|",
         f"| requests | {result['requests']} ({result['seconds']} s) |",
         f"| answers by status class | {result['statuses']} |",
-        f"| 5xx answers | {result['five_xx']} |",
+        f"| 5xx answers (by status and error code) | {result['five_xx']} {result['five_xx_by_code']} |",
         f"| connections dropped without an answer | {result['dropped_connections']} |",
         f"| error answers that are not OpenAI error objects | {result['errors_not_openai_shaped']} |",
         f"| valid request afterwards | {result['valid_request_after']} |",
