@@ -140,7 +140,8 @@ def token_count(body: dict[str, Any], name: str, limit: int) -> int | None:
     if value > limit:
         raise APIError(
             400,
-            f"'{name}' is {_short(value)}; this model's context allows at most {limit} tokens",
+            f"'{name}' is {_short(value)}; this model's context allows at most {limit} tokens: "
+            f"lower {name}",
             param=name,
             code="context_length_exceeded",
         )
