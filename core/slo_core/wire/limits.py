@@ -140,8 +140,7 @@ def token_count(body: dict[str, Any], name: str, limit: int) -> int | None:
     if value > limit:
         raise APIError(
             400,
-            f"'{name}' is {_short(value)}; this model's context allows at most {limit} tokens: "
-            f"lower {name}",
+            f"'{name}' is {_short(value)}; this model's context allows at most {limit} tokens: lower {name}",
             param=name,
             code="context_length_exceeded",
         )
