@@ -86,7 +86,9 @@ def _completion_prompt(body: dict[str, Any]) -> tuple[str, int, bool]:
     raise _bad("'prompt' must be a string or a list of token ids", "prompt")
 
 
-def parse_body(body: Any, endpoint: str, max_tokens_limit: int) -> ParsedBody:
+def parse_body(
+    body: Any, endpoint: str, default_max_tokens: int | None = None, *, max_tokens_limit: int = 1 << 30
+) -> ParsedBody:
     """Check the OpenAI fields the sidecar depends on; everything else is the engine's to judge.
 
     Engine tags a caller may not set are dropped: ``priority``, top-level ``slo_*`` fields and the
@@ -115,6 +117,8 @@ def parse_body(body: Any, endpoint: str, max_tokens_limit: int) -> ParsedBody:
     max_tokens = token_count(body, "max_tokens", max_tokens_limit)
     if max_tokens is None:
         max_tokens = token_count(body, "max_completion_tokens", max_tokens_limit)
+    if max_tokens is None:  # None still: the context left after the prompt applies (the sidecar's call)
+        max_tokens = default_max_tokens
     try:
         xargs = client_xargs(body.get("vllm_xargs"))
     except ValueError as exc:

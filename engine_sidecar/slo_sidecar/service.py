@@ -82,7 +82,7 @@ class Sidecar:
     # ---- admission ---------------------------------------------------------------------------
     async def accept(self, headers: Mapping[str, str], body: Any, endpoint: str) -> Job:
         cfg = self.config
-        parsed = parse_body(body, endpoint, self.context_tokens())
+        parsed = parse_body(body, endpoint, max_tokens_limit=self.context_tokens())
         try:
             slo = parse_slo(headers, body)
         except SLOParamError as exc:
