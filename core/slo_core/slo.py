@@ -108,14 +108,28 @@ class SLOTier:
     ) -> SLOTargets:
         """Resolve a request's targets: what the request states, else the tier's defaults.
 
-        The priority class always comes from the tier: a client can state its timing needs, never
-        raise its own priority.
+        The tier bounds the client: a stated target may be looser than the tier's, never stricter (a
+        stricter one is raised to the tier's; deadline-ordered policies would otherwise treat it as
+        the most urgent). Where the tier states no deadline, a best-effort request's is at least the
+        default best-effort deadline and a latency request's at least its TTFT. The priority class
+        always comes from the tier: a client can state its timing needs, never raise its own priority.
         """
+        ttft = _loosest(ttft_s, self.ttft_s)
+        floor = DEFAULT_BEST_EFFORT_DEADLINE_S if self.kind is RequestKind.BEST_EFFORT else ttft
         return SLOTargets(
             kind=self.kind,
-            ttft_s=ttft_s if ttft_s is not None else self.ttft_s,
-            tbt_s=tbt_s if tbt_s is not None else self.tbt_s,
-            deadline_s=deadline_s if deadline_s is not None else self.deadline_s,
+            ttft_s=ttft,
+            tbt_s=_loosest(tbt_s, self.tbt_s),
+            deadline_s=self.deadline_s
+            if deadline_s is None
+            else _loosest(deadline_s, self.deadline_s if self.deadline_s is not None else floor),
             priority_class=self.priority_class.name,
             priority_weight=self.priority_class.weight,
         )
+
+
+def _loosest(asked: float | None, bound: float | None) -> float | None:
+    """A client's target, never stricter (smaller) than ``bound``; the bound when none is asked."""
+    if asked is None:
+        return bound
+    return asked if bound is None else max(asked, bound)

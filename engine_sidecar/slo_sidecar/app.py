@@ -9,7 +9,6 @@ request waits or streams cancels it (and the upstream request with it).
 from __future__ import annotations
 
 import asyncio
-import json
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager
 from typing import Any
@@ -22,7 +21,8 @@ from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
 from slo_core.wire import openai
-from slo_sidecar.errors import APIError, error_event, error_response, overloaded
+from slo_core.wire.limits import RequestLimits, check_headers, parse_json_object, read_capped
+from slo_sidecar.errors import APIError, error_event, error_response, exception_handlers, overloaded
 from slo_sidecar.front import CHAT, COMPLETION
 from slo_sidecar.job import Event, Job
 from slo_sidecar.service import Sidecar
@@ -144,14 +144,19 @@ async def _serve(sc: Sidecar, request: Request, job: Job) -> Response:
 def _handler(endpoint: str) -> Callable[[Request], Any]:
     async def handle(request: Request) -> Response:
         sc: Sidecar = request.app.state.sidecar
+        k = sc.knobs
+        limits = RequestLimits(k.max_body_bytes, k.max_header_bytes, k.max_json_depth)
         try:
-            raw = await request.body()
-            try:
-                body = json.loads(raw)
-            except (ValueError, UnicodeDecodeError) as exc:
-                raise APIError(400, f"request body is not valid JSON ({exc})", code="invalid_json") from None
+            check_headers(request.scope["headers"], limits)
+            raw = await read_capped(request.stream(), request.headers.get("content-length"), limits)
+            body = parse_json_object(raw, limits)
             job = await sc.accept(request.headers, body, endpoint)
-        except APIError as err:
+        except openai.APIError as exc:
+            err = (
+                exc
+                if isinstance(exc, APIError)
+                else APIError(exc.status, exc.message, param=exc.param, code=str(exc.code))
+            )
             sc.note_reject(err, *err.labels)
             return error_response(err)
         return await _serve(sc, request, job)
@@ -162,7 +167,16 @@ def _handler(endpoint: str) -> Callable[[Request], Any]:
 async def models(request: Request) -> Response:
     sc: Sidecar = request.app.state.sidecar
     names = sc.engine.models or ([sc.knobs.model_name] if sc.knobs.model_name else [])
-    data = [{"id": n, "object": "model", "created": 0, "owned_by": "slofleet"} for n in names]
+    data = [
+        {
+            "id": n,
+            "object": "model",
+            "created": 0,
+            "owned_by": "slofleet",
+            "max_model_len": sc.context_tokens(),
+        }
+        for n in names
+    ]
     return JSONResponse({"object": "list", "data": data})
 
 
@@ -200,10 +214,23 @@ async def metrics(request: Request) -> Response:
     return Response(generate_latest(sc.metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
 
+def create_metrics_app(sc: Sidecar) -> Starlette:
+    """``/metrics`` alone, for a port the pod's Service does not expose."""
+    app = Starlette(
+        routes=[Route("/metrics", metrics, methods=["GET"])], exception_handlers=exception_handlers()
+    )
+    app.state.sidecar = sc
+    return app
+
+
 def create_app(
-    sc: Sidecar, lifespan: Callable[[Starlette], AbstractAsyncContextManager[None]] | None = None
+    sc: Sidecar,
+    lifespan: Callable[[Starlette], AbstractAsyncContextManager[None]] | None = None,
+    *,
+    metrics_route: bool = True,
 ) -> Starlette:
-    """App factory: the sidecar core is built by the caller and shared by every handler."""
+    """App factory: the sidecar core is built by the caller and shared by every handler
+    (``metrics_route=False``: ``/metrics`` is served on its own port, see ``--metrics-port``)."""
     app = Starlette(
         routes=[
             Route("/v1/chat/completions", _handler(CHAT), methods=["POST"]),
@@ -211,9 +238,10 @@ def create_app(
             Route("/v1/models", models, methods=["GET"]),
             Route("/health", health, methods=["GET"]),
             Route("/ready", ready, methods=["GET"]),
-            Route("/metrics", metrics, methods=["GET"]),
+            *([Route("/metrics", metrics, methods=["GET"])] if metrics_route else []),
         ],
         lifespan=lifespan,
+        exception_handlers=exception_handlers(),
     )
     app.state.sidecar = sc
     return app

@@ -23,6 +23,9 @@ def register(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--grpc-port", type=int, help="gRPC port (Analyzer, State); absent: no gRPC")
     parser.add_argument(
+        "--metrics-port", type=int, help="serve /metrics on this port only (absent: on the HTTP port)"
+    )
+    parser.add_argument(
         "--mode",
         choices=["proxy", "engine"],
         default="proxy",
@@ -87,6 +90,7 @@ def run(args: argparse.Namespace) -> int:
             host=args.host,
             port=args.port,
             grpc_port=args.grpc_port,
+            metrics_port=args.metrics_port,
             state_dir=args.state_dir,
             policy_file=args.policy_file,
         )

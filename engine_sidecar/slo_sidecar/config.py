@@ -37,9 +37,18 @@ class SidecarKnobs(BaseModel):
     max_running: int = Field(64, ge=1, description="proxy mode: most requests in the engine at once")
     max_queue: int = Field(1024, ge=1, description="most requests waiting in the sidecar (503 beyond)")
     tier_max_inflight: int | None = Field(None, ge=1, description="per-tier concurrent requests (429 beyond)")
-    max_prompt_tokens: int = Field(8192, ge=1, description="longest prompt accepted (tokens)")
-    max_context_tokens: int = Field(32768, ge=1, description="prompt plus max_tokens limit (tokens)")
-    default_max_tokens: int = Field(256, ge=1, description="max_tokens when the client gives none (tokens)")
+    max_prompt_tokens: int | None = Field(
+        None, ge=1, description="longest prompt accepted (tokens); default: the model's context"
+    )
+    max_context_tokens: int = Field(
+        32768, ge=1, description="prompt plus max_tokens limit when the engine reports none (tokens)"
+    )
+    default_max_tokens: int | None = Field(
+        None, ge=1, description="max_tokens when the client gives none; default: the context left (tokens)"
+    )
+    max_body_bytes: int = Field(4 << 20, ge=1, description="largest request body accepted (bytes)")
+    max_header_bytes: int = Field(32 << 10, ge=1, description="largest request header block (bytes)")
+    max_json_depth: int = Field(32, ge=1, description="deepest JSON nesting accepted (levels)")
     refine_every_tokens: int = Field(50, ge=1, description="re-estimate the length bound every N tokens")
     frame_s: float = Field(0.02, gt=0, description="proxy mode: scheduling frame length (seconds)")
     kv_cache_tokens: int = Field(262144, ge=1, description="engine KV capacity shown to the policy (tokens)")

@@ -2,9 +2,16 @@
 
 from __future__ import annotations
 
-from starlette.responses import JSONResponse
+import logging
+from typing import Any
+
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
 
 from slo_core.wire import openai
+
+log = logging.getLogger(__name__)
 
 
 class APIError(openai.APIError):
@@ -36,3 +43,30 @@ def error_response(err: openai.APIError) -> JSONResponse:
 def error_event(err: openai.APIError) -> bytes:
     """A failure after streaming began: an SSE error event, then the end of the stream."""
     return openai.error_event(err.body())
+
+
+async def _http_error(request: Request, exc: Exception) -> Response:
+    """Unknown routes (404) and wrong methods (405) as OpenAI error objects, not plain text."""
+    assert isinstance(exc, HTTPException)
+    path = request.url.path[:200]
+    if exc.status_code == 404:
+        err = APIError(404, f"no such route: {path}", code="not_found")
+    elif exc.status_code == 405:
+        err = APIError(405, f"{request.method} is not allowed on {path}", code="method_not_allowed")
+    else:
+        err = APIError(exc.status_code, str(exc.detail), code=str(exc.status_code))
+    response = error_response(err)
+    for name, value in (exc.headers or {}).items():
+        response.headers[name] = value
+    return response
+
+
+async def _internal_error(request: Request, exc: Exception) -> Response:
+    """The catch-all: a bug becomes an explicit OpenAI-shaped 500 and a logged traceback."""
+    log.error("unexpected error on %s %s", request.method, request.url.path, exc_info=exc)
+    err = APIError(500, "internal error; it was logged", kind="server_error", code="internal_error")
+    return error_response(err)
+
+
+def exception_handlers() -> dict[Any, Any]:
+    return {HTTPException: _http_error, Exception: _internal_error}

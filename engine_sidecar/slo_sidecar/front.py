@@ -10,7 +10,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from slo_core.wire.limits import token_count
 from slo_core.wire.request_slo import strip_slo_fields
+from slo_core.wire.tags import client_xargs, strip_engine_tags
 from slo_core.wire.tokens import approx_tokens
 from slo_sidecar.errors import APIError
 
@@ -26,7 +28,7 @@ class ParsedBody:
     model: str
     prompt_text: str
     prompt_tokens: int
-    max_tokens: int
+    max_tokens: int | None  # None: the client gave none (the context left after the prompt applies)
     stream: bool
     include_usage: bool
     resumable: bool
@@ -84,17 +86,14 @@ def _completion_prompt(body: dict[str, Any]) -> tuple[str, int, bool]:
     raise _bad("'prompt' must be a string or a list of token ids", "prompt")
 
 
-def _positive_int(body: dict[str, Any], name: str) -> int | None:
-    value = body.get(name)
-    if value is None:
-        return None
-    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise _bad(f"'{name}' must be a positive integer, got {value!r}", name)
-    return value
+def parse_body(
+    body: Any, endpoint: str, default_max_tokens: int | None = None, *, max_tokens_limit: int = 1 << 30
+) -> ParsedBody:
+    """Check the OpenAI fields the sidecar depends on; everything else is the engine's to judge.
 
-
-def parse_body(body: Any, endpoint: str, default_max_tokens: int) -> ParsedBody:
-    """Check the OpenAI fields the sidecar depends on; everything else is the engine's to judge."""
+    Engine tags a caller may not set are dropped: ``priority``, top-level ``slo_*`` fields and the
+    ``slo_*`` keys of ``vllm_xargs`` (which must be an object: vLLM fails on anything else).
+    """
     if not isinstance(body, dict):
         raise _bad("request body must be a JSON object", "body")
     model = body.get("model")
@@ -115,15 +114,25 @@ def parse_body(body: Any, endpoint: str, default_max_tokens: int) -> ParsedBody:
         resumable = True
     else:
         text, tokens, resumable = _completion_prompt(body)
-    max_tokens = _positive_int(body, "max_tokens") or _positive_int(body, "max_completion_tokens")
-    forward = strip_slo_fields(body)
+    max_tokens = token_count(body, "max_tokens", max_tokens_limit)
+    if max_tokens is None:
+        max_tokens = token_count(body, "max_completion_tokens", max_tokens_limit)
+    if max_tokens is None:  # None still: the context left after the prompt applies (the sidecar's call)
+        max_tokens = default_max_tokens
+    try:
+        xargs = client_xargs(body.get("vllm_xargs"))
+    except ValueError as exc:
+        raise _bad(str(exc), "vllm_xargs") from None
+    forward, _ = strip_engine_tags(strip_slo_fields(body))
     forward.pop("max_completion_tokens", None)
+    if xargs:
+        forward["vllm_xargs"] = xargs
     return ParsedBody(
         endpoint=endpoint,
         model=model,
         prompt_text=text,
         prompt_tokens=tokens,
-        max_tokens=max_tokens or default_max_tokens,
+        max_tokens=max_tokens,
         stream=stream,
         include_usage=include_usage,
         resumable=resumable,

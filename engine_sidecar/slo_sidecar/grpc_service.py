@@ -15,6 +15,7 @@ from typing import Any
 import grpc
 
 from slo_core.slo import RequestKind
+from slo_core.wire.keepalive import SERVER_OPTIONS
 from slo_proto import slofleet_pb2, slofleet_pb2_grpc
 from slo_sidecar.service import Sidecar
 
@@ -120,7 +121,7 @@ class StateService(slofleet_pb2_grpc.StateServicer):
 
 async def start_grpc(sc: Sidecar, host: str, port: int) -> tuple[grpc.aio.Server, int]:
     """Start both services on ``host:port`` (0: any free port); returns the server and its port."""
-    server = grpc.aio.server()
+    server = grpc.aio.server(options=list(SERVER_OPTIONS))
     slofleet_pb2_grpc.add_AnalyzerServicer_to_server(AnalyzerService(sc), server)
     slofleet_pb2_grpc.add_StateServicer_to_server(StateService(sc), server)
     bound = server.add_insecure_port(f"{host}:{port}")

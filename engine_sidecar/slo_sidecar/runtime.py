@@ -21,7 +21,7 @@ import httpx
 import uvicorn
 
 from slo_sidecar import lifecycle
-from slo_sidecar.app import create_app
+from slo_sidecar.app import create_app, create_metrics_app
 from slo_sidecar.engine_client import probe
 from slo_sidecar.grpc_service import start_grpc
 from slo_sidecar.service import Sidecar
@@ -37,6 +37,7 @@ class Running:
     http_url: str
     grpc_target: str
     server: uvicorn.Server
+    metrics_url: str = ""  # with a metrics port: where /metrics is served ("" : on http_url)
 
 
 class _Server(uvicorn.Server):
@@ -81,6 +82,7 @@ async def running_sidecar(
     state_dir: Path | None = None,
     policy_file: Path | None = None,
     reload_every_s: float = 1.0,
+    metrics_port: int | None = None,
 ) -> AsyncIterator[Running]:
     """Start the sidecar on this event loop; on exit drain it, checkpoint and stop everything."""
     if state_dir is not None:
@@ -100,8 +102,16 @@ async def running_sidecar(
     grpc_server, bound_grpc = (None, 0)
     if grpc_port is not None:
         grpc_server, bound_grpc = await start_grpc(sc, host, grpc_port)
+    metrics_server, metrics_task, metrics_url = None, None, ""
+    if metrics_port is not None:  # /metrics on its own port, off the public one
+        msock = _listen(host, metrics_port)
+        metrics_url = f"http://{host}:{msock.getsockname()[1]}"
+        metrics_server = uvicorn.Server(
+            uvicorn.Config(create_metrics_app(sc), log_level="warning", lifespan="off", access_log=False)
+        )
+        metrics_task = asyncio.create_task(metrics_server._serve(sockets=[msock]))
     config = uvicorn.Config(
-        create_app(sc),
+        create_app(sc, metrics_route=metrics_port is None),
         log_level="warning",
         lifespan="off",
         timeout_graceful_shutdown=5,
@@ -113,8 +123,11 @@ async def running_sidecar(
     while not server.started and not serve_task.done():
         await asyncio.sleep(0.01)
     try:
-        yield Running(sc, f"http://{host}:{http_port}", f"{host}:{bound_grpc}", server)
+        yield Running(sc, f"http://{host}:{http_port}", f"{host}:{bound_grpc}", server, metrics_url)
     finally:
+        if metrics_server is not None and metrics_task is not None:
+            metrics_server.should_exit = True
+            await metrics_task
         if not server.should_exit:
             await lifecycle.drain(sc, sc.knobs.drain_timeout_s)
             server.should_exit = True
@@ -146,10 +159,17 @@ async def serve_forever(
     grpc_port: int | None,
     state_dir: Path | None,
     policy_file: Path | None,
+    metrics_port: int | None = None,
 ) -> None:
     """Serve until SIGTERM/SIGINT (then drain, checkpoint and return)."""
     async with running_sidecar(
-        sc, host=host, port=port, grpc_port=grpc_port, state_dir=state_dir, policy_file=policy_file
+        sc,
+        host=host,
+        port=port,
+        grpc_port=grpc_port,
+        state_dir=state_dir,
+        policy_file=policy_file,
+        metrics_port=metrics_port,
     ) as run:
         log.info(
             "sidecar (%s mode) on %s, gRPC %s, engine %s",

@@ -84,7 +84,7 @@ class Sidecar:
     # ---- admission ---------------------------------------------------------------------------
     async def accept(self, headers: Mapping[str, str], body: Any, endpoint: str) -> Job:
         cfg = self.config
-        parsed = parse_body(body, endpoint, self.knobs.default_max_tokens)
+        parsed = parse_body(body, endpoint, max_tokens_limit=self.context_tokens())
         try:
             slo = parse_slo(headers, body)
         except SLOParamError as exc:
@@ -118,13 +118,16 @@ class Sidecar:
     ) -> Job:
         cfg, tier_name = self.config, tier.name
         self._check_size(parsed.prompt_tokens, parsed.max_tokens)
+        max_tokens = parsed.max_tokens or self.knobs.default_max_tokens
+        if max_tokens is None:  # what vLLM does: the context left after the prompt
+            max_tokens = max(1, self.context_tokens() - parsed.prompt_tokens)
         self._check_capacity(tier_name)  # early, before spending time on the bound; again below
         bound = await self._off_loop(
             self.estimator.bound,
             parsed.prompt_text or None,
             parsed.prompt_tokens,
             targets.kind.value,
-            parsed.max_tokens,
+            max_tokens,
         )
         self._check_capacity(tier_name)  # no await from here until the job is counted: no overshoot
         max_wait = min(slo.max_wait_s or cfg.max_wait_s, cfg.max_wait_s)
@@ -133,7 +136,7 @@ class Sidecar:
             targets=targets,
             prompt_text=parsed.prompt_text,
             prompt_tokens=parsed.prompt_tokens,
-            max_tokens=parsed.max_tokens,
+            max_tokens=max_tokens,
             max_wait_s=max_wait,
             bound=int(bound),
             program_id=slo.program_id,
@@ -159,18 +162,22 @@ class Sidecar:
             return int(fn(*args))
         return int(await asyncio.to_thread(fn, *args))
 
-    def _check_size(self, prompt_tokens: int, max_tokens: int) -> None:
-        k = self.knobs
-        if prompt_tokens > k.max_prompt_tokens:
+    def context_tokens(self) -> int:
+        """The model's context (prompt plus output, tokens): the engine's max_model_len when it says."""
+        return self.engine.max_model_len or self.knobs.max_context_tokens
+
+    def _check_size(self, prompt_tokens: int, max_tokens: int | None) -> None:
+        limit = self.context_tokens()
+        longest = min(self.knobs.max_prompt_tokens or limit, limit)
+        if prompt_tokens > longest:
             raise APIError(
                 400,
-                f"the prompt is about {prompt_tokens} tokens; this server accepts at most "
-                f"{k.max_prompt_tokens}: shorten the prompt",
+                f"the prompt is about {prompt_tokens} tokens; this model accepts at most {longest}: "
+                "shorten the prompt",
                 param="prompt",
                 code="context_length_exceeded",
             )
-        limit = min(k.max_context_tokens, self.engine.max_model_len or k.max_context_tokens)
-        if prompt_tokens + max_tokens > limit:
+        if max_tokens is not None and prompt_tokens + max_tokens > limit:
             raise APIError(
                 400,
                 f"prompt (about {prompt_tokens} tokens) plus max_tokens ({max_tokens}) exceeds the "
@@ -208,7 +215,9 @@ class Sidecar:
         body["stream"] = True
         body["stream_options"] = {"include_usage": True, "continuous_usage_stats": True}
         done = live.generated_tokens
-        body["max_tokens"] = max(1, live.max_tokens - done)
+        if done or parsed.max_tokens is not None or self.knobs.default_max_tokens is not None:
+            body["max_tokens"] = max(1, live.max_tokens - done)
+        # else: the engine applies its own default (the context left), exactly as vLLM alone would
         if done:
             text = "".join(live.generated_text)
             if parsed.endpoint == CHAT:
@@ -264,6 +273,17 @@ class Sidecar:
         except EngineUnavailable as exc:
             log.warning("request %s: %s", job.request_id, exc)
             job.emit("error", overloaded(f"the engine failed: {exc}", "engine_failed", 2))
+        except Exception:  # a bug must end the request with an answer, never leave it waiting
+            log.exception("request %s: generation failed unexpectedly", job.request_id)
+            job.emit(
+                "error",
+                APIError(
+                    500,
+                    "internal error while generating; it was logged",
+                    kind="server_error",
+                    code="internal_error",
+                ),
+            )
         finally:
             if job.attempt_task is not None and not job.attempt_task.done():
                 job.attempt_task.cancel()

@@ -28,6 +28,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from slo_core.wire.keepalive import SERVER_OPTIONS
 from slo_proto import slofleet_pb2, slofleet_pb2_grpc
 
 
@@ -267,7 +268,7 @@ class RunningPod:
         return f"127.0.0.1:{self.grpc_port}"
 
     async def __aenter__(self) -> RunningPod:
-        self._grpc = grpc.aio.server()
+        self._grpc = grpc.aio.server(options=list(SERVER_OPTIONS))
         slofleet_pb2_grpc.add_StateServicer_to_server(_StateServicer(self.pod), self._grpc)
         self.grpc_port = self._grpc.add_insecure_port(f"127.0.0.1:{self._grpc_port_wanted}")
         await self._grpc.start()

@@ -15,9 +15,11 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from typing import Any
 
 import httpx
+import uvicorn
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -28,17 +30,19 @@ from slo_core.policies.base import RequestView
 from slo_core.policies.registry import make_router_policy
 from slo_core.policies.seed_estimates import first_token_due_s
 from slo_core.routing import Affinity, Routed
-from slo_core.wire.request_slo import strip_slo_fields
+from slo_core.wire.request_slo import SLORequest, strip_slo_fields
+from slo_core.wire.tags import strip_engine_tags
 from slo_router.accounting import respond
 from slo_router.config import RouterConfig
 from slo_router.endpoints import EndpointState
-from slo_router.errors import APIError, error_response
+from slo_router.errors import APIError, error_response, exception_handlers
 from slo_router.intake import (
     affinity_of,
     authenticate,
-    bound_to_context,
-    model_context,
-    read_body,
+    check_model,
+    model_context_tokens,
+    read_request,
+    request_id_of,
     request_view,
     resolve,
     upstream_headers,
@@ -75,15 +79,10 @@ async def _serve(state: RouterState, request: Request, labels: list[str]) -> Res
             code="policy_not_loaded",
             retry_after_s=5.0,
         )
-    body = await read_body(request)
-    tenant, slo, tier, targets = resolve(state, request, body)
-    model = body["model"]
-    labels[:] = [tier, tenant.name, model]
-    request_id = request.headers.get("x-request-id") or f"rtr-{uuid.uuid4().hex[:16]}"
-    view = request_view(request_id, targets, state.clock(), body=body, tenant=tenant, slo=slo)
-    bound_to_context(view, model_context(state.endpoints.values(), model))
-    charge_rate_limit(state, tenant, view)
-    forward_body = strip_slo_fields(body)
+    adm = await admit(state, request, labels, id_prefix="rtr")
+    body, model, tenant, slo, tier, view = adm.body, adm.model, adm.tenant, adm.slo, adm.tier, adm.view
+    request_id = view.request_id
+    forward_body = body_to_forward(state, adm)
     affinity = affinity_of(state, request, body, slo)
     tried: set[str] = set()
     last_reason = "no replica available"
@@ -168,6 +167,52 @@ async def _serve(state: RouterState, request: Request, labels: list[str]) -> Res
     )
 
 
+@dataclass(frozen=True, slots=True)
+class Admission:
+    """A request the front door accepted: who sent it, what it asks for, its SLO, tier and size."""
+
+    body: dict[str, Any]
+    model: str
+    tenant: Tenant
+    slo: SLORequest
+    tier: str
+    view: RequestView
+
+
+async def admit(state: RouterState, request: Request, labels: list[str], *, id_prefix: str) -> Admission:
+    """Intake and admission, in the cheap order: key, body within limits, model (404), tier and SLO
+    bounded by the tier, size within the model's context, the tenant's rate. The HTTP front and the
+    endpoint picker both call this; ``labels`` becomes (tier, tenant, model label) for metrics."""
+    tenant, body = await read_request(state, request)
+    model = body["model"]
+    labels[:] = ["", tenant.name, ""]
+    labels[2] = check_model(state, model)
+    slo, tier, targets = resolve(state, request, body, tenant)
+    labels[0] = tier
+    request_id = request_id_of(request) or f"{id_prefix}-{uuid.uuid4().hex[:16]}"
+    view = request_view(
+        request_id,
+        targets,
+        state.clock(),
+        body=body,
+        tenant=tenant,
+        slo=slo,
+        context_tokens=model_context_tokens(state, model),
+        max_tokens_limit=state.limits.max_tokens_limit,
+    )
+    charge_rate_limit(state, tenant, view)
+    return Admission(body, model, tenant, slo, tier, view)
+
+
+def body_to_forward(state: RouterState, adm: Admission) -> dict[str, Any]:
+    """The body a pod gets: without the client's SLO fields (they travel as headers) and without any
+    engine tag (priority, vllm_xargs, slo_*) a client set; only slofleet sets those."""
+    forward, dropped = strip_engine_tags(strip_slo_fields(adm.body))
+    if dropped:
+        state.metrics.stripped.labels(adm.tenant.name).inc()
+    return forward
+
+
 def charge_rate_limit(state: RouterState, tenant: Tenant, view: RequestView) -> None:
     """The tenant's request and token buckets (fleet-wide share): 429 to wait, 400 if it can never fit."""
     try:
@@ -248,9 +293,13 @@ async def models(request: Request) -> Response:
     for ep in state.endpoints.values():
         for name in (*ep.spec.models, *ep.spec.lora_adapters):
             names.setdefault(name, ep.spec.deployment or "slofleet")
-    data = [
-        {"id": n, "object": "model", "created": 0, "owned_by": owner} for n, owner in sorted(names.items())
-    ]
+    data: list[dict[str, Any]] = []
+    for n, owner in sorted(names.items()):
+        entry: dict[str, Any] = {"id": n, "object": "model", "created": 0, "owned_by": owner}
+        context = model_context_tokens(state, n)
+        if context is not None:  # as vLLM lists it
+            entry["max_model_len"] = context
+        data.append(entry)
     return JSONResponse({"object": "list", "data": data})
 
 
@@ -278,10 +327,36 @@ async def metrics(request: Request) -> Response:
     return Response(generate_latest(state.metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
 
+def create_metrics_app(state: RouterState) -> Starlette:
+    """``/metrics`` alone, for a port the public Service does not expose (metrics name tenants)."""
+    app = Starlette(
+        routes=[Route("/metrics", metrics, methods=["GET"])], exception_handlers=exception_handlers()
+    )
+    app.state.router = state
+    return app
+
+
+async def serve_metrics(state: RouterState, host: str, port: int) -> None:
+    """Background job: serve :func:`create_metrics_app` on its own port until cancelled."""
+    app = create_metrics_app(state)
+    server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="off"))
+    try:
+        await server._serve()
+    finally:
+        server.should_exit = True
+
+
 def create_app(
-    state: RouterState, *, background: list[Callable[[RouterState], Any]] | None = None
+    state: RouterState,
+    *,
+    background: list[Callable[[RouterState], Any]] | None = None,
+    metrics_route: bool = True,
 ) -> Starlette:
-    """App factory: the state is built by the caller and shared by every handler."""
+    """App factory: the state is built by the caller and shared by every handler.
+
+    ``metrics_route=False`` leaves ``/metrics`` off the public app (``slofleet router --metrics-port``
+    serves it on its own port instead, see :func:`serve_metrics`).
+    """
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -308,9 +383,10 @@ def create_app(
             Route("/v1/models", models, methods=["GET"]),
             Route("/health", health, methods=["GET"]),
             Route("/ready", ready, methods=["GET"]),
-            Route("/metrics", metrics, methods=["GET"]),
+            *([Route("/metrics", metrics, methods=["GET"])] if metrics_route else []),
         ],
         lifespan=lifespan,
+        exception_handlers=exception_handlers(),
     )
     app.state.router = state
     return app

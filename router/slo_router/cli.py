@@ -7,7 +7,8 @@ import dataclasses
 import logging
 from typing import Any
 
-from slo_router.app import build_state, create_app
+from slo_core.wire.limits import RequestLimits
+from slo_router.app import build_state, create_app, serve_metrics
 from slo_router.config import AFFINITIES, RouterConfig, from_policy
 from slo_router.discovery import apply_specs, load_endpoints_file, watch_static_file
 from slo_router.tenants import KeyStore, load_keys_file
@@ -19,6 +20,11 @@ def register(parser: argparse.ArgumentParser) -> None:
     """Run the router: tiers, tenants and gain-based dispatch over the fleet's sidecars."""
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on")
     parser.add_argument("--port", type=int, default=8000, help="port to listen on")
+    parser.add_argument(
+        "--metrics-port",
+        type=int,
+        help="serve /metrics on this port only (it names tenants: keep it off the public Service)",
+    )
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--endpoints", help="YAML file of endpoints (re-read when it changes)")
     source.add_argument("--kubernetes", action="store_true", help="discover pods of ModelDeployments")
@@ -60,6 +66,22 @@ def register(parser: argparse.ArgumentParser) -> None:
         choices=("full-duplex", "buffered"),
         default="full-duplex",
         help="the gateway's ext_proc request_body_mode: FULL_DUPLEX_STREAMED (the protocol's) or BUFFERED",
+    )
+    defaults = RequestLimits()
+    parser.add_argument(
+        "--max-body-bytes", type=int, default=defaults.max_body_bytes, help="largest request body (bytes)"
+    )
+    parser.add_argument(
+        "--max-header-bytes", type=int, default=defaults.max_header_bytes, help="largest header block (bytes)"
+    )
+    parser.add_argument(
+        "--max-json-depth", type=int, default=defaults.max_json_depth, help="deepest JSON nesting (levels)"
+    )
+    parser.add_argument(
+        "--max-tokens-limit",
+        type=int,
+        default=defaults.max_tokens_limit,
+        help="largest max_tokens when no pod reports the model's context (tokens)",
     )
     parser.set_defaults(func=run)
 
@@ -149,10 +171,16 @@ def run(args: argparse.Namespace) -> int:
         background.append(lambda state: serve_picker(state, host=args.host, port=port, body_mode=mode))
     try:
         state = build_state(config, KeyStore(file_keys), endpoints)
-    except ValueError as exc:  # e.g. an unknown routing policy or parameter
+        state.limits = RequestLimits(
+            args.max_body_bytes, args.max_header_bytes, args.max_json_depth, args.max_tokens_limit
+        )
+    except ValueError as exc:  # e.g. an unknown routing policy or parameter or limit
         log.error("%s", exc)
         return 2
-    app = create_app(state, background=background)
+    if args.metrics_port:
+        metrics_host, metrics_port = args.host, args.metrics_port
+        background.append(lambda state: serve_metrics(state, metrics_host, metrics_port))
+    app = create_app(state, background=background, metrics_route=not args.metrics_port)
     log.info(
         "router on http://%s:%d (policy %s, %d endpoints)",
         args.host,

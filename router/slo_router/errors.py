@@ -2,13 +2,49 @@
 
 from __future__ import annotations
 
-from starlette.responses import JSONResponse
+import logging
+from typing import Any
+
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
 
 from slo_core.wire.openai import APIError
 
-__all__ = ["APIError", "error_response"]
+__all__ = ["APIError", "error_response", "exception_handlers"]
+
+log = logging.getLogger(__name__)
 
 
 def error_response(err: APIError) -> JSONResponse:
     """The single place errors become HTTP responses (OpenAI error shape, Retry-After when known)."""
     return JSONResponse(err.body(), status_code=err.status, headers=err.headers())
+
+
+async def _http_error(request: Request, exc: Exception) -> Response:
+    """Unknown routes (404) and wrong methods (405) as OpenAI error objects, not plain text."""
+    assert isinstance(exc, HTTPException)
+    if exc.status_code == 404:
+        err = APIError(404, f"no such route: {request.url.path[:200]}", code="not_found")
+    elif exc.status_code == 405:
+        err = APIError(
+            405, f"{request.method} is not allowed on {request.url.path[:200]}", code="method_not_allowed"
+        )
+    else:
+        err = APIError(exc.status_code, str(exc.detail), code=str(exc.status_code))
+    response = error_response(err)
+    for name, value in (exc.headers or {}).items():
+        response.headers[name] = value
+    return response
+
+
+async def _internal_error(request: Request, exc: Exception) -> Response:
+    """The catch-all: a bug becomes an explicit OpenAI-shaped 500 and a logged traceback."""
+    log.error("unexpected error on %s %s", request.method, request.url.path, exc_info=exc)
+    return error_response(
+        APIError(500, "internal error; it was logged", kind="server_error", code="internal_error")
+    )
+
+
+def exception_handlers() -> dict[Any, Any]:
+    return {HTTPException: _http_error, Exception: _internal_error}

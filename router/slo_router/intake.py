@@ -1,8 +1,11 @@
 """What a request is before it is dispatched: its JSON body, its tenant (API key), its tier and SLO,
 its size estimate, its affinity keys, and the headers it is forwarded with.
 
-A tier the tenant is not allowed, and any client-supplied ``x-slofleet-*`` header, is stripped and
-counted; the key itself is only ever compared by digest (:mod:`slo_router.tenants`).
+A tier the tenant is not allowed, any client-supplied ``x-slofleet-*`` header, and any engine tag a
+client sets (``priority``, ``vllm_xargs``, ``slo_*``) is stripped and counted; the key itself is only
+ever compared by digest (:mod:`slo_router.tenants`). The order is the cheap one: header size, then the
+key (401 without reading the body), then the body within its size and nesting limits, then the model
+(404 when no pod or ModelDeployment serves it) and ``max_tokens`` within the model's context.
 """
 
 from __future__ import annotations
@@ -15,16 +18,17 @@ from starlette.requests import Request
 from slo_core.policies.base import RequestView
 from slo_core.routing import Affinity
 from slo_core.slo import RequestKind, SLOTargets
-from slo_core.wire.headers import INTERNAL_PREFIX
+from slo_core.wire.headers import INTERNAL_PREFIX, REQUEST_ID_HEADER
+from slo_core.wire.limits import SAFE_TOKEN, check_headers, parse_json_object, read_capped, token_count
 from slo_core.wire.request_slo import SLOParamError, SLORequest, parse_slo, to_headers
 from slo_core.wire.tokens import approx_tokens
 from slo_router.errors import APIError
 from slo_router.state import RouterState
 from slo_router.tenants import Tenant
 
-DEFAULT_MAX_TOKENS = 1024
-# No engine has a context this long; a larger max_tokens (10**400, say) is a 400, never arithmetic.
-MAX_TOKENS_CEILING = 1 << 31
+DEFAULT_MAX_TOKENS = 1024  # the size estimate when neither the client nor the model's context says more
+UNKNOWN_CONTEXT = 1 << 30  # what an endpoint that declares no context length reports
+OTHER_MODEL = "other"  # the metrics label of a model name the router does not know
 PREFIX_AFFINITY_CHARS = 512
 PREFIX_AFFINITY_MIN_CHARS = 64
 
@@ -44,38 +48,63 @@ def estimate_prompt_tokens(body: dict[str, Any]) -> int:
     return approx_tokens(text)
 
 
-def max_tokens(body: dict[str, Any]) -> int:
-    value = body.get("max_tokens", body.get("max_completion_tokens"))
-    if value is None:
+def max_tokens(body: dict[str, Any], prompt_tokens: int, context_tokens: int | None, limit: int) -> int:
+    """The client's ``max_tokens`` within the model's context; without one, what vLLM would allow
+    (the context left after the prompt), or a size estimate when the context is unknown."""
+    bound = context_tokens if context_tokens is not None else limit
+    asked = token_count(body, "max_tokens", bound)
+    if asked is None:
+        asked = token_count(body, "max_completion_tokens", bound)
+    if asked is not None:
+        return asked
+    if context_tokens is None:
         return DEFAULT_MAX_TOKENS
-    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise APIError(400, "max_tokens must be a positive integer", param="max_tokens")
-    if value > MAX_TOKENS_CEILING:
-        raise APIError(400, f"max_tokens must be at most {MAX_TOKENS_CEILING}", param="max_tokens")
-    return value
+    return max(1, context_tokens - prompt_tokens)
 
 
-def model_context(endpoints: Any, model: str) -> int | None:
-    """The longest context any known pod serving ``model`` offers (None: no pod states one)."""
-    known = [
-        ep.spec.max_context_tokens
-        for ep in endpoints
-        if (not ep.spec.models or model in ep.spec.models or model in ep.spec.lora_adapters)
-        and ep.spec.max_context_tokens < (1 << 30)
-    ]
-    return max(known) if known else None
+def known_models(state: RouterState) -> set[str] | None:
+    """Every model name some pod or ModelDeployment serves; None when a pod serves any model."""
+    names = set(state.catalog)
+    for ep in state.endpoints.values():
+        caps = ep.reported_capabilities()
+        served = (*ep.spec.models, *ep.spec.lora_adapters)
+        if caps is not None:
+            served = (*served, *caps.models, *caps.lora_adapters)
+        if not served:
+            return None
+        names.update(served)
+    return names
 
 
-def bound_to_context(view: RequestView, context: int | None) -> None:
-    """vLLM's own rule, applied before anything is charged: prompt plus max_tokens fit the context."""
-    if context is not None and view.prompt_tokens + view.max_tokens > context:
+def check_model(state: RouterState, model: str) -> str:
+    """404 ``model_not_found`` for a model nobody serves; the model's metrics label otherwise."""
+    known = known_models(state)
+    if not known:  # a pod serves any model, or nothing is known yet (no pods: a 503 follows)
+        return OTHER_MODEL
+    if model not in known:
         raise APIError(
-            400,
-            f"max_tokens {view.max_tokens} plus about {view.prompt_tokens} prompt tokens exceeds the "
-            f"model's context of {context} tokens; lower max_tokens",
-            param="max_tokens",
-            code="context_length_exceeded",
+            404,
+            f"the model {model[:200]!r} does not exist; GET /v1/models lists the models served here",
+            param="model",
+            code="model_not_found",
         )
+    return model
+
+
+def model_context_tokens(state: RouterState, model: str) -> int | None:
+    """The longest context (prompt plus output, tokens) a pod serving ``model`` accepts; None if unknown."""
+    best: int | None = None
+    for ep in state.endpoints.values():
+        caps = ep.reported_capabilities()
+        served = (*ep.spec.models, *ep.spec.lora_adapters)
+        if caps is not None:
+            served = (*served, *caps.models, *caps.lora_adapters)
+        if served and model not in served:
+            continue
+        length = min(ep.spec.max_context_tokens, caps.max_context_tokens if caps else UNKNOWN_CONTEXT)
+        if length < UNKNOWN_CONTEXT:
+            best = max(best or 0, length)
+    return best
 
 
 def authenticate(state: RouterState, request: Request) -> Tenant:
@@ -116,47 +145,68 @@ def upstream_headers(slo: SLORequest, tier: str, tenant: Tenant, request_id: str
 
 
 def resolve(
-    state: RouterState, request: Request, body: dict[str, Any]
-) -> tuple[Tenant, SLORequest, str, SLOTargets]:
-    tenant = authenticate(state, request)
+    state: RouterState, request: Request, body: dict[str, Any], tenant: Tenant
+) -> tuple[SLORequest, str, SLOTargets]:
     stripped = [h for h in request.headers if h.lower().startswith(INTERNAL_PREFIX)]
     try:
         slo = parse_slo(request.headers, body)
     except SLOParamError as exc:
         raise APIError(400, str(exc), param=exc.param, code="invalid_slo") from None
     tier, was_stripped = tenant.bind_tier(slo.tier)
-    if was_stripped or stripped:
-        state.metrics.stripped.labels(tenant.name).inc()
     targets = state.config.tiers[tier].targets(ttft_s=slo.ttft_s, tbt_s=slo.tbt_s, deadline_s=slo.deadline_s)
-    return tenant, slo, tier, targets
+    tightened = any(  # stricter than the tier allows: raised to the tier's targets
+        asked is not None and asked != got
+        for asked, got in (
+            (slo.ttft_s, targets.ttft_s),
+            (slo.tbt_s, targets.tbt_s),
+            (slo.deadline_s, targets.deadline_s),
+        )
+    )
+    if was_stripped or stripped or tightened:
+        state.metrics.stripped.labels(tenant.name).inc()
+    return slo, tier, targets
 
 
-async def read_body(request: Request) -> dict[str, Any]:
-    try:
-        body = await request.json()
-    except (ValueError, UnicodeDecodeError):
-        raise APIError(400, "request body is not valid JSON") from None
-    if not isinstance(body, dict):
-        raise APIError(400, "request body must be a JSON object")
+async def read_request(state: RouterState, request: Request) -> tuple[Tenant, dict[str, Any]]:
+    """The caller's tenant and the JSON body, in the cheap order: headers, key, then the body."""
+    check_headers(request.scope["headers"], state.limits)
+    tenant = authenticate(state, request)
+    raw = await read_capped(request.stream(), request.headers.get("content-length"), state.limits)
+    body = parse_json_object(raw, state.limits)
     if not isinstance(body.get("model"), str) or not body["model"]:
         raise APIError(400, "'model' is required and must be a string", param="model")
-    return body
+    return tenant, body
+
+
+def request_id_of(request: Request) -> str | None:
+    """The client's request id when it is safe to forward as a header (printable ASCII, bounded)."""
+    given = request.headers.get(REQUEST_ID_HEADER)
+    return given if given and SAFE_TOKEN.fullmatch(given) else None
 
 
 def request_view(
-    request_id: str, targets: SLOTargets, now: float, *, body: dict[str, Any], tenant: Tenant, slo: SLORequest
+    request_id: str,
+    targets: SLOTargets,
+    now: float,
+    *,
+    body: dict[str, Any],
+    tenant: Tenant,
+    slo: SLORequest,
+    context_tokens: int | None = None,
+    max_tokens_limit: int = UNKNOWN_CONTEXT,
 ) -> RequestView:
     deadline_at = (
         now + targets.deadline_s
         if targets.deadline_s
         else (now + targets.effective_deadline_s if targets.kind is RequestKind.BEST_EFFORT else None)
     )
+    prompt_tokens = estimate_prompt_tokens(body)
     return RequestView(
         request_id=request_id,
         slo=targets,
         arrival_s=now,
-        prompt_tokens=estimate_prompt_tokens(body),
-        max_tokens=max_tokens(body),
+        prompt_tokens=prompt_tokens,
+        max_tokens=max_tokens(body, prompt_tokens, context_tokens, max_tokens_limit),
         deadline_at_s=deadline_at,
         tenant=tenant.name,
         program_id=slo.program_id,

@@ -242,17 +242,34 @@ class KubeDiscovery:
                 self._stop.wait(self.backoff_s)
 
     def _refresh_secrets(self, core: Any) -> None:
+        """Re-read every tenant's key Secret. A read that fails (an API-server blip, a 403) keeps the
+        tenant's last good keys, says so in a log line and ``slofleet_router_key_reads_failed``; only
+        a Secret that was read and holds no keys (or a tenant the policy dropped) removes keys."""
+        last_good: dict[str, dict[str, str]] = {}
         while not self._stop.is_set():
             keys: dict[str, str] = dict(self.file_keys)
-            for tenant, (name, key) in sorted(self.state.config.key_secrets.items()):
+            secrets = dict(sorted(self.state.config.key_secrets.items()))
+            for tenant in [t for t in last_good if t not in secrets]:
+                del last_good[tenant]
+            for tenant, (name, key) in secrets.items():
                 try:
                     secret = self._api_client.sanitize_for_serialization(
                         core.read_namespaced_secret(name, self.secrets_namespace)
                     )
                 except Exception as exc:
-                    log.warning("cannot read Secret %s for tenant %s (%s)", name, tenant, type(exc).__name__)
-                    continue
-                for k, t in secret_keys(secret, key, tenant).items():
+                    kept = last_good.get(tenant, {})
+                    log.warning(
+                        "cannot read Secret %s for tenant %s (%s %s); keeping its last good %d keys",
+                        name,
+                        tenant,
+                        type(exc).__name__,
+                        getattr(exc, "status", "") or "",
+                        len(kept),
+                    )
+                    self._post(self._note_key_read_failed, tenant)
+                else:
+                    last_good[tenant] = secret_keys(secret, key, tenant)
+                for k, t in last_good.get(tenant, {}).items():
                     keys.setdefault(k, t)
             self._post(self._set_keys, keys)
             self._secrets_due.wait(self.secrets_every_s)
@@ -312,6 +329,11 @@ class KubeDiscovery:
             config.routing_policy,
         )
         self._secrets_due.set()
+
+    def _note_key_read_failed(self, tenant: str) -> None:
+        metrics = getattr(self.state, "metrics", None)
+        if metrics is not None:
+            metrics.key_reads_failed.labels(tenant).inc()
 
     def _set_keys(self, keys: dict[str, str]) -> None:
         before = len(self.state.keys)

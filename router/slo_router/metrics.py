@@ -52,6 +52,12 @@ class RouterMetrics:
             ["tenant"],
             registry=r,
         )
+        self.key_reads_failed = Counter(
+            "slofleet_router_key_reads_failed",
+            "Reads of a tenant's API-key Secret that failed (its last good keys stay in force)",
+            ["tenant"],
+            registry=r,
+        )
         self.dispatch_seconds = Histogram(
             "slofleet_router_dispatch_seconds",
             "Dispatch decision latency (filters + routing policy)",

@@ -17,6 +17,7 @@ import httpx
 from slo_core.policies.base import RouterPolicy
 from slo_core.policies.registry import make_router_policy
 from slo_core.routing import RoutingPipeline, SessionTable
+from slo_core.wire.limits import RequestLimits
 from slo_router.config import RouterConfig
 from slo_router.endpoints import EndpointState
 from slo_router.metrics import RouterMetrics
@@ -44,6 +45,7 @@ class RouterState:
     # False while a policy the router must follow (``--policy-name``) has not been read yet: not ready
     policy_loaded: bool = True
     policy_source: str = ""
+    limits: RequestLimits = field(default_factory=RequestLimits)
     _pipeline: RoutingPipeline | None = field(default=None, repr=False)
 
     @property

@@ -3,7 +3,10 @@
 One task per endpoint that has a gRPC target; tasks start and stop as endpoints come and go. Each
 snapshot becomes the endpoint's :class:`ReplicaView` (placed on the router's clock with its age, so
 GoRouting compensates for staleness). When a stream ends, fails, or goes silent for ``stale_after_s``
-the endpoint is marked unusable until a new snapshot arrives; reconnects back off exponentially.
+the endpoint is marked unusable until a new snapshot arrives, and a silent stream is cancelled (gRPC
+keepalive pings notice a dead connection; a live one that stops sending is cut after ``stale_after_s``)
+and reconnected; reconnects back off exponentially. Snapshots are read against the tiers of the policy
+in force at that moment (``tiers`` may be a callable: the router passes its current config's).
 The router's load view therefore comes only from the sidecars: replicas of the router never talk.
 """
 
@@ -14,16 +17,23 @@ import functools
 import logging
 import time
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, TypeAlias
 
 import grpc
 
 from slo_core.slo import SLOTier
+from slo_core.wire.keepalive import CLIENT_OPTIONS
 from slo_proto import slofleet_pb2, slofleet_pb2_grpc
 from slo_router.endpoints import EndpointState
 from slo_router.podstate import capabilities_of, replica_view, snapshot_age_s
 
 log = logging.getLogger(__name__)
+
+Tiers: TypeAlias = Mapping[str, SLOTier]
+
+
+class StaleStream(Exception):
+    """The stream is open but sent nothing for ``stale_after_s``."""
 
 
 class StateFeed:
@@ -39,7 +49,7 @@ class StateFeed:
         stale_after_s: float = 10.0,
         backoff_s: tuple[float, float] = (0.1, 5.0),
         on_snapshot: Callable[[str], None] | None = None,
-        tiers: Mapping[str, SLOTier] | None = None,
+        tiers: Tiers | Callable[[], Tiers] | None = None,
     ) -> None:
         self.endpoints = endpoints
         self.clock, self.wall_clock = clock, wall_clock
@@ -47,7 +57,11 @@ class StateFeed:
         self.stale_after_s = stale_after_s
         self.backoff_s = backoff_s
         self.on_snapshot = on_snapshot
-        self.tiers = dict(tiers or {})
+        if callable(tiers):
+            self._tiers: Callable[[], Tiers] = tiers
+        else:
+            fixed: Tiers = dict(tiers or {})
+            self._tiers = lambda: fixed
         self._tasks: dict[str, tuple[str, asyncio.Task[None]]] = {}
 
     async def run(self, poll_s: float = 0.1) -> None:
@@ -102,6 +116,9 @@ class StateFeed:
                 got_one = await self._watch_once(ep_id, target)
             except grpc.aio.AioRpcError as exc:
                 log.info("state stream of %s ended: %s", ep_id, exc.code().name)
+            except StaleStream:
+                log.warning("state stream of %s silent for %.1f s: reconnecting", ep_id, self.stale_after_s)
+                got_one = False  # back off: a pod that hangs its stream is not hammered
             ep = self.endpoints.get(ep_id)
             if ep is None:
                 return
@@ -114,10 +131,19 @@ class StateFeed:
     async def _watch_once(self, ep_id: str, target: str) -> bool:
         """Read one Watch stream until it ends; True when at least one snapshot arrived."""
         got_one = False
-        async with grpc.aio.insecure_channel(target) as channel:
+        async with grpc.aio.insecure_channel(target, options=list(CLIENT_OPTIONS)) as channel:
             stub: Any = slofleet_pb2_grpc.StateStub(channel)
             call = stub.Watch(slofleet_pb2.WatchRequest(interval_ms=self.interval_ms))
-            async for msg in call:
+            messages = call.__aiter__()
+            while True:
+                try:
+                    async with asyncio.timeout(self.stale_after_s):
+                        msg = await messages.__anext__()
+                except StopAsyncIteration:
+                    break
+                except TimeoutError:
+                    call.cancel()
+                    raise StaleStream from None
                 ep = self.endpoints.get(ep_id)
                 if ep is None:
                     call.cancel()
@@ -125,7 +151,7 @@ class StateFeed:
                 now, wall = self.clock(), self.wall_clock()
                 ep.update_lazy(
                     functools.partial(
-                        replica_view, msg, replica_id=ep_id, now_s=now, wall_now_s=wall, tiers=self.tiers
+                        replica_view, msg, replica_id=ep_id, now_s=now, wall_now_s=wall, tiers=self._tiers()
                     ),
                     snapshot_s=now - snapshot_age_s(msg, wall),
                     healthy=bool(msg.healthy) and not msg.draining,
@@ -140,4 +166,4 @@ class StateFeed:
 
 async def follow_states(state: Any) -> None:
     """Background job for the app factory: follow the sidecars of ``state.endpoints``."""
-    await StateFeed(state.endpoints, clock=state.clock, tiers=state.config.tiers).run()
+    await StateFeed(state.endpoints, clock=state.clock, tiers=lambda: state.config.tiers).run()

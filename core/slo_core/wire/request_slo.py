@@ -66,12 +66,17 @@ class SLORequest(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    tier: str | None = Field(None, min_length=1, max_length=63, description="SLO tier name")
+    # names travel on as headers: printable ASCII only
+    tier: str | None = Field(
+        None, min_length=1, max_length=63, pattern=r"^[!-~]+$", description="SLO tier name"
+    )
     deadline_s: float | None = Field(None, gt=0, le=86400, description="end-to-end deadline, seconds")
     ttft_s: float | None = Field(None, gt=0, le=3600, description="time-to-first-token target, seconds")
     tbt_s: float | None = Field(None, gt=0, le=60, description="time-between-tokens target, seconds")
     max_wait_s: float | None = Field(None, gt=0, le=3600, description="maximum queueing time, seconds")
-    program_id: str | None = Field(None, min_length=1, max_length=128, description="compound request id")
+    program_id: str | None = Field(
+        None, min_length=1, max_length=128, pattern=r"^[!-~]+$", description="compound request id"
+    )
     stage: int | None = Field(None, ge=0, le=1000, description="0-based stage index in the program")
     stages: int | None = Field(None, ge=1, le=1000, description="total number of stages, if known")
 

@@ -87,3 +87,32 @@ def decode_tags(raw: Mapping[str, Any] | None) -> EngineTags | None:
         program_id=str(program) if program is not None else None,
         stage=int(stage) if stage is not None else None,
     )
+
+
+# what only slofleet may set on an engine request: a client's copy is dropped at the front door
+CLIENT_FORBIDDEN_FIELDS = frozenset({"priority", "vllm_xargs"})
+
+
+def strip_engine_tags(body: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]:
+    """The body without engine tags a client may not set (``priority``, ``vllm_xargs``, ``slo_*``),
+    and the names of what was dropped."""
+    kept: dict[str, Any] = {}
+    dropped: list[str] = []
+    for key, value in body.items():
+        if key in CLIENT_FORBIDDEN_FIELDS or key.startswith(PREFIX):
+            dropped.append(key)
+        else:
+            kept[key] = value
+    return kept, dropped
+
+
+def client_xargs(value: Any) -> dict[str, Any]:
+    """A client's own ``vllm_xargs`` as the sidecar may forward them: an object, without ``slo_*`` keys.
+
+    Raises ``ValueError`` when it is not a JSON object (vLLM would fail on it mid-request).
+    """
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping):
+        raise ValueError("'vllm_xargs' must be a JSON object")
+    return {str(k): v for k, v in value.items() if not str(k).startswith(PREFIX)}

@@ -27,7 +27,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
-from . import tokens
+from . import tokens, tool_calls
 from .metrics import EngineMetrics
 from .protocol import (
     ApiError,
@@ -131,6 +131,7 @@ async def _generate(request: Request, *, chat: bool) -> Response:
             wanted = body.max_tokens
         max_tokens, output_tokens = resolve_lengths(body, prompt_tokens, wanted, runner.max_model_len, key)
         tags = decode_xargs(body.vllm_xargs)
+        tool_fn = tool_calls.named_function(body) if chat else None
         if body.stream_options is not None and not body.stream:
             raise ApiError("Stream options can only be defined when `stream=True`.", param="stream_options")
         if not runner.alive:
@@ -151,6 +152,7 @@ async def _generate(request: Request, *, chat: bool) -> Response:
             key,
             include_usage=bool(opts and opts.include_usage),
             continuous=bool(opts and opts.continuous_usage_stats),
+            tool_fn=tool_fn,
         )
         return DisconnectAwareStream(stream, media_type="text/event-stream")
     try:
@@ -161,6 +163,10 @@ async def _generate(request: Request, *, chat: bool) -> Response:
     if result is None:
         return Response(status_code=CLIENT_CLOSED)
     n, reason = result
+    if tool_fn is not None:
+        args = tool_calls.arguments(tool_fn, key)
+        answer = full_response(shape, "", reason, prompt_tokens, n)
+        return JSONResponse(tool_calls.message_with_call(answer, tool_calls.call(rid, tool_fn, args)))
     text = "".join(tokens.filler_words(key, n))
     return JSONResponse(full_response(shape, text, reason, prompt_tokens, n))
 
@@ -175,19 +181,42 @@ async def _collect(h: Handle) -> tuple[int, str]:
 
 
 async def _stream(
-    runner: EngineRunner, h: Handle, shape: Shape, key: bytes, *, include_usage: bool, continuous: bool
+    runner: EngineRunner,
+    h: Handle,
+    shape: Shape,
+    key: bytes,
+    *,
+    include_usage: bool,
+    continuous: bool,
+    tool_fn: dict[str, Any] | None = None,
 ) -> AsyncIterator[bytes]:
     prompt_tokens = h.sub.prompt_tokens
     sent = 0
+    args = tool_calls.arguments(tool_fn, key) if tool_fn is not None else ""
     try:
         if shape.chat:
             yield sse(role_chunk(shape, usage(prompt_tokens, 0, details=False) if continuous else None))
+        if tool_fn is not None:
+            head = role_chunk(shape)
+            head.pop("choices")
+            opening = tool_calls.call(shape.response_id, tool_fn, "")
+            yield sse(tool_calls.delta_chunk(head, {"index": 0, **opening}, None))
         while True:
             n, _, reason = await h.events.get()
             # a client that fell behind gets the tokens that piled up in one chunk, as vLLM merges them
             while reason is None and not h.events.empty():
                 more, _, reason = h.events.get_nowait()
                 n += more
+            if tool_fn is not None:  # the arguments in pieces, in step with the tokens generated
+                total = max(1, h.sub.output_tokens)
+                done_before, sent = sent, sent + n
+                cut_from = min(len(args), len(args) * done_before // total)
+                cut_to = len(args) if reason is not None else min(len(args), len(args) * sent // total)
+                piece = {"index": 0, "function": {"arguments": args[cut_from:cut_to]}}
+                yield sse(tool_calls.delta_chunk(head, piece, reason))
+                if reason is not None:
+                    break
+                continue
             text = "".join(tokens.filler_words(key, n, sent))
             sent += n
             if continuous:

@@ -10,7 +10,6 @@ the :class:`APIError` the router would have answered. The routing pipeline is re
 from __future__ import annotations
 
 import json
-import uuid
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from urllib.parse import urlsplit
@@ -18,18 +17,12 @@ from urllib.parse import urlsplit
 from starlette.requests import Request
 
 from slo_core.policies.base import RequestView
-from slo_core.wire.headers import INTERNAL_PREFIX, REQUEST_ID_HEADER
-from slo_core.wire.request_slo import strip_slo_fields
+from slo_core.wire.headers import INTERNAL_PREFIX
 from slo_router import app as router_app
 from slo_router.endpoints import EndpointState
 from slo_router.errors import APIError
 from slo_router.intake import (
     affinity_of,
-    bound_to_context,
-    model_context,
-    read_body,
-    request_view,
-    resolve,
     upstream_headers,
 )
 
@@ -112,14 +105,10 @@ async def pick(
             retry_after_s=5.0,
         )
     request = _request(method, path, headers.items(), body)
-    parsed = await read_body(request)
-    tenant, slo, tier, targets = resolve(state, request, parsed)
-    model = parsed["model"]
-    request_id = headers.get(REQUEST_ID_HEADER) or f"epp-{uuid.uuid4().hex[:16]}"
-    view = request_view(request_id, targets, state.clock(), body=parsed, tenant=tenant, slo=slo)
-    bound_to_context(view, model_context(state.endpoints.values(), model))
-    labels = [tier, tenant.name, model]
-    router_app.charge_rate_limit(state, tenant, view)
+    labels = ["", "", ""]
+    adm = await router_app.admit(state, request, labels, id_prefix="epp")
+    parsed, model, tenant, slo, tier, view = adm.body, adm.model, adm.tenant, adm.slo, adm.tier, adm.view
+    request_id = view.request_id
     affinity = affinity_of(state, request, parsed, slo)
     endpoints = [ep for ep in state.endpoints.values() if subset is None or _safe_address(ep) in subset]
     result = router_app.route_once(
@@ -150,7 +139,7 @@ async def pick(
         tenant=tenant.name,
         model=model,
         set_headers=set_headers,
-        body=_json_bytes(strip_slo_fields(parsed)),
+        body=_json_bytes(router_app.body_to_forward(state, adm)),
     )
 
 

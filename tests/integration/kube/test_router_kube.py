@@ -296,3 +296,43 @@ async def test_the_router_follows_a_named_slopolicy_as_it_changes(
         assert (await client.completions.create(model="llama-8b", prompt="hi", max_tokens=1)).choices
         await http.aclose()
     assert "sk-one" not in caplog.text and "sk-ops" not in caplog.text
+
+
+async def test_a_failed_secret_read_keeps_the_last_good_keys(
+    cluster: Cluster, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO)
+    api = await client_with_crds(cluster, modeldeployment_crd())
+    core = kubernetes.client.CoreV1Api(api)
+    secret = {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "product-keys"}}
+    core.create_namespaced_secret("default", {**secret, "data": {"keys": b64("sk-one\n")}})
+    async with RunningPod(FakePod("p0", models=("llama-8b",))) as running:
+        core.create_namespaced_pod("default", pod_object("p0", running))
+        core.patch_namespaced_pod_status("p0", "default", READY)
+        state = build_state(from_policy(parse_policy(POLICY).spec), KeyStore(), {})
+        discovery = KubeDiscovery(
+            state, api_client=api, secrets_every_s=0.1, backoff_s=0.2, watch_timeout_s=1
+        )
+        jobs = [discovery.run, StateFeed(state.endpoints, interval_ms=20).run]
+        async with ServedApp(create_app(state, background=[lambda s, j=j: j() for j in jobs])) as router:
+            client = openai.AsyncOpenAI(base_url=router.url + "/v1", api_key="sk-one", max_retries=0)
+            await until(lambda: state.keys.tenant_of("sk-one") == "product", what="keys read")
+            await until(lambda: [e for e in state.endpoints.values() if e.usable], what="p0 usable")
+
+            assert cluster.emulator is not None
+            cluster.emulator.failing_paths.add("/secrets/product-keys")
+            failed = state.metrics.key_reads_failed.labels("product")
+            await until(lambda: failed._value.get() >= 3, what="several failed Secret reads")
+            assert state.keys.tenant_of("sk-one") == "product"  # the last good key set stays
+            out = await client.completions.create(model="llama-8b", prompt="hi", max_tokens=2)
+            assert out.choices
+            cluster.emulator.failing_paths.clear()
+
+            # a Secret that is read and no longer holds the key does revoke it
+            core.replace_namespaced_secret(
+                "product-keys", "default", {**secret, "data": {"keys": b64("sk-2")}}
+            )
+            await until(lambda: state.keys.tenant_of("sk-one") is None, what="revocation")
+    logged = "\n".join(r.getMessage() for r in caplog.records)
+    assert "keeping its last good 1 keys" in logged
+    assert "sk-one" not in logged

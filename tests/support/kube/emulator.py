@@ -111,6 +111,8 @@ class ApiEmulator(kmock.KubernetesEmulator):
     _tick: asyncio.Event | None = attrs.field(default=None, init=False)
     _applied: dict[tuple[str, str], Any] = attrs.field(factory=dict, init=False)
     _crds: dict[tuple[str, str, str], schemas.CrdVersion] = attrs.field(factory=dict, init=False)
+    # fault injection: while a path contains one of these, it is answered 500 (an API-server blip)
+    failing_paths: set[str] = attrs.field(factory=set, init=False)
 
     def __attrs_post_init__(self) -> None:
         super().__attrs_post_init__()
@@ -123,6 +125,8 @@ class ApiEmulator(kmock.KubernetesEmulator):
 
     async def _handle(self, request: kmock.Request) -> aiohttp.web.StreamResponse:
         path = request.url.path
+        if any(part in path for part in self.failing_paths):
+            return self._error(ApiError(500, "InternalError", "injected fault: the API server failed"))
         if path == "/version":
             return aiohttp.web.json_response(discovery.K8S_SERVER_VERSION)
         if path in ("/healthz", "/livez", "/readyz"):

@@ -183,11 +183,12 @@ async def test_no_pod_left_is_an_honest_503_with_retry_after() -> None:
     assert len(seen) == 2  # tried each pod once
 
 
-async def test_request_for_unknown_model_is_503_saying_why() -> None:
+async def test_request_for_unknown_model_is_404_model_not_found() -> None:
+    """Not 503 + Retry-After, which the openai SDK retries (issue 17)."""
     client, _, _ = make(ok_completion)
     r = await client.post("/v1/completions", json={**BODY, "model": "nope"}, headers=auth("k-acme"))
-    assert r.status_code == 503
-    assert "no replica serves model 'nope'" in r.json()["error"]["message"]
+    assert r.status_code == 404 and "retry-after" not in r.headers
+    assert r.json()["error"]["code"] == "model_not_found" and r.json()["error"]["param"] == "model"
 
 
 async def test_stream_failure_after_first_byte_ends_with_an_error_event() -> None:

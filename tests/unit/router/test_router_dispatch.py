@@ -12,6 +12,7 @@ from slo_core.policies.base import ReplicaCapabilities, ReplicaView, RequestView
 from slo_core.policies.go_routing import GoRouting
 from slo_core.policies.registry import make_router_policy
 from slo_core.slo import PriorityClass, RequestKind, SLOTargets, SLOTier
+from slo_core.wire.tokens import approx_tokens
 from slo_router.app import RouterState, create_app
 from slo_router.config import RouterConfig
 from slo_router.endpoints import EndpointSpec, EndpointState
@@ -90,10 +91,12 @@ async def test_gpu_class_and_context_filters_leave_only_capable_pods() -> None:
         r = await client.post("/v1/completions", json={**BODY, "max_tokens": 1000}, headers=H)
         assert r.status_code == 200
     assert {q.url.host for q in seen} == {"big.pod"}
+    r = await client.post("/v1/completions", json={**BODY, "max_tokens": 4096}, headers=H)
+    prompt = approx_tokens(BODY["prompt"])
+    assert r.status_code == 503 and f"context of {prompt + 4096} tokens" in r.json()["error"]["message"]
+    # beyond every pod's context: the client's mistake, a 400 saying so (no retry can help)
     r = await client.post("/v1/completions", json={**BODY, "max_tokens": 10_000}, headers=H)
-    # longer than any pod's context: a client error (vLLM's own 400), never a retryable 503
     assert r.status_code == 400 and r.json()["error"]["code"] == "context_length_exceeded"
-    assert "context of 4096 tokens" in r.json()["error"]["message"]
     assert state.metrics.requests.labels("gold", "t", "m", "ok")._value.get() == 3
 
 

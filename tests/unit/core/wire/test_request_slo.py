@@ -61,8 +61,21 @@ def test_strip_removes_only_slo_fields() -> None:
 
 def test_tier_defaults_and_priority_come_from_the_tier() -> None:
     gold = SLOTier("chat", RequestKind.LATENCY, PriorityClass("gold", 3.0), ttft_s=2.0, tbt_s=0.1)
-    t = gold.targets(tbt_s=0.05)
-    assert (t.ttft_s, t.tbt_s, t.priority_class, t.priority_weight) == (2.0, 0.05, "gold", 3.0)
+    t = gold.targets(tbt_s=0.5)
+    assert (t.ttft_s, t.tbt_s, t.priority_class, t.priority_weight) == (2.0, 0.5, "gold", 3.0)
+
+
+def test_a_client_may_loosen_its_targets_never_tighten_them() -> None:
+    chat = SLOTier("chat", RequestKind.LATENCY, PriorityClass("gold", 3.0), ttft_s=2.0, tbt_s=0.1)
+    t = chat.targets(ttft_s=1e-6, tbt_s=1e-6, deadline_s=1e-6)
+    assert (t.ttft_s, t.tbt_s, t.deadline_s) == (2.0, 0.1, 2.0)
+    assert chat.targets(ttft_s=5.0).ttft_s == 5.0
+    batch = SLOTier("batch", RequestKind.DEADLINE, PriorityClass("low", 1.0), deadline_s=60.0)
+    assert batch.targets(deadline_s=0.001).deadline_s == 60.0
+    assert batch.targets(deadline_s=600.0).deadline_s == 600.0
+    free = SLOTier("free", RequestKind.BEST_EFFORT, PriorityClass("free", 0.5))
+    assert free.targets(deadline_s=0.001).deadline_s == free.targets().effective_deadline_s
+    assert free.targets().deadline_s is None
 
 
 @pytest.mark.parametrize(
