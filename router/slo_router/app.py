@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import functools
+import json
 import logging
 import random
 import time
@@ -20,7 +21,7 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-import httpx
+import aiohttp
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -46,7 +47,14 @@ from slo_router.intake import (
     upstream_headers,
 )
 from slo_router.metrics import RouterMetrics
-from slo_router.proxy import UpstreamUnavailable, open_upstream
+from slo_router.proxy import (
+    ClientGone,
+    RelayResponse,
+    UpstreamUnavailable,
+    new_session,
+    open_upstream,
+    unless_disconnected,
+)
 from slo_router.ratelimit import RateLimiter
 from slo_router.tenants import KeyStore
 
@@ -66,7 +74,7 @@ class RouterState:
     policy: RouterPolicy
     limiter: RateLimiter = field(default_factory=RateLimiter)
     rng: random.Random = field(default_factory=lambda: random.Random(0))
-    client: httpx.AsyncClient | None = None
+    client: aiohttp.ClientSession | None = None  # upstream pool, built in the lifespan when not given
     upstream_timeout_s: float = 600.0
     clock: Callable[[], float] = time.monotonic
     background: list[Any] = field(default_factory=list)
@@ -90,7 +98,7 @@ class RouterState:
         self.policy_source = source
 
 
-async def completions(request: Request) -> Response:
+async def completions(request: Request) -> Response | RelayResponse:
     state: RouterState = request.app.state.router
     labels = ["", "", ""]
     try:
@@ -100,7 +108,7 @@ async def completions(request: Request) -> Response:
         return error_response(err)
 
 
-async def _serve(state: RouterState, request: Request, labels: list[str]) -> Response:
+async def _serve(state: RouterState, request: Request, labels: list[str]) -> Response | RelayResponse:
     if not state.policy_loaded:  # no tiers or tenants to bind the caller to yet
         raise APIError(
             503,
@@ -126,7 +134,7 @@ async def _serve(state: RouterState, request: Request, labels: list[str]) -> Res
             code="rate_limited",
             retry_after_s=wait,
         )
-    forward_body = strip_slo_fields(body)
+    forward_body = json.dumps(strip_slo_fields(body), separators=(",", ":")).encode()
     affinity = affinity_of(state, request, body, slo)
     tried: set[str] = set()
     last_reason = "no replica available"
@@ -176,13 +184,19 @@ async def _serve(state: RouterState, request: Request, labels: list[str]) -> Res
         ep.note_sent(view, state.clock())
         assert state.client is not None
         try:
-            resp = await open_upstream(
+            opening = open_upstream(
                 state.client,
                 ep.spec.http_url + request.url.path,
                 forward_body,
                 upstream_headers(slo, tier, tenant, request_id),
                 state.upstream_timeout_s,
             )
+            # a client that hangs up while the pod has not answered yet aborts the upstream request
+            resp = await unless_disconnected(request.receive, opening)
+        except ClientGone:
+            ep.forget_sent(request_id)
+            state.metrics.requests.labels(*labels, "cancelled").inc()
+            return Response(b"", status_code=499)
         except UpstreamUnavailable as exc:
             ep.forget_sent(request_id)
             if exc.kind not in ("http_503", "connect_timeout"):  # refused or broken: the pod is at fault
@@ -311,9 +325,7 @@ def create_app(
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         own_client = state.client is None
         if own_client:
-            state.client = httpx.AsyncClient(
-                limits=httpx.Limits(max_connections=4000, max_keepalive_connections=1000)
-            )
+            state.client = new_session()
         tasks = [asyncio.create_task(job(state)) for job in background or []]
         try:
             yield
@@ -322,7 +334,7 @@ def create_app(
                 t.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
             if own_client and state.client is not None:
-                await state.client.aclose()
+                await state.client.close()
                 state.client = None
 
     app = Starlette(
