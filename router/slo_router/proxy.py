@@ -35,6 +35,7 @@ RETRYABLE_STATUS = frozenset({500, 502, 503, 504})
 # chat delta's content, reasoning, tool-call arguments). Only its span is used, never decoded.
 _OUTPUT = re.compile(rb'"(?:text|content|reasoning_content|reasoning|arguments)":\s*"((?:[^"\\]|\\.)*)"')
 CONNECT_TIMEOUT_S = 5.0
+KEEPALIVE_S = 3.0
 _T = TypeVar("_T")
 
 
@@ -151,7 +152,9 @@ def _retry_after(resp: aiohttp.ClientResponse) -> float | None:
 def new_session() -> aiohttp.ClientSession:
     """The router's one upstream connection pool (no per-request limits beyond the request's own)."""
     return aiohttp.ClientSession(
-        connector=aiohttp.TCPConnector(limit=4000, limit_per_host=0, keepalive_timeout=30),
+        # idle connections are dropped before the pods' own keep-alive timeout (uvicorn's and vLLM's
+        # 5 s) closes them under us
+        connector=aiohttp.TCPConnector(limit=4000, limit_per_host=0, keepalive_timeout=KEEPALIVE_S),
         auto_decompress=False,  # relay the pod's bytes as they are
         skip_auto_headers=("User-Agent",),
     )
@@ -163,10 +166,12 @@ async def open_upstream(
     """Send the request and wait for the status line; raises :class:`UpstreamUnavailable`."""
     timeout = aiohttp.ClientTimeout(total=None, connect=CONNECT_TIMEOUT_S, sock_read=timeout_s)
     try:
-        resp = await session.post(url, data=body, headers=headers, timeout=timeout)
-    except (
-        aiohttp.ServerTimeoutError
-    ):  # a swamped pod (or host) accepts slowly: not a reason to open its breaker
+        try:
+            resp = await session.post(url, data=body, headers=headers, timeout=timeout)
+        except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError):
+            # a pooled connection the pod closed just as it was reused: once more, on another one
+            resp = await session.post(url, data=body, headers=headers, timeout=timeout)
+    except aiohttp.ServerTimeoutError:  # a swamped pod (or host) accepts slowly: breaker stays shut
         raise UpstreamUnavailable("connect timed out", kind="connect_timeout") from None
     except (aiohttp.ClientError, OSError) as exc:
         raise UpstreamUnavailable(f"connect failed: {type(exc).__name__}") from None
