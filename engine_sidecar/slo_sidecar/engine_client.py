@@ -69,7 +69,7 @@ async def stream_chunks(
     read_timeout_s: float,
 ) -> AsyncIterator[tuple[dict[str, Any], bytes]]:
     """Yield the engine's SSE chunks (parsed, and as sent) until ``[DONE]``; failures raise, never hang."""
-    timeout = httpx.Timeout(read_timeout_s, connect=2.0, write=10.0, pool=10.0)
+    timeout = httpx.Timeout(read_timeout_s, connect=5.0, write=10.0, pool=10.0)  # SYN retries: 1 s, 3 s
     try:
         async with client.stream("POST", url, json=body, headers=headers, timeout=timeout) as resp:
             if resp.status_code != 200:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import json
 import logging
 import time
 import uuid
@@ -18,7 +19,6 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
 
-import httpx
 import uvicorn
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.applications import Starlette
@@ -48,7 +48,14 @@ from slo_router.intake import (
     upstream_headers,
 )
 from slo_router.metrics import RouterMetrics
-from slo_router.proxy import UpstreamUnavailable, open_upstream
+from slo_router.proxy import (
+    ClientGone,
+    RelayResponse,
+    UpstreamUnavailable,
+    new_session,
+    open_upstream,
+    unless_disconnected,
+)
 from slo_router.ratelimit import RequestTooLarge
 from slo_router.state import RouterState
 from slo_router.tenants import KeyStore, Tenant
@@ -60,7 +67,7 @@ log = logging.getLogger(__name__)
 MAX_ATTEMPTS = 12
 
 
-async def completions(request: Request) -> Response:
+async def completions(request: Request) -> Response | RelayResponse:
     state: RouterState = request.app.state.router
     labels = ["", "", ""]
     try:
@@ -70,7 +77,7 @@ async def completions(request: Request) -> Response:
         return error_response(err)
 
 
-async def _serve(state: RouterState, request: Request, labels: list[str]) -> Response:
+async def _serve(state: RouterState, request: Request, labels: list[str]) -> Response | RelayResponse:
     if not state.policy_loaded:  # no tiers or tenants to bind the caller to yet
         raise APIError(
             503,
@@ -82,7 +89,7 @@ async def _serve(state: RouterState, request: Request, labels: list[str]) -> Res
     adm = await admit(state, request, labels, id_prefix="rtr")
     body, model, tenant, slo, tier, view = adm.body, adm.model, adm.tenant, adm.slo, adm.tier, adm.view
     request_id = view.request_id
-    forward_body = body_to_forward(state, adm)
+    forward_body = json.dumps(body_to_forward(state, adm), separators=(",", ":")).encode()
     affinity = affinity_of(state, request, body, slo)
     tried: set[str] = set()
     last_reason = "no replica available"
@@ -128,13 +135,19 @@ async def _serve(state: RouterState, request: Request, labels: list[str]) -> Res
         ep.note_sent(view, state.clock())
         assert state.client is not None
         try:
-            resp = await open_upstream(
+            opening = open_upstream(
                 state.client,
                 ep.spec.http_url + request.url.path,
                 forward_body,
                 upstream_headers(slo, tier, tenant, request_id),
                 state.upstream_timeout_s,
             )
+            # a client that hangs up while the pod has not answered yet aborts the upstream request
+            resp = await unless_disconnected(request.receive, opening)
+        except ClientGone:
+            ep.forget_sent(request_id)
+            state.metrics.requests.labels(*labels, "cancelled").inc()
+            return Response(b"", status_code=499)
         except UpstreamUnavailable as exc:
             ep.forget_sent(request_id)
             if exc.kind not in ("http_503", "connect_timeout"):  # refused or broken: the pod is at fault
@@ -362,9 +375,7 @@ def create_app(
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         own_client = state.client is None
         if own_client:
-            state.client = httpx.AsyncClient(
-                limits=httpx.Limits(max_connections=4000, max_keepalive_connections=1000)
-            )
+            state.client = new_session()
         tasks = [asyncio.create_task(job(state)) for job in background or []]
         try:
             yield
@@ -373,7 +384,7 @@ def create_app(
                 t.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
             if own_client and state.client is not None:
-                await state.client.aclose()
+                await state.client.close()
                 state.client = None
 
     app = Starlette(

@@ -1,9 +1,16 @@
-"""Forwarding one request to a pod: retries before the first byte, streaming relay, accounting.
+"""Forwarding one request to a pod: retries before the first byte, a lean streaming relay, accounting.
 
-Connect errors, 5xx and 503 (the pod's admission control found it infeasible) before the first byte
-are retried on another pod, bounded and with backoff, and each failure feeds that pod's circuit
-breaker. Once bytes flowed, a failure ends the stream with an explicit SSE error event. A client
-disconnect closes the upstream response, which aborts the request in the pod.
+The upstream client is aiohttp (bench/path_overhead.py measured it against httpx: a fraction of the
+CPU per relayed chunk). Connect errors, 5xx and 503 (the pod's admission control found it infeasible)
+before the first byte are retried on another pod, bounded and with backoff, and each failure feeds
+that pod's circuit breaker. Once bytes flowed, a failure ends the stream with an explicit SSE error
+event. A client disconnect at any point closes the upstream response, which aborts the request in
+the pod.
+
+Token accounting never JSON-parses a token chunk: one regular expression finds each event's output
+text (its length in bytes, not its content), and the engine's final ``usage`` spreads the exact
+token count over the events in proportion to their text, so a chunk carrying several tokens counts
+as several at the time it arrived. Only the rare usage/error events are parsed.
 """
 
 from __future__ import annotations
@@ -12,20 +19,24 @@ import asyncio
 import json
 import logging
 import re
-import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from typing import Any, TypeVar
 
-import httpx
+import aiohttp
+from starlette.types import Receive
 
 from slo_core.wire import openai
 
 log = logging.getLogger(__name__)
 
 RETRYABLE_STATUS = frozenset({500, 502, 503, 504})
-# A chunk whose "text" or "content" is a non-empty string carries output (no JSON parse needed).
-_HAS_TEXT = re.compile(rb'"(?:text|content)":\s*"(?!")')
+# An event's output: the string value of a field that carries generated tokens (completions' text, a
+# chat delta's content, reasoning, tool-call arguments). Only its span is used, never decoded.
+_OUTPUT = re.compile(rb'"(?:text|content|reasoning_content|reasoning|arguments)":\s*"((?:[^"\\]|\\.)*)"')
 CONNECT_TIMEOUT_S = 5.0
+KEEPALIVE_S = 2.0  # idle ones are swept every 2 s: none is older than 4 s
+_T = TypeVar("_T")
 
 
 class UpstreamUnavailable(Exception):
@@ -40,12 +51,17 @@ class UpstreamUnavailable(Exception):
         self.kind = kind or ("connect" if status is None else f"http_{status}")
 
 
+class ClientGone(Exception):
+    """The client disconnected before the pod's answer reached it."""
+
+
 @dataclass
 class StreamStats:
-    """What the router saw of a response: token delivery times and whether it completed."""
+    """What the router saw of a response: when output arrived, how much, and whether it completed."""
 
     start_s: float
-    token_times_s: list[float] = field(default_factory=list)
+    # one entry per event that carried output: (arrival time, bytes of output text in it)
+    events: list[tuple[float, int]] = field(default_factory=list)
     completion_tokens: int | None = None
     prompt_tokens: int | None = None
     completed: bool = False
@@ -53,61 +69,79 @@ class StreamStats:
     _partial: bytes = b""
 
     def observe_sse(self, data: bytes, now_s: float) -> None:
-        """Parse whole lines of the SSE byte stream (a raw chunk may end mid-line)."""
-        lines = (self._partial + data).split(b"\n")
-        self._partial = lines.pop()
-        for line in lines:
-            if not line.startswith(b"data:"):
+        """Account whole SSE events of the byte stream (a raw chunk may end mid-event)."""
+        buf = self._partial + data if self._partial else data
+        end = buf.rfind(b"\n\n")
+        if end < 0:
+            self._partial = buf
+            return
+        whole, self._partial = buf[:end], buf[end + 2 :]
+        for m in _OUTPUT.finditer(whole):
+            size = m.end(1) - m.start(1)
+            if size:
+                self.events.append((now_s, size))
+        if b'"usage"' in whole or b'"error"' in whole:
+            self._observe_special(whole)
+        if whole.rstrip().endswith(openai.DONE_PAYLOAD):
+            self.completed = self.error is None
+
+    def _observe_special(self, whole: bytes) -> None:
+        """The rare events worth parsing: usage (exact counts) and errors."""
+        for event in whole.split(b"\n\n"):
+            if b'"usage"' not in event and b'"error"' not in event:
                 continue
-            payload = line[5:].strip()
-            if payload == openai.DONE_PAYLOAD:
-                self.completed = self.error is None
-                continue
-            if b'"error"' not in payload and b'"usage"' not in payload:
-                # the common token chunk: no JSON parse, just whether it carries text
-                if _HAS_TEXT.search(payload):
-                    self.token_times_s.append(now_s)
+            payload = event.strip()
+            if not payload.startswith(b"data:"):
                 continue
             try:
-                chunk = json.loads(payload)
+                chunk = json.loads(payload[5:])
             except ValueError:
                 continue
-            self._observe_chunk(chunk, now_s)
-
-    def _observe_chunk(self, chunk: dict[str, object], now_s: float) -> None:
-        if "error" in chunk:
-            self.error = str(chunk["error"])
-        choices = chunk.get("choices")
-        for choice in choices if isinstance(choices, list) else []:
-            if not isinstance(choice, dict):
+            if not isinstance(chunk, dict):
                 continue
-            delta = choice.get("delta") or {}
-            text = choice.get("text") if "text" in choice else delta.get("content")
-            if text:
-                self.token_times_s.append(now_s)
-        usage = chunk.get("usage")
+            if chunk.get("error"):
+                self.error = str(chunk["error"])
+            self._take_usage(chunk.get("usage"))
+
+    def _take_usage(self, usage: Any) -> None:
         if isinstance(usage, dict):
             self.completion_tokens = int(usage.get("completion_tokens") or 0)
             self.prompt_tokens = int(usage.get("prompt_tokens") or 0)
 
-    def observe_json(self, body: dict[str, object], now_s: float) -> None:
-        usage = body.get("usage")
-        if isinstance(usage, dict):
-            self.completion_tokens = int(usage.get("completion_tokens") or 0)
-            self.prompt_tokens = int(usage.get("prompt_tokens") or 0)
-            self.token_times_s = [now_s] * self.completion_tokens
+    def observe_json(self, body: Any, now_s: float) -> None:
+        if not isinstance(body, dict):
+            self.error = "invalid upstream JSON"
+            return
+        self._take_usage(body.get("usage"))
+        if self.completion_tokens:
+            self.events = [(now_s, self.completion_tokens)]
         self.completed = "error" not in body
 
     def delivered_times(self) -> list[float]:
-        """One timestamp per output token; chunks carrying several tokens repeat their time."""
-        n = self.completion_tokens
-        times = self.token_times_s
-        if n is None or n <= len(times) or not times:
-            return times
-        return times + [times[-1]] * (n - len(times))
+        """One timestamp per output token.
+
+        Without usage, each event counts one token. With usage, its exact count is spread over the
+        events in proportion to their output text (largest remainder, every event at least one token
+        while there are enough), so an event that carried three tokens' worth of text counts three.
+        """
+        events, n = self.events, self.completion_tokens
+        if not events:
+            return []
+        if n is None or n == len(events):
+            return [t for t, _ in events]
+        if n < len(events):
+            return [t for t, _ in events[:n]]
+        spare = n - len(events)
+        total = sum(size for _, size in events)
+        shares = [spare * size / total for _, size in events]
+        counts = [1 + int(s) for s in shares]
+        left = n - sum(counts)
+        for i in sorted(range(len(events)), key=lambda i: int(shares[i]) - shares[i])[:left]:
+            counts[i] += 1
+        return [t for (t, _), c in zip(events, counts, strict=True) for _ in range(c)]
 
 
-def _retry_after(resp: httpx.Response) -> float | None:
+def _retry_after(resp: aiohttp.ClientResponse) -> float | None:
     raw = resp.headers.get("retry-after")
     try:
         return float(raw) if raw is not None else None
@@ -115,56 +149,139 @@ def _retry_after(resp: httpx.Response) -> float | None:
         return None
 
 
-async def open_upstream(
-    client: httpx.AsyncClient, url: str, body: dict[str, object], headers: dict[str, str], timeout_s: float
-) -> httpx.Response:
-    """Send the request and wait for the status line; raises :class:`UpstreamUnavailable`."""
-    req = client.build_request(
-        "POST", url, json=body, headers=headers, timeout=httpx.Timeout(timeout_s, connect=CONNECT_TIMEOUT_S)
+def new_session() -> aiohttp.ClientSession:
+    """The router's one upstream connection pool (no per-request limits beyond the request's own)."""
+    return aiohttp.ClientSession(
+        # idle connections are dropped before the pods' own keep-alive timeout (uvicorn's and vLLM's
+        # 5 s) closes them under us
+        connector=aiohttp.TCPConnector(limit=4000, limit_per_host=0, keepalive_timeout=KEEPALIVE_S),
+        auto_decompress=False,  # relay the pod's bytes as they are
+        skip_auto_headers=("User-Agent",),
     )
+
+
+async def open_upstream(
+    session: aiohttp.ClientSession, url: str, body: bytes, headers: dict[str, str], timeout_s: float
+) -> aiohttp.ClientResponse:
+    """Send the request and wait for the status line; raises :class:`UpstreamUnavailable`."""
+    timeout = aiohttp.ClientTimeout(total=None, connect=CONNECT_TIMEOUT_S, sock_read=timeout_s)
     try:
-        resp = await client.send(req, stream=True)
-    except httpx.ConnectTimeout:  # a swamped pod (or host) accepts slowly: not a reason to open its breaker
+        resp = await session.post(url, data=body, headers=headers, timeout=timeout)
+    except aiohttp.ServerTimeoutError:  # a swamped pod (or host) accepts slowly: breaker stays shut
         raise UpstreamUnavailable("connect timed out", kind="connect_timeout") from None
-    except (httpx.ConnectError, httpx.RemoteProtocolError, httpx.ReadError) as exc:
+    except (aiohttp.ClientError, OSError) as exc:
         raise UpstreamUnavailable(f"connect failed: {type(exc).__name__}") from None
-    if resp.status_code in RETRYABLE_STATUS:
+    except TimeoutError:
+        raise UpstreamUnavailable("connect timed out", kind="connect_timeout") from None
+    if resp.status in RETRYABLE_STATUS:
         retry_after = _retry_after(resp)
-        try:
-            await resp.aread()
-        except httpx.HTTPError:
-            pass
-        finally:
-            await resp.aclose()
-        raise UpstreamUnavailable(f"status {resp.status_code}", resp.status_code, retry_after)
+        resp.release()
+        raise UpstreamUnavailable(f"status {resp.status}", resp.status, retry_after)
     return resp
+
+
+async def wait_disconnect(receive: Receive) -> None:
+    """Returns when the ASGI server reports the client gone (call only after the body was read)."""
+    while (await receive())["type"] != "http.disconnect":
+        pass
+
+
+async def unless_disconnected(receive: Receive, work: Awaitable[_T]) -> _T:
+    """``work``'s result, or :class:`ClientGone` (``work`` cancelled) if the client hangs up first."""
+    task = asyncio.ensure_future(work)
+    watcher = asyncio.ensure_future(wait_disconnect(receive))
+    try:
+        await asyncio.wait((task, watcher), return_when=asyncio.FIRST_COMPLETED)
+    except asyncio.CancelledError:
+        task.cancel()
+        raise
+    finally:
+        watcher.cancel()
+    if task.done():
+        return task.result()
+    task.cancel()
+    try:
+        late: object = await task  # finished just as the client left: release what it opened
+    except (asyncio.CancelledError, Exception):
+        late = None
+    close = getattr(late, "close", None)
+    if callable(close):
+        close()
+    raise ClientGone()
 
 
 def error_event(message: str, code: int = 502) -> bytes:
     return openai.error_event(openai.error_body(message, kind="upstream_error", code=code))
 
 
-async def relay_stream(
-    resp: httpx.Response, stats: StreamStats, on_done: Callable[[StreamStats], None]
-) -> AsyncIterator[bytes]:
-    """Relay SSE bytes to the client; an upstream failure mid-stream becomes an error event."""
-    try:
-        async for chunk in resp.aiter_raw():
-            stats.observe_sse(chunk, time.monotonic())
-            yield chunk
-        if not stats.completed and stats.error is None:  # closed cleanly but without [DONE]
-            stats.error = "upstream stream ended early"
-            yield error_event("the serving pod ended the stream early; the response is incomplete")
-    except (TimeoutError, httpx.HTTPError) as exc:
-        if not stats.completed:  # after [DONE] the answer is whole, whatever the connection does
-            stats.error = f"upstream failed mid-stream: {type(exc).__name__}"
-            log.warning("stream from %s broke: %s", resp.request.url.host, type(exc).__name__)
-            yield error_event("the serving pod failed while streaming; the response is incomplete")
-    except (asyncio.CancelledError, GeneratorExit):  # the client went away: close the upstream too
-        # a client that hangs up right after [DONE] (as the openai client does) got everything
-        if not stats.completed:
-            stats.error = "client disconnected"
-        raise
-    finally:
-        await resp.aclose()
-        on_done(stats)
+class RelayResponse:
+    """An ASGI response that pumps the pod's SSE bytes to the client as they arrive.
+
+    No generator, no parsing beyond :meth:`StreamStats.observe_sse`. A disconnect watcher cancels the
+    pump the moment the client goes away (even while the pod is silent), which closes the upstream
+    response and so aborts the request in the pod. ``on_done`` runs exactly once, however it ends.
+    """
+
+    def __init__(
+        self,
+        resp: aiohttp.ClientResponse,
+        stats: StreamStats,
+        headers: dict[str, str],
+        on_done: Callable[[StreamStats], None],
+        clock: Callable[[], float],
+    ) -> None:
+        self.resp, self.stats, self.on_done, self.clock = resp, stats, on_done, clock
+        self.raw_headers = [(k.lower().encode(), v.encode()) for k, v in headers.items()]
+        self._ending = False
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        pump = asyncio.current_task()
+        watcher = asyncio.ensure_future(wait_disconnect(receive))
+        gone = False
+
+        def hang_up(w: asyncio.Future[None]) -> None:
+            nonlocal gone
+            # servers also report "disconnect" once the response is complete: not a hang-up then
+            if not w.cancelled() and w.exception() is None and pump is not None and not self._ending:
+                gone = True
+                pump.cancel()
+
+        watcher.add_done_callback(hang_up)
+        try:
+            await send({"type": "http.response.start", "status": 200, "headers": self.raw_headers})
+            await self._pump(send)
+        except asyncio.CancelledError:
+            if not gone:
+                raise
+            if not self.stats.completed:  # a client that hangs up right after [DONE] got everything
+                self.stats.error = "client disconnected"
+        except OSError:  # the server could not write: the client is gone
+            if not self.stats.completed:
+                self.stats.error = "client disconnected"
+        finally:
+            watcher.remove_done_callback(hang_up)
+            watcher.cancel()
+            self.resp.close()
+            self.on_done(self.stats)
+
+    async def _pump(self, send: Any) -> None:
+        stats, content, clock = self.stats, self.resp.content, self.clock
+        try:
+            while True:
+                chunk = await content.readany()
+                if not chunk:
+                    break
+                stats.observe_sse(chunk, clock())
+                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+            tail = b""
+            if not stats.completed and stats.error is None:  # closed cleanly but without [DONE]
+                stats.error = "upstream stream ended early"
+                tail = error_event("the serving pod ended the stream early; the response is incomplete")
+        except (TimeoutError, aiohttp.ClientError) as exc:
+            tail = b""
+            if not stats.completed:  # after [DONE] the answer is whole, whatever the connection does
+                stats.error = f"upstream failed mid-stream: {type(exc).__name__}"
+                log.warning("stream from %s broke: %s", self.resp.url.host, type(exc).__name__)
+                tail = error_event("the serving pod failed while streaming; the response is incomplete")
+        self._ending = True
+        await send({"type": "http.response.body", "body": tail, "more_body": False})

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-import httpx
+import aiohttp
 
 from slo_core.policies.base import RouterPolicy
 from slo_core.policies.registry import make_router_policy
@@ -36,7 +36,7 @@ class RouterState:
     policy: RouterPolicy
     limiter: RateLimiter = field(default_factory=RateLimiter)
     rng: random.Random = field(default_factory=lambda: random.Random(0))
-    client: httpx.AsyncClient | None = None
+    client: aiohttp.ClientSession | None = None  # upstream pool, built in the lifespan when not given
     upstream_timeout_s: float = 600.0
     clock: Callable[[], float] = time.monotonic
     background: list[Any] = field(default_factory=list)

@@ -19,12 +19,19 @@ from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 from envoyside.playback import FirstReady, load_recording, play, router_state
 from google.protobuf import struct_pb2
 
+from slo_lab.loopback_pods import LoopbackPods, close_all
 from slo_router.app import create_app
 from slo_router.extproc import messages as m
 from slo_router.extproc.server import EndpointPicker, server_options
 
 RECORDING = "envoy-1.40-chat-full-duplex.json"
 PODS = {"a": "http://10.0.0.1:8100", "b": "http://10.0.0.2:8100"}
+
+
+@pytest.fixture(autouse=True)
+async def _stop_loopback_pods() -> AsyncIterator[None]:
+    yield
+    await close_all()
 
 
 async def serve(state, body_mode="full-duplex") -> tuple[grpc.aio.Server, str]:
@@ -170,7 +177,7 @@ async def test_picker_and_router_see_the_same_request_and_choose_the_same_pod() 
             200, json={"choices": [], "usage": {"prompt_tokens": 1, "completion_tokens": 1}}
         )
 
-    router.client = httpx.AsyncClient(transport=httpx.MockTransport(upstream))
+    router.client = LoopbackPods(upstream).session()
     recorded = load_recording(RECORDING)
     body = json.loads(recorded[1].request_body.body)
     app = httpx.AsyncClient(transport=httpx.ASGITransport(app=create_app(router)), base_url="http://r")

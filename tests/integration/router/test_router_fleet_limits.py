@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import helm_python as helm
@@ -18,6 +18,7 @@ from kube.harness import Cluster
 from repo_paths import ROOT
 
 from slo_core.slo import PriorityClass, RequestKind, SLOTier
+from slo_lab.loopback_pods import LoopbackPods, close_all
 from slo_router.app import build_state, create_app
 from slo_router.config import RouterConfig
 from slo_router.kube import KubeDiscovery
@@ -25,6 +26,12 @@ from slo_router.ratelimit import RateLimiter
 from slo_router.tenants import KeyStore, Tenant
 
 NS = "llm"
+
+
+@pytest.fixture(autouse=True)
+async def _stop_loopback_pods() -> AsyncIterator[None]:
+    yield
+    await close_all()
 
 
 def chart_router_args() -> list[str]:
@@ -61,7 +68,7 @@ def router_state(frozen: float = 0.0):  # type: ignore[no-untyped-def]
     state = build_state(config, KeyStore(), {})
     state.limiter = RateLimiter(burst_s=2.0, clock=lambda: frozen)  # no refill: exact counts
     ok = httpx.Response(200, json={"id": "x", "object": "text_completion", "choices": [{"text": "hi"}]})
-    state.client = httpx.AsyncClient(transport=httpx.MockTransport(lambda _req: ok))
+    state.client = LoopbackPods(lambda _req: ok).session()
     return state
 
 

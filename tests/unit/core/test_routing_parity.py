@@ -12,6 +12,7 @@ and then pick the same replica.
 from __future__ import annotations
 
 import random
+from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
@@ -27,6 +28,7 @@ from slo_core.sim.request import REJECTED, SimRequest
 from slo_core.sim.views import request_view
 from slo_core.slo import PriorityClass, RequestKind, SLOTier
 from slo_core.workloads.jobs import Job
+from slo_lab.loopback_pods import LoopbackPods, close_all
 from slo_router.app import RouterState, create_app
 from slo_router.config import RouterConfig
 from slo_router.endpoints import EndpointSpec, EndpointState
@@ -41,6 +43,12 @@ TIERS = {
 NOW = 10.0
 PROMPT_TOKENS = 200
 MAX_TOKENS = 64
+
+
+@pytest.fixture(autouse=True)
+async def _stop_loopback_pods() -> AsyncIterator[None]:
+    yield
+    await close_all()
 
 
 def build_sim(router: str, admission: AdmissionRule, queued: tuple[int, int], seed: int) -> FleetSim:
@@ -113,7 +121,7 @@ async def router_decision(
         metrics=RouterMetrics(),
         policy=make_router_policy(router),
         rng=random.Random(seed),
-        client=httpx.AsyncClient(transport=httpx.MockTransport(pod)),
+        client=LoopbackPods(pod).session(),
         clock=lambda: NOW,
     )
     body = {"model": model, "prompt": "x" * (4 * PROMPT_TOKENS), "max_tokens": MAX_TOKENS}

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import random
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
 import httpx
@@ -12,6 +12,7 @@ import pytest
 
 from slo_core.policies.base import BaseRouterPolicy, ReplicaView, RequestView, RouteDecision
 from slo_core.slo import PriorityClass, RequestKind, SLOTier
+from slo_lab.loopback_pods import LoopbackPods, close_all
 from slo_router.app import RouterState, create_app
 from slo_router.config import RouterConfig
 from slo_router.endpoints import EndpointSpec, EndpointState
@@ -25,6 +26,12 @@ TIERS = {
     "chat-gold": SLOTier("chat-gold", RequestKind.LATENCY, GOLD, ttft_s=1.0, tbt_s=0.05),
     "batch": SLOTier("batch", RequestKind.DEADLINE, BRONZE, deadline_s=60.0),
 }
+
+
+@pytest.fixture(autouse=True)
+async def _stop_loopback_pods() -> AsyncIterator[None]:
+    yield
+    await close_all()
 
 
 class FirstListed(BaseRouterPolicy):
@@ -70,7 +77,7 @@ def make(
         metrics=RouterMetrics(),
         policy=FirstListed(),
         limiter=RateLimiter(burst_s=1.0),
-        client=httpx.AsyncClient(transport=httpx.MockTransport(handler)),
+        client=LoopbackPods(handler).session(),
     )
     app = create_app(state)
     client = httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://router")

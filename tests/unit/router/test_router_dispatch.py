@@ -3,16 +3,18 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 import httpx
+import pytest
 
 from slo_core.policies.base import ReplicaCapabilities, ReplicaView, RequestView
 from slo_core.policies.go_routing import GoRouting
 from slo_core.policies.registry import make_router_policy
 from slo_core.slo import PriorityClass, RequestKind, SLOTargets, SLOTier
 from slo_core.wire.tokens import approx_tokens
+from slo_lab.loopback_pods import LoopbackPods, close_all
 from slo_router.app import RouterState, create_app
 from slo_router.config import RouterConfig
 from slo_router.endpoints import EndpointSpec, EndpointState
@@ -24,6 +26,12 @@ TIERS = {
     "spare": SLOTier("spare", RequestKind.BEST_EFFORT, PriorityClass("spare", 0.1)),
 }
 BODY = {"model": "m", "prompt": "hello", "max_tokens": 8}
+
+
+@pytest.fixture(autouse=True)
+async def _stop_loopback_pods() -> AsyncIterator[None]:
+    yield
+    await close_all()
 
 
 def ok(req: httpx.Request) -> httpx.Response:
@@ -65,7 +73,7 @@ def make(
         endpoints={ep.spec.endpoint_id: ep for ep in endpoints},
         metrics=RouterMetrics(),
         policy=policy or GoRouting(),
-        client=httpx.AsyncClient(transport=httpx.MockTransport(handler)),
+        client=LoopbackPods(handler).session(),
     )
     if clock is not None:
         state.clock = clock

@@ -4,13 +4,15 @@ the metrics port, and max_tokens defaulting to the context left."""
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 import httpx
+import pytest
 
 from slo_core.policies.registry import make_router_policy
 from slo_core.slo import PriorityClass, RequestKind, SLOTier
+from slo_lab.loopback_pods import LoopbackPods, close_all
 from slo_router.app import RouterState, create_app, create_metrics_app
 from slo_router.config import RouterConfig
 from slo_router.endpoints import EndpointSpec, EndpointState
@@ -19,6 +21,12 @@ from slo_router.tenants import KeyStore, Tenant
 
 CHAT = SLOTier("chat", RequestKind.LATENCY, PriorityClass("gold", 3.0), ttft_s=1.0, tbt_s=0.05)
 H = {"authorization": "Bearer k"}
+
+
+@pytest.fixture(autouse=True)
+async def _stop_loopback_pods() -> AsyncIterator[None]:
+    yield
+    await close_all()
 
 
 def make(
@@ -42,7 +50,7 @@ def make(
         },
         metrics=RouterMetrics(),
         policy=make_router_policy("round-robin", {}),
-        client=httpx.AsyncClient(transport=httpx.MockTransport(upstream)),
+        client=LoopbackPods(upstream).session(),
     )
     app = create_app(state, metrics_route=metrics_route)
     return httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://r"), state, seen

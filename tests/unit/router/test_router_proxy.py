@@ -4,13 +4,22 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
+from typing import Any
 
 import httpx
+import pytest
 
-from slo_router.proxy import StreamStats, relay_stream
+from slo_lab.loopback_pods import LoopbackPods, close_all
+from slo_router.proxy import RelayResponse, StreamStats, open_upstream
 
 TOKEN = b'data: {"choices":[{"index":0,"text":"x"}]}\n\n'
 DONE = b"data: [DONE]\n\n"
+
+
+@pytest.fixture(autouse=True)
+async def _stop_loopback_pods() -> AsyncIterator[None]:
+    yield
+    await close_all()
 
 
 class Upstream(httpx.AsyncByteStream):
@@ -30,46 +39,50 @@ class Upstream(httpx.AsyncByteStream):
         return None
 
 
-def response(stream: Upstream) -> httpx.Response:
-    return httpx.Response(200, stream=stream, request=httpx.Request("POST", "http://pod/v1/completions"))
-
-
-async def relay_until(stream: Upstream, stop_after: bytes) -> tuple[list[bytes], StreamStats]:
-    """Read the relayed stream until a chunk containing ``stop_after``, then hang up like a client."""
+async def relay(stream: Upstream, stop_after: bytes | None) -> tuple[list[bytes], StreamStats]:
+    """Relay through :class:`RelayResponse`; the client hangs up after a chunk containing ``stop_after``."""
+    pods = LoopbackPods(lambda req: httpx.Response(200, stream=stream))
+    resp = await open_upstream(pods.session(), "http://pod/v1/completions", b"{}", {}, 30.0)
     finished: list[StreamStats] = []
-    relay = relay_stream(response(stream), StreamStats(start_s=0.0), finished.append)
-    got = []
-    async for chunk in relay:
-        got.append(chunk)
-        if stop_after in chunk:
-            break
-    await relay.aclose()
+    got: list[bytes] = []
+    hung_up = asyncio.Event()
+
+    async def receive() -> dict[str, Any]:
+        await hung_up.wait()
+        return {"type": "http.disconnect"}
+
+    async def send(message: dict[str, Any]) -> None:
+        if message["type"] == "http.response.body" and message["body"]:
+            got.append(message["body"])
+            if stop_after is not None and stop_after in message["body"]:
+                hung_up.set()
+
+    response = RelayResponse(resp, StreamStats(start_s=0.0), {}, finished.append, lambda: 1.0)
+    await asyncio.wait_for(response({}, receive, send), 10)
     assert len(finished) == 1, "the outcome is accounted exactly once"
+    assert resp.closed, "the upstream response is closed however the relay ends"
     return got, finished[0]
 
 
 async def test_a_client_that_hangs_up_right_after_done_got_a_complete_answer() -> None:
-    got, stats = await relay_until(Upstream([TOKEN, TOKEN, DONE]), b"[DONE]")
-    assert got == [TOKEN, TOKEN, DONE]
-    assert stats.completed and stats.error is None and len(stats.token_times_s) == 2
+    got, stats = await relay(Upstream([TOKEN, TOKEN, DONE]), b"[DONE]")
+    assert b"".join(got) == TOKEN + TOKEN + DONE
+    assert stats.completed and stats.error is None and len(stats.delivered_times()) == 2
 
 
 async def test_a_client_that_leaves_before_done_is_a_cancellation() -> None:
-    _, stats = await relay_until(Upstream([TOKEN, TOKEN, DONE]), b'"x"')
+    _, stats = await relay(Upstream([TOKEN, TOKEN]), b'"x"')
     assert not stats.completed and stats.error == "client disconnected"
 
 
 async def test_a_pod_failing_after_done_does_not_spoil_a_whole_answer() -> None:
-    finished: list[StreamStats] = []
-    relay = relay_stream(response(Upstream([TOKEN, DONE], then_fail=True)), StreamStats(0.0), finished.append)
-    got = [chunk async for chunk in relay]
-    assert got == [TOKEN, DONE], "no error event after [DONE]"
-    assert finished[0].completed and finished[0].error is None
+    got, stats = await relay(Upstream([TOKEN, DONE], then_fail=True), None)
+    assert b"".join(got) == TOKEN + DONE, "no error event after [DONE]"
+    assert stats.completed and stats.error is None
 
 
 async def test_a_pod_failing_mid_stream_ends_in_an_explicit_error_event() -> None:
-    finished: list[StreamStats] = []
-    relay = relay_stream(response(Upstream([TOKEN], then_fail=True)), StreamStats(0.0), finished.append)
-    got = [chunk async for chunk in relay]
+    got, stats = await relay(Upstream([TOKEN], then_fail=True), None)
     assert got[0] == TOKEN and b'"error"' in got[-1]
-    assert not finished[0].completed and finished[0].error == "upstream failed mid-stream: ReadError"
+    assert not stats.completed and stats.error is not None
+    assert stats.error.startswith("upstream failed mid-stream")

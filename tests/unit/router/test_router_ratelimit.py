@@ -7,17 +7,25 @@ debited 1e9 tokens and locked out for hours; ``max_tokens=10**400`` answered 500
 from __future__ import annotations
 
 import json
+from collections.abc import AsyncIterator
 
 import httpx
 import pytest
 
 from slo_core.slo import PriorityClass, RequestKind, SLOTier
+from slo_lab.loopback_pods import LoopbackPods, close_all
 from slo_router.app import RouterState, create_app
 from slo_router.config import RouterConfig
 from slo_router.endpoints import EndpointSpec, EndpointState
 from slo_router.metrics import RouterMetrics
 from slo_router.ratelimit import RateLimiter, RequestTooLarge
 from slo_router.tenants import KeyStore, Tenant
+
+
+@pytest.fixture(autouse=True)
+async def _stop_loopback_pods() -> AsyncIterator[None]:
+    yield
+    await close_all()
 
 
 class Clock:
@@ -100,7 +108,7 @@ def make(context: int = 1 << 30) -> tuple[httpx.AsyncClient, list[httpx.Request]
         metrics=RouterMetrics(),
         policy=__import__("slo_core.policies.registry", fromlist=["x"]).make_router_policy("round-robin", {}),
         limiter=RateLimiter(burst_s=2.0),
-        client=httpx.AsyncClient(transport=httpx.MockTransport(handler)),
+        client=LoopbackPods(handler).session(),
     )
     client = httpx.AsyncClient(transport=httpx.ASGITransport(app=create_app(state)), base_url="http://r")
     return client, seen

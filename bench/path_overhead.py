@@ -1,0 +1,290 @@
+"""Every process in the token path against the floor, in one run: CPU per streamed token, throughput, TTFT.
+
+Starts on loopback one engine-sim and, in front of it, each hop a request can cross:
+
+- ``direct``          client -> engine-sim
+- ``lean``            client -> lean byte relay (bench/lean_relay.py, the floor) -> engine-sim
+- ``router``          client -> router -> engine-sim (engine mode: no sidecar in the token path)
+- ``sidecar``         client -> sidecar (proxy mode, FCFS) -> engine-sim
+- ``router+sidecar``  client -> router -> sidecar -> engine-sim (proxy mode, stock vLLM)
+
+and drives each path with the same closed-loop streaming load (C clients sending back to back,
+``ignore_eos`` so every request yields exactly ``max_tokens``), paths interleaved round by round so a
+shared machine's drift hits all alike. The CPU seconds of every process are read from /proc around
+each round, so each path's table row shows what each hop costs per streamed token; TTFT is measured
+by the client (request sent -> first content chunk). Ratios are against ``direct`` (throughput,
+TTFT) and against the lean relay's own CPU per token (the floor):
+
+    .venv/bin/python bench/path_overhead.py [--clients 16,64] [--rounds 3] [--requests 96] [--md OUT.md]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+ROOT = Path(__file__).resolve().parents[1]
+PATHS = ("direct", "lean", "router", "sidecar", "router+sidecar")
+# one batch tier with a long deadline: nothing here is infeasible, every request is relayed
+POLICY = """\
+apiVersion: slofleet.io/v1alpha1
+kind: SLOPolicy
+metadata: {name: overhead, namespace: default}
+spec:
+  priorityClasses: [{name: std, weight: 1}]
+  tiers: [{name: batch, kind: deadline, deadlineS: 900, priorityClass: std}]
+  defaultTier: batch
+  admission: {maxWaitS: 600}
+  scheduling: {name: fcfs}
+  routing: {name: round-robin}
+"""
+HOPS = {  # the processes each path crosses, client side first
+    "direct": ("engine",),
+    "lean": ("lean", "engine"),
+    "router": ("router", "engine"),
+    "sidecar": ("sidecar", "engine"),
+    "router+sidecar": ("router_px", "sidecar", "engine"),
+}
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _slofleet() -> str:
+    found = shutil.which("slofleet", path=str(Path(sys.executable).parent)) or shutil.which("slofleet")
+    if found is None:
+        raise SystemExit("the slofleet command is not installed (pip install -e .)")
+    return found
+
+
+def _cpu_s(pid: int) -> float:
+    """User + system CPU seconds a process has used (Linux /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+async def _wait_ready(urls: list[str], timeout_s: float = 90.0) -> None:
+    end = time.monotonic() + timeout_s
+    async with aiohttp.ClientSession() as http:
+        for url in urls:
+            while True:
+                try:
+                    async with http.get(url, timeout=aiohttp.ClientTimeout(total=2)) as r:
+                        if r.status == 200:
+                            break
+                except (aiohttp.ClientError, TimeoutError):
+                    pass
+                if time.monotonic() > end:
+                    raise SystemExit(f"{url} did not become ready")
+                await asyncio.sleep(0.3)
+
+
+async def _one(http: aiohttp.ClientSession, url: str, body: bytes, max_tokens: int) -> float | None:
+    """One stream's TTFT, or None if it failed. The token count is checked from the usage chunk."""
+    t0 = time.perf_counter()
+    ttft: float | None = None
+    tail = b""
+    async with http.post(url, data=body, headers={"content-type": "application/json"}) as r:
+        if r.status != 200:
+            print(f"{url}: status {r.status}: {(await r.read())[:200]!r}", file=sys.stderr)
+            return None
+        async for chunk in r.content.iter_any():
+            if ttft is None and (b'"text":"' in chunk or b'"text": "' in chunk):
+                ttft = time.perf_counter() - t0
+            tail = (tail + chunk)[-4096:]
+    usage = [line for line in tail.split(b"\n") if b'"usage"' in line and line.startswith(b"data:")]
+    got = json.loads(usage[-1][5:])["usage"]["completion_tokens"] if usage else None
+    if ttft is None or got != max_tokens:
+        print(f"{url}: incomplete stream (ttft {ttft}, completion_tokens {got})", file=sys.stderr)
+        return None
+    return ttft
+
+
+async def _round(base: str, model: str, clients: int, requests: int, max_tokens: int) -> dict[str, float]:
+    body = json.dumps({
+        "model": model, "prompt": "Summarise the benefits of SLO-aware routing for LLM fleets. " * 6,
+        "max_tokens": max_tokens, "stream": True, "ignore_eos": True,
+        "stream_options": {"include_usage": True},
+    }).encode()  # fmt: skip
+    todo = iter(range(requests))
+    ttfts: list[float] = []
+    failed = 0
+
+    async def client(http: aiohttp.ClientSession) -> None:
+        nonlocal failed
+        for _ in todo:
+            ttft = await _one(http, base + "/v1/completions", body, max_tokens)
+            if ttft is None:
+                failed += 1
+            else:
+                ttfts.append(ttft)
+
+    conn = aiohttp.TCPConnector(limit=clients * 2)
+    async with aiohttp.ClientSession(connector=conn, timeout=aiohttp.ClientTimeout(total=600)) as http:
+        t0 = time.perf_counter()
+        await asyncio.gather(*(client(http) for _ in range(clients)))
+        wall = time.perf_counter() - t0
+    return {
+        "ttft_p50_s": statistics.median(ttfts) if ttfts else float("nan"),
+        "tokens_per_s": len(ttfts) * max_tokens / wall,
+        "failed": failed,
+    }
+
+
+def _spawn(args: argparse.Namespace, work: Path) -> tuple[dict[str, subprocess.Popen[bytes]], dict[str, str]]:
+    exe, py = _slofleet(), sys.executable
+    port = {k: _free_port() for k in ("engine", "lean", "router", "sidecar", "router_px")}
+    url = {k: f"http://127.0.0.1:{p}" for k, p in port.items()}
+    for name, target in (("router", "engine"), ("router_px", "sidecar")):
+        (work / f"{name}.yaml").write_text(
+            f"endpoints:\n  - id: {target}\n    url: {url[target]}\n    models: [{args.model}]\n"
+        )
+    (work / "policy.yaml").write_text(POLICY)
+    quiet = [exe, "--log-level", "WARNING"]
+    policy = str(work / "policy.yaml")
+    cmds = {
+        "engine": [*quiet, "engine-sim", "--host", "127.0.0.1", "--port", str(port["engine"]),
+                   "--speedup", str(args.speedup), "--model", args.model],
+        "lean": [py, str(ROOT / "bench" / "lean_relay.py"), "--port", str(port["lean"]),
+                 "--upstream", url["engine"]],
+        "sidecar": [*quiet, "sidecar", "--host", "127.0.0.1", "--port", str(port["sidecar"]),
+                    "--engine-url", url["engine"], "--predictor", "fallback", "--max-running", "256",
+                    "--policy-file", policy],
+        "router": [*quiet, "router", "--host", "127.0.0.1", "--port", str(port["router"]),
+                   "--endpoints", str(work / "router.yaml"), "--policy-file", policy],
+        "router_px": [*quiet, "router", "--host", "127.0.0.1", "--port", str(port["router_px"]),
+                      "--endpoints", str(work / "router_px.yaml"), "--policy-file", policy],
+    }  # fmt: skip
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    logs = {k: (work / f"{k}.log").open("wb") for k in cmds}
+    procs = {
+        k: subprocess.Popen(c, env=env, stdout=logs[k], stderr=subprocess.STDOUT) for k, c in cmds.items()
+    }
+    bases = {
+        "direct": url["engine"], "lean": url["lean"], "router": url["router"], "sidecar": url["sidecar"],
+        "router+sidecar": url["router_px"],
+    }  # fmt: skip
+    return procs, bases
+
+
+async def _bench(
+    args: argparse.Namespace, procs: dict[str, subprocess.Popen[bytes]], bases: dict[str, str]
+) -> dict[str, Any]:
+    await _wait_ready([bases["direct"] + "/health", bases["sidecar"] + "/ready"])
+    await _wait_ready(
+        [bases["lean"] + "/health", bases["router"] + "/ready", bases["router+sidecar"] + "/ready"]
+    )
+    for path in PATHS:  # warm every hop (connections, caches)
+        await _round(bases[path], args.model, 4, 8, 8)
+    pids = {k: p.pid for k, p in procs.items()}
+    results: dict[str, Any] = {}
+    for clients in args.clients:
+        rounds: dict[str, list[dict[str, float]]] = {p: [] for p in PATHS}
+        for _ in range(args.rounds):
+            for path in PATHS:
+                cpu0 = {k: _cpu_s(pid) for k, pid in pids.items()}
+                r = await _round(bases[path], args.model, clients, args.requests, args.max_tokens)
+                tokens = max(1, (args.requests - int(r["failed"])) * args.max_tokens)
+                for k, pid in pids.items():
+                    r[f"{k}_cpu_us_per_token"] = 1e6 * (_cpu_s(pid) - cpu0[k]) / tokens
+                rounds[path].append(r)
+        med = {p: {k: statistics.median(r[k] for r in rs) for k in rs[0]} for p, rs in rounds.items()}
+        for p, rs in rounds.items():
+            med[p]["failed"] = sum(r["failed"] for r in rs)
+        results[str(clients)] = {"rounds": rounds, "median": med}
+    return results
+
+
+def _table(res: dict[str, Any]) -> str:
+    m = res["machine"]
+    out = [
+        f"{m['cpus']} CPUs; 1-min load average {m['load_1min_before']:.2f} before, "
+        f"{m['load_1min_after']:.2f} after; engine-sim speedup {res['config']['speedup']}; "
+        f"{res['config']['requests']} requests x {res['config']['max_tokens']} tokens per round, "
+        f"median of {res['config']['rounds']} interleaved rounds",
+        "",
+    ]
+    for clients, r in res["by_clients"].items():
+        med = r["median"]
+        d, floor = med["direct"], med["lean"]["lean_cpu_us_per_token"]
+        out += [
+            f"### {clients} concurrent streams (lean relay floor: {floor:.0f} us CPU per token)",
+            "",
+            "| path | tok/s ratio | TTFT p50 ms | TTFT added ms | engine us/tok | lean us/tok "
+            "| router us/tok | sidecar us/tok | relay hops / floor | failed |",
+            "|---|---|---|---|---|---|---|---|---|---|",
+        ]
+        for path in PATHS:
+            p = med[path]
+            router = p["router_cpu_us_per_token"] if path == "router" else p["router_px_cpu_us_per_token"]
+            hops = [h for h in HOPS[path] if h != "engine"]
+            hop_cpu = sum(p[f"{h}_cpu_us_per_token"] for h in hops)
+            out.append(
+                f"| {path} | {p['tokens_per_s'] / d['tokens_per_s']:.3f} | {1000 * p['ttft_p50_s']:.1f} | "
+                f"{1000 * (p['ttft_p50_s'] - d['ttft_p50_s']):+.1f} | {p['engine_cpu_us_per_token']:.0f} | "
+                f"{p['lean_cpu_us_per_token'] if path == 'lean' else 0:.0f} | "
+                f"{router if 'router' in path else 0:.0f} | "
+                f"{p['sidecar_cpu_us_per_token'] if 'sidecar' in path else 0:.0f} | "
+                f"{hop_cpu / floor if hops else 0:.2f} | {p['failed']} |"
+            )
+        out.append("")
+    return "\n".join(out)
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--clients", default="16,64", help="comma-separated concurrent streams per load level")
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--requests", type=int, default=96, help="requests per round")
+    p.add_argument("--max-tokens", type=int, default=64)
+    p.add_argument("--speedup", type=float, default=1.0, help="engine-sim speed-up factor")
+    p.add_argument("--model", default="llama-3-8b")
+    p.add_argument("--md", type=Path, help="write the table here (and the full result as .json beside it)")
+    args = p.parse_args()
+    args.clients = [int(c) for c in args.clients.split(",")]
+    load0 = os.getloadavg()[0]
+    with tempfile.TemporaryDirectory(prefix="path-overhead-") as tmp:
+        procs, bases = _spawn(args, Path(tmp))
+        try:
+            by_clients = asyncio.run(_bench(args, procs, bases))
+        except BaseException:
+            for k in procs:
+                print(f"--- {k} log:\n" + (Path(tmp) / f"{k}.log").read_text()[-2000:], file=sys.stderr)
+            raise
+        finally:
+            for proc in procs.values():
+                proc.terminate()
+            for proc in procs.values():
+                proc.wait(20)
+    res = {
+        "machine": {"cpus": os.cpu_count(), "load_1min_before": load0, "load_1min_after": os.getloadavg()[0]},
+        "config": {k: v for k, v in vars(args).items() if k != "md"},
+        "by_clients": by_clients,
+    }
+    text = _table(res)
+    print(text)
+    if args.md:
+        args.md.parent.mkdir(parents=True, exist_ok=True)
+        args.md.write_text(text + "\n")
+        args.md.with_suffix(".json").write_text(json.dumps(res, indent=2, default=str) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
