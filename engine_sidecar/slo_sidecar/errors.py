@@ -10,6 +10,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from slo_core.wire import openai
+from slo_core.wire.openai import internal_error, route_error
 
 log = logging.getLogger(__name__)
 
@@ -48,13 +49,7 @@ def error_event(err: openai.APIError) -> bytes:
 async def _http_error(request: Request, exc: Exception) -> Response:
     """Unknown routes (404) and wrong methods (405) as OpenAI error objects, not plain text."""
     assert isinstance(exc, HTTPException)
-    path = request.url.path[:200]
-    if exc.status_code == 404:
-        err = APIError(404, f"no such route: {path}", code="not_found")
-    elif exc.status_code == 405:
-        err = APIError(405, f"{request.method} is not allowed on {path}", code="method_not_allowed")
-    else:
-        err = APIError(exc.status_code, str(exc.detail), code=str(exc.status_code))
+    err = route_error(exc.status_code, request.method, request.url.path, str(exc.detail))
     response = error_response(err)
     for name, value in (exc.headers or {}).items():
         response.headers[name] = value
@@ -64,8 +59,7 @@ async def _http_error(request: Request, exc: Exception) -> Response:
 async def _internal_error(request: Request, exc: Exception) -> Response:
     """The catch-all: a bug becomes an explicit OpenAI-shaped 500 and a logged traceback."""
     log.error("unexpected error on %s %s", request.method, request.url.path, exc_info=exc)
-    err = APIError(500, "internal error; it was logged", kind="server_error", code="internal_error")
-    return error_response(err)
+    return error_response(internal_error())
 
 
 def exception_handlers() -> dict[Any, Any]:

@@ -9,7 +9,7 @@ from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from slo_core.wire.openai import APIError
+from slo_core.wire.openai import APIError, internal_error, route_error
 
 __all__ = ["APIError", "error_response", "exception_handlers"]
 
@@ -24,14 +24,7 @@ def error_response(err: APIError) -> JSONResponse:
 async def _http_error(request: Request, exc: Exception) -> Response:
     """Unknown routes (404) and wrong methods (405) as OpenAI error objects, not plain text."""
     assert isinstance(exc, HTTPException)
-    if exc.status_code == 404:
-        err = APIError(404, f"no such route: {request.url.path[:200]}", code="not_found")
-    elif exc.status_code == 405:
-        err = APIError(
-            405, f"{request.method} is not allowed on {request.url.path[:200]}", code="method_not_allowed"
-        )
-    else:
-        err = APIError(exc.status_code, str(exc.detail), code=str(exc.status_code))
+    err = route_error(exc.status_code, request.method, request.url.path, str(exc.detail))
     response = error_response(err)
     for name, value in (exc.headers or {}).items():
         response.headers[name] = value
@@ -41,9 +34,7 @@ async def _http_error(request: Request, exc: Exception) -> Response:
 async def _internal_error(request: Request, exc: Exception) -> Response:
     """The catch-all: a bug becomes an explicit OpenAI-shaped 500 and a logged traceback."""
     log.error("unexpected error on %s %s", request.method, request.url.path, exc_info=exc)
-    return error_response(
-        APIError(500, "internal error; it was logged", kind="server_error", code="internal_error")
-    )
+    return error_response(internal_error())
 
 
 def exception_handlers() -> dict[Any, Any]:

@@ -42,6 +42,24 @@ class APIError(Exception):
         return {"Retry-After": str(max(1, round(self.retry_after_s)))}
 
 
+def route_error(status: int, method: str, path: str, detail: str) -> APIError:
+    """What an HTTP-level failure (no such route, wrong method, ...) is as an OpenAI error object."""
+    path = path[:200]
+    if status == 404:
+        return APIError(404, f"no such route: {path}", code="not_found")
+    if status == 405:
+        return APIError(405, f"{method} is not allowed on {path}", code="method_not_allowed")
+    return APIError(status, detail, code=str(status))
+
+
+INTERNAL_ERROR = "internal error; it was logged"
+
+
+def internal_error() -> APIError:
+    """The catch-all's answer: an explicit 500 (the traceback goes to the log, never to the client)."""
+    return APIError(500, INTERNAL_ERROR, kind="server_error", code="internal_error")
+
+
 def error_body(
     message: str,
     *,
