@@ -21,6 +21,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
+from slo_sidecar.calibration import PEER_PATH
 from slo_sidecar.errors import APIError, error_event, error_response, overloaded
 from slo_sidecar.front import CHAT, COMPLETION
 from slo_sidecar.job import Event, Job
@@ -193,6 +194,17 @@ async def ready(request: Request) -> Response:
     return JSONResponse({"ready": ok, "reason": reason or None}, status_code=200 if ok else 503)
 
 
+async def calibration_state(request: Request) -> Response:
+    """This replica's own calibration scores, for its peers (numbers and stratum names, no text)."""
+    sc: Sidecar = request.app.state.sidecar
+    if sc.calibration is None:
+        return JSONResponse(
+            {"error": {"message": "online calibration is off", "code": "no_calibration"}}, 404
+        )
+    doc = sc.calibration.calibrator.to_json(origin_only=True)
+    return JSONResponse(doc)
+
+
 async def metrics(request: Request) -> Response:
     sc: Sidecar = request.app.state.sidecar
     sc.update_gauges()
@@ -211,6 +223,7 @@ def create_app(
             Route("/health", health, methods=["GET"]),
             Route("/ready", ready, methods=["GET"]),
             Route("/metrics", metrics, methods=["GET"]),
+            Route(PEER_PATH, calibration_state, methods=["GET"]),
         ],
         lifespan=lifespan,
     )

@@ -12,6 +12,7 @@ import asyncio
 import logging
 import re
 import time
+import uuid
 from collections import Counter
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -21,6 +22,7 @@ import httpx
 from slo_core.engine_tags import EngineTags
 from slo_core.request_slo import SLOParamError, SLORequest, parse_slo
 from slo_core.slo import SLOTargets, SLOTier
+from slo_sidecar.calibration import CalibrationGauges, CalibrationHub
 from slo_sidecar.config import PolicyConfig, SidecarKnobs
 from slo_sidecar.engine_client import EngineRejected, EngineStatus, EngineUnavailable
 from slo_sidecar.errors import APIError, overloaded
@@ -78,6 +80,8 @@ class Sidecar:
         self.draining = False
         self.config_error = ""
         self._background: set[asyncio.Task[Any]] = set()
+        self.calibration = make_hub(estimator, knobs)
+        self.calibration_gauges = CalibrationGauges(self.metrics.registry) if self.calibration else None
 
     # ---- admission ---------------------------------------------------------------------------
     async def accept(self, headers: Mapping[str, str], body: Any, endpoint: str) -> Job:
@@ -117,13 +121,28 @@ class Sidecar:
         cfg, tier_name = self.config, tier.name
         self._check_size(parsed.prompt_tokens, parsed.max_tokens)
         self._check_capacity(tier_name)  # early, before spending time on the bound; again below
-        bound = await self._off_loop(
-            self.estimator.bound,
-            parsed.prompt_text or None,
-            parsed.prompt_tokens,
-            targets.kind.value,
-            parsed.max_tokens,
-        )
+        tenant = headers.get(TENANT_HEADER) or "default"
+        plan = None
+        if self.calibration is not None:  # one forest pass; refinements are arithmetic on the plan
+            hub = self.calibration
+            plan = await asyncio.to_thread(
+                hub.plan,
+                parsed.prompt_text or None,
+                parsed.prompt_tokens,
+                targets.kind.value,
+                parsed.max_tokens,
+                parsed.model,
+                tenant,
+            )
+            bound = hub.bound_at(plan, 0)
+        else:
+            bound = await self._off_loop(
+                self.estimator.bound,
+                parsed.prompt_text or None,
+                parsed.prompt_tokens,
+                targets.kind.value,
+                parsed.max_tokens,
+            )
         self._check_capacity(tier_name)  # no await from here until the job is counted: no overshoot
         max_wait = min(slo.max_wait_s or cfg.max_wait_s, cfg.max_wait_s)
         live = self.tracker.new_request(
@@ -137,9 +156,10 @@ class Sidecar:
             program_id=slo.program_id,
             stage=slo.stage,
             stated_stages=slo.stages,
-            tenant=headers.get(TENANT_HEADER) or "default",
+            tenant=tenant,
             request_id=self._request_id(headers.get("x-request-id")),
         )
+        live.plan = plan
         job = Job(live, parsed)
         self.jobs[live.request_id] = job
         self.tier_inflight[tier_name] += 1
@@ -288,6 +308,9 @@ class Sidecar:
         if live.generated_tokens - live.last_refined_tokens < self.knobs.refine_every_tokens:
             return
         live.last_refined_tokens = live.generated_tokens
+        if self.calibration is not None and live.plan is not None:  # calibrated: may tighten
+            live.bound = self.calibration.bound_at(live.plan, live.generated_tokens)
+            return
 
         async def refine() -> None:
             value = await self._off_loop(
@@ -335,10 +358,22 @@ class Sidecar:
             learn = getattr(self.estimator, "observe", None)
             if learn is not None and job.finish_reason == "stop":  # a natural end: a true length sample
                 learn(live.generated_tokens)
-        self.tracker.finish(live, outcome, status)
+            if self.calibration is not None and live.plan is not None and job.finish_reason == "stop":
+                self.calibration.observe(live.plan, live.generated_tokens, live.bound_at_arrival)
+        self.tracker.finish(live, outcome, status, self._history_fields(job))
+
+    def _history_fields(self, job: Job) -> dict[str, Any]:
+        """What retraining (``slofleet predictor train --from-history``) needs beyond the row's counts;
+        prompt text only where the operator opted in (--history-prompt-text)."""
+        out: dict[str, Any] = {"model": job.parsed.model, "finish_reason": job.finish_reason}
+        if self.knobs.history_prompt_text:
+            out["prompt"] = job.live.prompt_text
+        return out
 
     def update_gauges(self) -> None:
         m = self.metrics
+        if self.calibration is not None and self.calibration_gauges is not None:
+            self.calibration_gauges.update(self.calibration)
         for gauge in (m.queue_depth, m.running):
             gauge.clear()
         for gauge, jobs in ((m.queue_depth, self.scheduler.waiting), (m.running, self.scheduler.running)):
@@ -348,3 +383,18 @@ class Sidecar:
 
     def now(self) -> float:
         return time.monotonic()
+
+
+def make_hub(estimator: LengthEstimator, knobs: SidecarKnobs) -> CalibrationHub | None:
+    """The online calibration of a QRF estimator (None for the fallback estimator or when disabled)."""
+    from slo_core.predict.estimator import OutputBoundEstimator
+
+    if not knobs.calibration or not isinstance(estimator, OutputBoundEstimator):
+        return None
+    return CalibrationHub(
+        estimator,
+        origin=f"{knobs.pod or 'sidecar'}-{uuid.uuid4().hex[:12]}",  # kept across restarts (saved)
+        strata=knobs.calibration_strata,
+        model=knobs.model_name,
+        window=knobs.calibration_window,
+    )

@@ -15,7 +15,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from slo_core.metrics import job_outcomes, latency_samples, summarize
 from slo_core.perf.model import PerfProfile
-from slo_core.predict import load_estimator
+from slo_core.predict import OutputBoundEstimator, load_estimator
+from slo_core.predict.calibration import OnlineCalibrator
 from slo_core.sim.analyzer import SimAnalyzer
 from slo_core.sim.engine_types import EngineConfig
 from slo_core.sim.fleet import FleetSim, ReplicaSpec, SimConfig
@@ -36,10 +37,11 @@ class BenchConfig(BaseModel):
     engine: EngineConfig = Field(default_factory=EngineConfig)
     sim: SimConfig = Field(default_factory=SimConfig)
     bucket_s: float = Field(60.0, gt=0, description="goodput-over-time bucket (s)")
-    analyzer: Literal["qrf", "none"] = Field(
+    analyzer: Literal["qrf", "qrf-calibrated", "none"] = Field(
         "qrf",
         description="qrf: requests carry the sidecar analyzer's QRF bounds (refined as tokens stream) and "
-        "pattern-graph stage sub-deadlines, as in a deployment; none: no bounds, equal stage split",
+        "pattern-graph stage sub-deadlines, as in a deployment; qrf-calibrated: the same bounds through "
+        "the online conformal calibration (learned within the run); none: no bounds, equal stage split",
     )
 
 
@@ -77,7 +79,7 @@ def run_bench(cfg: BenchConfig, progress: Progress | None = None) -> BenchResult
     """Run every (load, policy, router); ``progress(label, fraction of this run)`` as runs go."""
     out = BenchResult()
     specs = [ReplicaSpec(cfg.profiles[i % len(cfg.profiles)], cfg.engine) for i in range(cfg.replicas)]
-    estimator = load_estimator() if cfg.analyzer == "qrf" else None
+    estimator = load_estimator() if cfg.analyzer != "none" else None
     for rps in cfg.rps:
         spec = cfg.workload.model_copy(update={"rps": rps})
         jobs = build_workload(spec)
@@ -93,7 +95,7 @@ def run_bench(cfg: BenchConfig, progress: Progress | None = None) -> BenchResult
 
                 try:
                     # a fresh analyzer per run: pattern history is learned within the run only
-                    analyzer = SimAnalyzer(estimator) if estimator is not None else None
+                    analyzer = _analyzer(cfg, estimator)
                     sim = FleetSim(specs, policy, router, seed=spec.seed, config=cfg.sim, analyzer=analyzer)
                     result = sim.run(jobs, progress=tick)
                     outcomes = job_outcomes(result)
@@ -105,6 +107,14 @@ def run_bench(cfg: BenchConfig, progress: Progress | None = None) -> BenchResult
                     out.records.append({**head, "error": detail})
                 tick(1.0)
     return out
+
+
+def _analyzer(cfg: BenchConfig, estimator: OutputBoundEstimator | None) -> SimAnalyzer | None:
+    if estimator is None:
+        return None
+    if cfg.analyzer == "qrf-calibrated":
+        return SimAnalyzer(estimator, calibrator=OnlineCalibrator(estimator.params.quantile))
+    return SimAnalyzer(estimator)
 
 
 def _fmt(v: Any, scale: float = 1.0, digits: int = 3) -> str:

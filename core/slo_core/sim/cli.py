@@ -92,9 +92,10 @@ def register(parser: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--analyzer",
-        choices=("qrf", "none"),
+        choices=("qrf", "qrf-calibrated", "none"),
         default="qrf",
-        help="request analyzer: QRF length bounds and pattern-graph sub-deadlines (qrf, as deployed) or none",
+        help="request analyzer: QRF length bounds and pattern-graph sub-deadlines (qrf), the same with "
+        "online-calibrated bounds (qrf-calibrated, the sidecar's default) or none",
     )
     o = parser.add_argument_group("output")
     o.add_argument(
