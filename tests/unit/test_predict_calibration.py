@@ -69,7 +69,9 @@ def test_coverage_recovers_within_500_completions_after_a_strong_shift(est: Outp
     assert sum(static[500:]) / len(static[500:]) < 0.75
 
 
-def test_loose_bounds_tighten_and_refinement_falls_below_the_submission_bound(est: OutputBoundEstimator) -> None:
+def test_loose_bounds_tighten_and_refinement_falls_below_the_submission_bound(
+    est: OutputBoundEstimator,
+) -> None:
     cal = CalibratedEstimator(est)
     served = rows(1500, 2, scale=0.5)  # answers half as long: the forest over-bounds
     sub, _ = serve(cal, served)
@@ -99,7 +101,9 @@ def test_state_survives_a_round_trip_and_merges_idempotently(est: OutputBoundEst
     assert restored.origin == "a"  # a restart keeps the replica's identity
     assert restored.snapshot() == a.calibrator.snapshot()
     plan = a.plan(None, 200, "latency", 1 << 14, stratum="m/latency")
-    assert restored.bound(plan, 0) == a.bound_at(plan, 0) and restored.bound(plan, 200) == a.bound_at(plan, 200)
+    assert restored.bound(plan, 0) == a.bound_at(plan, 0) and restored.bound(plan, 200) == a.bound_at(
+        plan, 200
+    )
 
     b = CalibratedEstimator(est, OnlineCalibrator(0.95, origin="b"))
     assert b.calibrator.merge(a.calibrator.to_json(origin_only=True)) > 0
@@ -120,7 +124,11 @@ def test_state_survives_a_round_trip_and_merges_idempotently(est: OutputBoundEst
     [
         {"format": "something-else/1", "origin": "x", "cells": []},
         {"format": "slofleet-calibration/1", "origin": "x", "cells": [{"stratum": "s", "stage": -1}]},
-        {"format": "slofleet-calibration/1", "origin": "x", "cells": [{"stratum": "s", "stage": 0, "scores": [[1]]}]},
+        {
+            "format": "slofleet-calibration/1",
+            "origin": "x",
+            "cells": [{"stratum": "s", "stage": 0, "scores": [[1]]}],
+        },
         {"format": "slofleet-calibration/1", "origin": "x" * 500, "cells": []},
     ],
 )

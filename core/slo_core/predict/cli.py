@@ -45,8 +45,11 @@ def _train_from_history(args: argparse.Namespace) -> int:
         with_text = sum(1 for r in rows if r.prompt)
         print(f"model {model!r}: {len(rows)} rows ({with_text} with prompt text) -> {path} sha256={digest}")
         if args.configmap:
-            cm = write_configmap(path, digest, f"slofleet-predictor-{safe_name(model)}")
-            print(f"  ConfigMap manifest: {cm}")
+            try:
+                cm = write_configmap(path, digest, f"slofleet-predictor-{safe_name(model)}")
+                print(f"  ConfigMap manifest: {cm}")
+            except ValueError as exc:
+                print(f"  no ConfigMap: {exc}", file=sys.stderr)
         written += 1
     return 0 if written else 2
 
