@@ -60,6 +60,7 @@ class ModelDeploymentView:
     extra_args: list[str] = field(default_factory=list)
     sidecar_image: str | None = None
     sidecar_resources: dict[str, Any] = field(default_factory=dict)
+    predictor: tuple[str, str] | None = None  # (ConfigMap, sha256) of a retrained length predictor
     context_length: int | None = None
     gpu_class: str | None = None
     lora_adapters: list[tuple[str, str]] = field(default_factory=list)  # (name, source)
@@ -116,6 +117,9 @@ def view(body: dict[str, Any]) -> ModelDeploymentView:
         extra_args=list(spec.engine.extra_args),
         sidecar_image=_chosen(spec.sidecar, "image"),
         sidecar_resources=spec.sidecar.resources.model_dump(exclude_defaults=True),
+        predictor=(spec.sidecar.predictor.config_map, spec.sidecar.predictor.sha256)
+        if spec.sidecar.predictor
+        else None,
         context_length=spec.context_tokens(),
         gpu_class=spec.gpu_class(),
         lora_adapters=[(a.name, a.source) for a in spec.capabilities.lora_adapters],

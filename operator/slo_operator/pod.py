@@ -14,6 +14,7 @@ from typing import Any
 from slo_operator.model import ModelDeploymentView
 from slo_operator.settings import OperatorSettings
 
+PREDICTOR_DIR = "/etc/slofleet/predictor"  # spec.sidecar.predictor's ConfigMap
 SCHEDULER_CLS = "slo_sidecar.vllm_plugin.scheduler.SLOScheduler"
 PLUGIN_SOURCE_DIR = "/opt/slofleet/plugin"  # where the Dockerfile puts the plugin's packages
 PLUGIN_MOUNT = "/opt/slofleet/plugin"
@@ -154,6 +155,8 @@ def sidecar_args(md: ModelDeploymentView, settings: OperatorSettings) -> list[st
     ]
     if md.context_length:
         args.append(f"--max-context-tokens={md.context_length}")
+    if md.predictor is not None:  # a retrained artefact, pinned by its digest
+        args += [f"--predictor={PREDICTOR_DIR}/predictor.npz", f"--predictor-sha256={md.predictor[1]}"]
     return args
 
 
@@ -180,6 +183,7 @@ def _sidecar_container(md: ModelDeploymentView, settings: OperatorSettings) -> d
             {"name": "policy", "mountPath": POLICY_DIR, "readOnly": True},
             {"name": "state", "mountPath": STATE_DIR},
             {"name": "tmp", "mountPath": "/tmp"},  # noqa: S108 - a pod-private emptyDir
+            *([{"name": "predictor", "mountPath": PREDICTOR_DIR, "readOnly": True}] if md.predictor else []),
         ],
     }
 
@@ -205,6 +209,8 @@ def _volumes(md: ModelDeploymentView, config_map: str) -> list[dict[str, Any]]:
         {"name": "state", "emptyDir": {}},
         {"name": "tmp", "emptyDir": {"sizeLimit": "1Gi"}},
     ]
+    if md.predictor is not None:
+        volumes.append({"name": "predictor", "configMap": {"name": md.predictor[0]}})
     if md.source.pvc_claim:
         claim = {"claimName": md.source.pvc_claim, "readOnly": True}
         volumes.append({"name": "model-weights", "persistentVolumeClaim": claim})
