@@ -207,3 +207,7 @@ def _row(pair: str, label: str, w: str, s: dict[str, Any], t: dict[str, Any]) ->
         f"| {pair} | {label} | {w} | {s['n']} | {s.get('coverage', '-')} | {s.get('median_ratio', '-')} "
         f"| {s.get('p90_ratio', '-')} | {t['n']} | {t.get('coverage', '-')} | {t.get('median_ratio', '-')} |"
     )
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

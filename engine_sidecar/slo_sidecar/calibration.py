@@ -77,7 +77,7 @@ class CalibrationHub:
             return f"{model}/{kind}/{tenant[:64]}"
         return f"{model}/{kind}"
 
-    def plan(  # noqa: PLR0913, PLR0917 - the admission's facts
+    def plan(  # noqa: PLR0917 - the admission's facts
         self, prompt_text: str | None, prompt_tokens: int, kind: str, max_tokens: int, model: str, tenant: str
     ) -> Plan:
         """One forest pass (CPU work: call it off the event loop)."""

@@ -36,7 +36,7 @@ def register(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--predictor-sha256",
-        help="SHA-256 (hex) the --predictor artefact must have, besides its .sha256 file (pinned by the operator)",
+        help="SHA-256 (hex) the --predictor artefact must have (pinned by the operator)",
     )
     for name, field in SidecarKnobs.model_fields.items():
         if name == "mode":

@@ -60,7 +60,7 @@ def test_sidecar_refuses_an_artefact_with_another_digest(tmp_path: Path) -> None
     rows = [LengthRow(f"r{i}", "", rng.randint(1, 50), rng.randint(1, 100)) for i in range(100)]
     path = tmp_path / "predictor.npz"
     digest = train_estimator(rows, n_trees=3, min_samples_leaf=5).save(path)
-    est, source = load_length_estimator(str(path), None, digest)
+    _est, source = load_length_estimator(str(path), None, digest)
     assert digest[:12] in source
-    with pytest.raises(ValueError, match="(?i)sha-?256|hash|match"):
+    with pytest.raises(ValueError, match=r"(?i)sha-?256|hash|match"):
         load_length_estimator(str(path), None, DIGEST)
