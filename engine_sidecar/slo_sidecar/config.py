@@ -58,7 +58,14 @@ class SidecarKnobs(BaseModel):
     model_name: str = Field("", description="model name when the engine reports none")
     pod: str = Field("", description="pod identity in state snapshots (default host:port)")
     profile: str = Field("", description="performance profile name reported to routers")
-    calibration: bool = Field(True, description="calibrate the QRF length bounds online on served traffic")
+    calibration: bool = Field(
+        True, description="learn an online calibration of the QRF bounds from served traffic (and export it)"
+    )
+    calibration_apply: bool = Field(
+        False,
+        description="issue the calibrated bounds (they may tighten as tokens stream); off: the forest's "
+        "bounds, as the simulator's default analyzer (bench/results/predictor_shift/README.md says why)",
+    )
     calibration_strata: str = Field(
         "kind", pattern=r"^(kind|tenant|kind\+tenant)$", description="calibration stratum per model"
     )

@@ -122,9 +122,8 @@ class Sidecar:
         self._check_size(parsed.prompt_tokens, parsed.max_tokens)
         self._check_capacity(tier_name)  # early, before spending time on the bound; again below
         tenant = headers.get(TENANT_HEADER) or "default"
-        plan = None
-        if self.calibration is not None:  # one forest pass; refinements are arithmetic on the plan
-            hub = self.calibration
+        plan, hub = None, self.calibration
+        if hub is not None:  # one forest pass; refinements are arithmetic on the plan
             plan = await asyncio.to_thread(
                 hub.plan,
                 parsed.prompt_text or None,
@@ -134,6 +133,7 @@ class Sidecar:
                 parsed.model,
                 tenant,
             )
+        if hub is not None and plan is not None and self.knobs.calibration_apply:
             bound = hub.bound_at(plan, 0)
         else:
             bound = await self._off_loop(
@@ -308,7 +308,7 @@ class Sidecar:
         if live.generated_tokens - live.last_refined_tokens < self.knobs.refine_every_tokens:
             return
         live.last_refined_tokens = live.generated_tokens
-        if self.calibration is not None and live.plan is not None:  # calibrated: may tighten
+        if self.calibration is not None and live.plan is not None and self.knobs.calibration_apply:
             live.bound = self.calibration.bound_at(live.plan, live.generated_tokens)
             return
 

@@ -52,7 +52,7 @@ async def test_completions_calibrate_and_the_state_survives_a_restart(
     eng = FakeEngine()
     query = BoundQuery(None, 5, "latency", 300)
     async with serve_fake_engine(eng) as url:
-        sc = _sidecar(url, forest)
+        sc = _sidecar(url, forest, calibration_apply=True)
         hub = sc.calibration
         assert hub is not None
         plan = hub.plan(None, 5, "latency", 300, "fake-model", "default")
@@ -74,6 +74,8 @@ async def test_completions_calibrate_and_the_state_survives_a_restart(
         assert (tmp_path / calibration.STATE_FILE).exists()
         rows = list(sc.history.rows)
         assert rows and all(r["model"] == "fake-model" and "prompt" not in r for r in rows)
+        # the bounds it issued came down as it learned (--calibration-apply)
+        assert max(r["bound_at_arrival"] for r in rows[-5:]) < min(r["bound_at_arrival"] for r in rows[:5])
 
         again = _sidecar(url, forest)
         async with (
@@ -84,6 +86,29 @@ async def test_completions_calibrate_and_the_state_survives_a_restart(
             assert again.calibration.calibrator.origin == hub.calibrator.origin
             assert again.calibration.bound_at(plan, 0) == calibrated
             assert again.calibration.calibrator.snapshot() == hub.calibrator.snapshot()
+
+
+async def test_without_apply_the_forest_bounds_are_issued_and_coverage_is_observed(
+    forest: OutputBoundEstimator,
+) -> None:
+    async with serve_fake_engine(FakeEngine()) as url:
+        sc = _sidecar(url, forest)  # the default: learn and export, issue the forest's bounds
+        async with running_sidecar(sc, grpc_port=None) as run, httpx.AsyncClient() as http:
+            await _serve_some(http, run.http_url, 25, 2)
+        rows = list(sc.history.rows)
+        hub = sc.calibration
+        assert hub is not None
+        for r in rows:  # what was issued is the forest's bound, not the calibrated one
+            plan = hub.plan(None, r["prompt_tokens"], "latency", 300, "fake-model", "default")
+            assert (
+                r["bound_at_arrival"]
+                == forest.bounds([BoundQuery(None, r["prompt_tokens"], "latency", 300)])[0]
+            )
+            assert r["bound_at_arrival"] > hub.bound_at(plan, 0)
+        assert sc.calibration is not None
+        cell = sc.calibration.calibrator.snapshot()[0]
+        assert cell["completions"] == 25 and cell["coverage"] == 1.0  # the loose forest covered all
+        assert cell["factor"] < 1.0  # and the calibration learned it could be tighter
 
 
 async def test_a_corrupt_state_file_is_moved_aside(tmp_path: Path, forest: OutputBoundEstimator) -> None:
