@@ -16,6 +16,7 @@ from slo_core.slo import PriorityClass, RequestKind, SLOTier
 from slo_sidecar import calibration
 from slo_sidecar.config import PolicyConfig, SidecarKnobs
 from slo_sidecar.fake_engine import FakeEngine, serve_fake_engine
+from slo_sidecar.front import COMPLETION, parse_body
 from slo_sidecar.runtime import running_sidecar
 from slo_sidecar.service import Sidecar
 
@@ -98,12 +99,15 @@ async def test_without_apply_the_forest_bounds_are_issued_and_coverage_is_observ
         rows = list(sc.history.rows)
         hub = sc.calibration
         assert hub is not None
-        for r in rows:  # what was issued is the forest's bound, not the calibrated one
-            plan = hub.plan(None, r["prompt_tokens"], "latency", 300, "fake-model", "default")
-            assert (
-                r["bound_at_arrival"]
-                == forest.bounds([BoundQuery(None, r["prompt_tokens"], "latency", 300)])[0]
-            )
+        assert len(rows) == 25
+        for i, r in enumerate(rows):  # what was issued is the forest's bound, not the calibrated one
+            text = f"question 2-{i}"
+            body = {"model": "fake-model", "prompt": text, "max_tokens": 300}
+            n = parse_body(
+                body, COMPLETION, 256
+            ).prompt_tokens  # the count at admission (rows keep the engine's)
+            assert r["bound_at_arrival"] == forest.bound(text, n, "latency", 300)
+            plan = hub.plan(text, n, "latency", 300, "fake-model", "default")
             assert r["bound_at_arrival"] > hub.bound_at(plan, 0)
         assert sc.calibration is not None
         cell = sc.calibration.calibrator.snapshot()[0]
