@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import math
 import os
 import socket
 import tempfile
@@ -83,6 +84,11 @@ class CalibrationHub:
         """One forest pass (CPU work: call it off the event loop)."""
         stratum = self.stratum(model, kind, tenant)
         return self.estimator.plan(prompt_text, prompt_tokens, kind, max_tokens, stratum)
+
+    @staticmethod
+    def forest_bound(plan: Plan) -> int:
+        """The uncalibrated submission bound (equal to ``OutputBoundEstimator.bound`` on the same query)."""
+        return max(1, min(math.ceil(plan.raw[0]), plan.max_tokens))
 
     def bound_at(self, plan: Plan, generated_tokens: int) -> int:
         return self.estimator.bound_at(plan, generated_tokens)

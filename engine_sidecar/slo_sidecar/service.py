@@ -133,8 +133,10 @@ class Sidecar:
                 parsed.model,
                 tenant,
             )
-        if hub is not None and plan is not None and self.knobs.calibration_apply:
-            bound = hub.bound_at(plan, 0)
+        if hub is not None and plan is not None:
+            # applied: the calibrated bound; else the forest's own submission bound, read off the same
+            # forest pass (raw[0] is the quantile OutputBoundEstimator.bound computes): no second pass
+            bound = hub.bound_at(plan, 0) if self.knobs.calibration_apply else hub.forest_bound(plan)
         else:
             bound = await self._off_loop(
                 self.estimator.bound,
