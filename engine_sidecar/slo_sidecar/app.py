@@ -22,6 +22,7 @@ from starlette.types import Receive, Scope, Send
 
 from slo_core.wire import openai
 from slo_core.wire.limits import RequestLimits, check_headers, parse_json_object, read_capped
+from slo_sidecar.calibration import PEER_PATH
 from slo_sidecar.errors import APIError, error_event, error_response, exception_handlers, overloaded
 from slo_sidecar.front import CHAT, COMPLETION
 from slo_sidecar.job import Event, Job
@@ -208,6 +209,17 @@ async def ready(request: Request) -> Response:
     return JSONResponse({"ready": ok, "reason": reason or None}, status_code=200 if ok else 503)
 
 
+async def calibration_state(request: Request) -> Response:
+    """This replica's own calibration scores, for its peers (numbers and stratum names, no text)."""
+    sc: Sidecar = request.app.state.sidecar
+    if sc.calibration is None:
+        return JSONResponse(
+            {"error": {"message": "online calibration is off", "code": "no_calibration"}}, 404
+        )
+    doc = sc.calibration.calibrator.to_json(origin_only=True)
+    return JSONResponse(doc)
+
+
 async def metrics(request: Request) -> Response:
     sc: Sidecar = request.app.state.sidecar
     sc.update_gauges()
@@ -239,6 +251,7 @@ def create_app(
             Route("/health", health, methods=["GET"]),
             Route("/ready", ready, methods=["GET"]),
             *([Route("/metrics", metrics, methods=["GET"])] if metrics_route else []),
+            Route(PEER_PATH, calibration_state, methods=["GET"]),
         ],
         lifespan=lifespan,
         exception_handlers=exception_handlers(),

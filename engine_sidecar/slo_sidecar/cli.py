@@ -37,6 +37,10 @@ def register(parser: argparse.ArgumentParser) -> None:
         default="shipped",
         help="'shipped' (QRF artefact), 'fallback' (quantile of shipped lengths) or a path",
     )
+    parser.add_argument(
+        "--predictor-sha256",
+        help="SHA-256 (hex) the --predictor artefact must have (pinned by the operator)",
+    )
     for name, field in SidecarKnobs.model_fields.items():
         if name == "mode":
             continue
@@ -72,7 +76,11 @@ def run(args: argparse.Namespace) -> int:
     except (ConfigError, ValueError) as exc:
         print(f"slofleet sidecar: {exc}", file=sys.stderr)
         return 2
-    estimator, source = load_length_estimator(args.predictor, args.state_dir)
+    try:
+        estimator, source = load_length_estimator(args.predictor, args.state_dir, args.predictor_sha256)
+    except ValueError as exc:  # ArtefactError: a swapped or corrupt artefact is never served
+        print(f"slofleet sidecar: {exc}", file=sys.stderr)
+        return 2
     sc = Sidecar(
         knobs=knobs, config=config, engine_url=args.engine_url, estimator=estimator, estimator_source=source
     )

@@ -68,6 +68,25 @@ class SidecarKnobs(BaseModel):
     model_name: str = Field("", description="model name when the engine reports none")
     pod: str = Field("", description="pod identity in state snapshots (default host:port)")
     profile: str = Field("", description="performance profile name reported to routers")
+    calibration: bool = Field(
+        True, description="learn an online calibration of the QRF bounds from served traffic (and export it)"
+    )
+    calibration_apply: bool = Field(
+        False,
+        description="issue the calibrated bounds (they may tighten as tokens stream); off: the forest's "
+        "bounds, as the simulator's default analyzer (bench/results/predictor_shift/README.md says why)",
+    )
+    calibration_strata: str = Field(
+        "kind", pattern=r"^(kind|tenant|kind\+tenant)$", description="calibration stratum per model"
+    )
+    calibration_window: int = Field(200, ge=10, le=100000, description="recent completions per stratum")
+    calibration_peers: str = Field(
+        "", description="peer sidecar URLs to share calibration with (comma-separated; dns+http://svc:port)"
+    )
+    calibration_sync_s: float = Field(10.0, gt=0, description="peer calibration fetch interval (seconds)")
+    history_prompt_text: bool = Field(
+        False, description="keep prompt text in history rows (retraining with text features; opt-in)"
+    )
 
 
 @dataclass(frozen=True)

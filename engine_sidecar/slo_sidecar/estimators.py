@@ -117,7 +117,9 @@ class FallbackEstimator:
         return est
 
 
-def load_length_estimator(spec: str, state_dir: Path | None) -> tuple[LengthEstimator, str]:
+def load_length_estimator(
+    spec: str, state_dir: Path | None, expected_sha256: str | None = None
+) -> tuple[LengthEstimator, str]:
     """``fallback``, ``shipped`` or an artefact path; a predictor checkpointed in ``state_dir`` wins.
 
     Returns the estimator and where it came from (for /health and the log).
@@ -138,6 +140,12 @@ def load_length_estimator(spec: str, state_dir: Path | None) -> tuple[LengthEsti
             return load_estimator(str(saved)), f"checkpoint {saved}"
         except Exception as exc:  # a corrupt checkpoint must not stop the sidecar: load the shipped one
             log.warning("predictor checkpoint %s unusable (%s); loading the shipped one", saved, exc)
+    if expected_sha256 is not None and spec not in ("shipped", "fallback"):
+        from slo_core.predict.estimator import OutputBoundEstimator
+
+        return OutputBoundEstimator.load(
+            Path(spec), expected_sha256
+        ), f"{spec} (sha256 {expected_sha256[:12]})"
     try:
         return load_estimator(None if spec == "shipped" else spec), spec
     except Exception as exc:  # serving without the QRF beats not serving: say so loudly

@@ -52,11 +52,15 @@ async def checkpoint(sc: Sidecar, state_dir: Path, *, clean: bool = False) -> Pa
         "config_digest": sc.config.digest,
     }
     in_flight = [] if clean else list(sc.jobs)
+    if sc.calibration is not None:
+        await asyncio.to_thread(sc.calibration.save, state_dir)
     return await asyncio.to_thread(write_state, state_dir, sc.history, in_flight, extra)
 
 
 def restore(sc: Sidecar, state_dir: Path) -> None:
     """Load the last checkpoint; requests it lists as in flight were lost by the previous process."""
+    if sc.calibration is not None:
+        sc.calibration.load(state_dir)
     doc = read_state(state_dir, sc.history)
     if doc is None:
         return

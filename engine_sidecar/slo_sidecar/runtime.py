@@ -20,7 +20,7 @@ from typing import Any
 import httpx
 import uvicorn
 
-from slo_sidecar import lifecycle
+from slo_sidecar import calibration, lifecycle
 from slo_sidecar.app import create_app, create_metrics_app
 from slo_sidecar.engine_client import probe
 from slo_sidecar.grpc_service import start_grpc
@@ -98,6 +98,9 @@ async def running_sidecar(
         jobs.append(lifecycle.checkpoint_loop(sc, state_dir))
     if policy_file is not None:
         jobs.append(lifecycle.watch_config(sc, policy_file, reload_every_s))
+    peers = [p.strip() for p in sc.knobs.calibration_peers.split(",") if p.strip()]
+    if sc.calibration is not None and peers:
+        jobs.append(calibration.sync_loop(sc.calibration, peers, sc.knobs.calibration_sync_s))
     tasks = [asyncio.create_task(j) for j in jobs]
     grpc_server, bound_grpc = (None, 0)
     if grpc_port is not None:

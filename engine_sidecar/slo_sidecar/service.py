@@ -12,6 +12,7 @@ import asyncio
 import logging
 import re
 import time
+import uuid
 from collections import Counter
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -24,6 +25,7 @@ from slo_core.wire.request_slo import SLOParamError, SLORequest, parse_slo
 from slo_core.wire.signing import sign
 from slo_core.wire.tags import EngineTags
 from slo_sidecar.attempt import run_attempt
+from slo_sidecar.calibration import CalibrationGauges, CalibrationHub
 from slo_sidecar.config import PolicyConfig, SidecarKnobs
 from slo_sidecar.engine_client import EngineRejected, EngineStatus, EngineUnavailable
 from slo_sidecar.errors import APIError, overloaded
@@ -80,6 +82,8 @@ class Sidecar:
         self.draining = False
         self.config_error = ""
         self._background: set[asyncio.Task[Any]] = set()
+        self.calibration = make_hub(estimator, knobs)
+        self.calibration_gauges = CalibrationGauges(self.metrics.registry) if self.calibration else None
 
     # ---- admission ---------------------------------------------------------------------------
     async def accept(self, headers: Mapping[str, str], body: Any, endpoint: str) -> Job:
@@ -122,13 +126,30 @@ class Sidecar:
         if max_tokens is None:  # what vLLM does: the context left after the prompt
             max_tokens = max(1, self.context_tokens() - parsed.prompt_tokens)
         self._check_capacity(tier_name)  # early, before spending time on the bound; again below
-        bound = await self._off_loop(
-            self.estimator.bound,
-            parsed.prompt_text or None,
-            parsed.prompt_tokens,
-            targets.kind.value,
-            max_tokens,
-        )
+        tenant = headers.get(TENANT_HEADER) or "default"
+        plan, hub = None, self.calibration
+        if hub is not None:  # one forest pass; refinements are arithmetic on the plan
+            plan = await asyncio.to_thread(
+                hub.plan,
+                parsed.prompt_text or None,
+                parsed.prompt_tokens,
+                targets.kind.value,
+                max_tokens,
+                parsed.model,
+                tenant,
+            )
+        if hub is not None and plan is not None:
+            # applied: the calibrated bound; else the forest's own submission bound, read off the same
+            # forest pass (raw[0] is the quantile OutputBoundEstimator.bound computes): no second pass
+            bound = hub.bound_at(plan, 0) if self.knobs.calibration_apply else hub.forest_bound(plan)
+        else:
+            bound = await self._off_loop(
+                self.estimator.bound,
+                parsed.prompt_text or None,
+                parsed.prompt_tokens,
+                targets.kind.value,
+                max_tokens,
+            )
         self._check_capacity(tier_name)  # no await from here until the job is counted: no overshoot
         max_wait = min(slo.max_wait_s or cfg.max_wait_s, cfg.max_wait_s)
         live = self.tracker.new_request(
@@ -142,9 +163,10 @@ class Sidecar:
             program_id=slo.program_id,
             stage=slo.stage,
             stated_stages=slo.stages,
-            tenant=headers.get(TENANT_HEADER) or "default",
+            tenant=tenant,
             request_id=self._request_id(headers.get("x-request-id")),
         )
+        live.plan = plan
         job = Job(live, parsed)
         self.jobs[live.request_id] = job
         self.tier_inflight[tier_name] += 1
@@ -315,6 +337,9 @@ class Sidecar:
         if live.generated_tokens - live.last_refined_tokens < self.knobs.refine_every_tokens:
             return
         live.last_refined_tokens = live.generated_tokens
+        if self.calibration is not None and live.plan is not None and self.knobs.calibration_apply:
+            live.bound = self.calibration.bound_at(live.plan, live.generated_tokens)
+            return
 
         async def refine() -> None:
             value = await self._off_loop(
@@ -364,10 +389,22 @@ class Sidecar:
             learn = getattr(self.estimator, "observe", None)
             if learn is not None and job.finish_reason == "stop":  # a natural end: a true length sample
                 learn(live.generated_tokens)
-        self.tracker.finish(live, outcome, status)
+            if self.calibration is not None and live.plan is not None and job.finish_reason == "stop":
+                self.calibration.observe(live.plan, live.generated_tokens, live.bound_at_arrival)
+        self.tracker.finish(live, outcome, status, self._history_fields(job))
+
+    def _history_fields(self, job: Job) -> dict[str, Any]:
+        """What retraining (``slofleet predictor train --from-history``) needs beyond the row's counts;
+        prompt text only where the operator opted in (--history-prompt-text)."""
+        out: dict[str, Any] = {"model": job.parsed.model, "finish_reason": job.finish_reason}
+        if self.knobs.history_prompt_text:
+            out["prompt"] = job.live.prompt_text
+        return out
 
     def update_gauges(self) -> None:
         m = self.metrics
+        if self.calibration is not None and self.calibration_gauges is not None:
+            self.calibration_gauges.update(self.calibration)
         for gauge in (m.queue_depth, m.running):
             gauge.clear()
         for gauge, jobs in ((m.queue_depth, self.scheduler.waiting), (m.running, self.scheduler.running)):
@@ -377,3 +414,18 @@ class Sidecar:
 
     def now(self) -> float:
         return time.monotonic()
+
+
+def make_hub(estimator: LengthEstimator, knobs: SidecarKnobs) -> CalibrationHub | None:
+    """The online calibration of a QRF estimator (None for the fallback estimator or when disabled)."""
+    from slo_core.predict.estimator import OutputBoundEstimator
+
+    if not knobs.calibration or not isinstance(estimator, OutputBoundEstimator):
+        return None
+    return CalibrationHub(
+        estimator,
+        origin=f"{knobs.pod or 'sidecar'}-{uuid.uuid4().hex[:12]}",  # kept across restarts (saved)
+        strata=knobs.calibration_strata,
+        model=knobs.model_name,
+        window=knobs.calibration_window,
+    )

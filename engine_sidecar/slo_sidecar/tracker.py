@@ -12,6 +12,7 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from slo_core.gain import Delivery, GainParams, goodput_function, ideal_gain, request_goodput
 from slo_core.policies.base import RequestView
@@ -48,6 +49,7 @@ class LiveRequest:
     priority: float = 0.0
     bound_at_arrival: int = 0
     last_refined_tokens: int = 0
+    plan: Any = None  # the calibrated analyzer's per-request plan (slo_core.predict.calibration.Plan)
     seq: int = field(default_factory=lambda: next(_SEQ))
 
     @property
@@ -187,8 +189,11 @@ class Tracker:
         met = completed and request_goodput(d) > 0
         return Outcome(earned=earned, ideal=ideal, met_slo=met, output_tokens=live.generated_tokens)
 
-    def finish(self, live: LiveRequest, outcome: Outcome, status: str) -> None:
-        """Leave the live set; completed requests become history rows (and program stages)."""
+    def finish(
+        self, live: LiveRequest, outcome: Outcome, status: str, extra: dict[str, Any] | None = None
+    ) -> None:
+        """Leave the live set; completed requests become history rows (and program stages); ``extra``
+        joins the row (the fields retraining needs: model, finish reason, opt-in prompt text)."""
         self.live.pop(live.request_id, None)
         now = self.clock()
         if status == "ok":
@@ -210,6 +215,7 @@ class Tracker:
                     "program_id": live.program_id,
                     "stage": live.stage,
                     "finish_unix_s": round(self.unix(now), 3),
+                    **(extra or {}),
                 }
             )
         self._record_stage(live, now, status == "ok")

@@ -60,6 +60,7 @@ class ModelDeploymentView:
     sidecar_resources: dict[str, Any] = field(default_factory=dict)
     engine_resources: dict[str, Any] = field(default_factory=dict)
     cache_size_limit: str = "200Gi"
+    predictor: tuple[str, str] | None = None  # (ConfigMap, sha256) of a retrained length predictor
     context_length: int | None = None
     gpu_class: str | None = None
     lora_adapters: list[tuple[str, str]] = field(default_factory=list)  # (name, source)
@@ -118,6 +119,9 @@ def view(body: dict[str, Any]) -> ModelDeploymentView:
         sidecar_resources=spec.sidecar.resources.model_dump(exclude_defaults=True),
         engine_resources=spec.engine.resources.model_dump(exclude_defaults=True),
         cache_size_limit=str(spec.engine.cache_size_limit),
+        predictor=(spec.sidecar.predictor.config_map, spec.sidecar.predictor.sha256)
+        if spec.sidecar.predictor
+        else None,
         context_length=spec.context_tokens(),
         gpu_class=spec.gpu_class(),
         lora_adapters=[(a.name, a.source) for a in spec.capabilities.lora_adapters],

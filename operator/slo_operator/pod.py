@@ -15,6 +15,7 @@ from typing import Any
 from slo_operator.model import ModelDeploymentView
 from slo_operator.settings import OperatorSettings
 
+PREDICTOR_DIR = "/etc/slofleet/predictor"  # spec.sidecar.predictor's ConfigMap
 SCHEDULER_CLS = "slo_vllm_plugin.scheduler.SLOScheduler"
 PLUGIN_SOURCE_DIR = "/opt/slofleet/plugin"  # where the Dockerfile puts the plugin's packages
 PLUGIN_MOUNT = "/opt/slofleet/plugin"
@@ -199,6 +200,8 @@ def sidecar_args(md: ModelDeploymentView, settings: OperatorSettings) -> list[st
         args.append(f"--max-context-tokens={md.context_length}")
     if settings.tag_key_secret:
         args.append(f"--tag-key-file={TAG_KEY_FILE}")
+    if md.predictor is not None:  # a retrained artefact, pinned by its digest
+        args += [f"--predictor={PREDICTOR_DIR}/predictor.npz", f"--predictor-sha256={md.predictor[1]}"]
     return args
 
 
@@ -230,6 +233,7 @@ def _sidecar_container(md: ModelDeploymentView, settings: OperatorSettings) -> d
                 if settings.tag_key_secret
                 else []
             ),
+            *([{"name": "predictor", "mountPath": PREDICTOR_DIR, "readOnly": True}] if md.predictor else []),
         ],
     }
 
@@ -257,6 +261,8 @@ def _volumes(md: ModelDeploymentView, config_map: str, settings: OperatorSetting
         {"name": "state", "emptyDir": {"sizeLimit": "1Gi"}},
         {"name": "tmp", "emptyDir": {"sizeLimit": "1Gi"}},
     ]
+    if md.predictor is not None:
+        volumes.append({"name": "predictor", "configMap": {"name": md.predictor[0]}})
     if md.source.pvc_claim:
         claim = {"claimName": md.source.pvc_claim, "readOnly": True}
         volumes.append({"name": "model-weights", "persistentVolumeClaim": claim})

@@ -94,9 +94,10 @@ def register(parser: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--analyzer",
-        choices=("qrf", "none"),
+        choices=("qrf", "qrf-calibrated", "none"),
         default="qrf",
-        help="request analyzer: QRF length bounds and pattern-graph sub-deadlines (qrf, as deployed) or none",
+        help="request analyzer: QRF length bounds and pattern-graph sub-deadlines (qrf), the same with "
+        "online-calibrated bounds (qrf-calibrated, as a sidecar with --calibration-apply) or none",
     )
     p.add_argument(
         "--objective",

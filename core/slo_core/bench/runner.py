@@ -24,6 +24,7 @@ from slo_core.metrics import job_outcomes, latency_samples, summarize
 from slo_core.objective import Objective
 from slo_core.perf.model import PerfProfile
 from slo_core.predict import OutputBoundEstimator, load_estimator
+from slo_core.predict.calibration import OnlineCalibrator
 from slo_core.sim.analyzer import SimAnalyzer
 from slo_core.sim.engine_types import EngineConfig
 from slo_core.sim.fleet import FleetSim, ReplicaSpec, SimConfig
@@ -49,10 +50,11 @@ class BenchConfig(BaseModel):
         default_factory=Objective,
         description="what SLO-aware policies maximize (spec.goodput, spec.fairness); headline column",
     )
-    analyzer: Literal["qrf", "none"] = Field(
+    analyzer: Literal["qrf", "qrf-calibrated", "none"] = Field(
         "qrf",
         description="qrf: requests carry the sidecar analyzer's QRF bounds (refined as tokens stream) and "
-        "pattern-graph stage sub-deadlines, as in a deployment; none: no bounds, equal stage split",
+        "pattern-graph stage sub-deadlines, as in a deployment; qrf-calibrated: the same bounds through "
+        "the online conformal calibration (learned within the run); none: no bounds, equal stage split",
     )
 
 
@@ -117,6 +119,15 @@ def _estimator() -> OutputBoundEstimator:
     return load_estimator()
 
 
+def _analyzer(cfg: BenchConfig) -> SimAnalyzer | None:
+    if cfg.analyzer == "none":
+        return None
+    estimator = _estimator()
+    if cfg.analyzer == "qrf-calibrated":
+        return SimAnalyzer(estimator, calibrator=OnlineCalibrator(estimator.params.quantile))
+    return SimAnalyzer(estimator)
+
+
 RunOutput = tuple[dict[str, Any], dict[str, list[float]] | None]
 
 
@@ -134,7 +145,7 @@ def run_one(cfg: BenchConfig, key: Key, progress: Callable[[float], None] | None
     specs = [ReplicaSpec(cfg.profiles[i % len(cfg.profiles)], cfg.engine) for i in range(cfg.replicas)]
     try:
         # a fresh analyzer per run: pattern history is learned within the run only
-        analyzer = SimAnalyzer(_estimator()) if cfg.analyzer == "qrf" else None
+        analyzer = _analyzer(cfg)
         sim = FleetSim(
             specs,
             policy,

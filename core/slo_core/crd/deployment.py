@@ -171,6 +171,22 @@ class EngineSpec(CRDModel):
     )
 
 
+class PredictorRef(CRDModel):
+    """A length-predictor artefact (``slofleet predictor train --from-history --configmap``) to serve."""
+
+    config_map: str = Field(
+        ...,
+        min_length=1,
+        max_length=253,
+        description="ConfigMap (same namespace) with predictor.npz and its .sha256",
+    )
+    sha256: str = Field(
+        ...,
+        pattern="^[0-9a-f]{64}$",
+        description="SHA-256 the artefact must have (hex); pods refuse any other",
+    )
+
+
 class SidecarSpec(CRDModel):
     """The slofleet sidecar next to vLLM."""
 
@@ -179,6 +195,9 @@ class SidecarSpec(CRDModel):
     )
     resources: ResourceRequirements = Field(
         default_factory=ResourceRequirements, description="sidecar container resources"
+    )
+    predictor: PredictorRef | None = Field(
+        None, description="length predictor to serve instead of the shipped one (absent: shipped)"
     )
 
 

@@ -16,11 +16,57 @@ from pathlib import Path
 log = logging.getLogger(__name__)
 
 
+def _train_from_history(args: argparse.Namespace) -> int:
+    """One artefact per model from sidecar checkpoints (state.json files or their directories)."""
+    from slo_core.predict.estimator import EstimatorParams
+    from slo_core.predict.history import history_rows, write_configmap
+    from slo_core.predict.training import train_estimator
+
+    try:
+        by_model = history_rows([Path(p) for p in args.from_history])
+    except (OSError, ValueError) as exc:
+        print(f"cannot read the history: {exc}", file=sys.stderr)
+        return 2
+    out_dir = Path(args.out) if args.out else Path("predictors")
+    chosen = {"compound_quantile": args.compound_quantile} if args.compound_quantile is not None else {}
+    params = EstimatorParams(quantile=args.quantile, refine_every_tokens=args.refine_every, **chosen)
+    written = 0
+    for model, rows in sorted(by_model.items()):
+        if len(rows) < args.min_rows:
+            print(f"model {model!r}: {len(rows)} usable rows < --min-rows {args.min_rows}; skipped")
+            continue
+        est = train_estimator(
+            rows, n_trees=args.trees, min_samples_leaf=args.min_samples_leaf, seed=args.seed, params=params
+        )
+        est.meta["trained_from"] = "sidecar history"
+        est.meta["model"] = model
+        path = out_dir / f"{safe_name(model)}.npz"
+        digest = est.save(path)
+        with_text = sum(1 for r in rows if r.prompt)
+        print(f"model {model!r}: {len(rows)} rows ({with_text} with prompt text) -> {path} sha256={digest}")
+        if args.configmap:
+            try:
+                cm = write_configmap(path, digest, f"slofleet-predictor-{safe_name(model)}")
+                print(f"  ConfigMap manifest: {cm}")
+            except ValueError as exc:
+                print(f"  no ConfigMap: {exc}", file=sys.stderr)
+        written += 1
+    return 0 if written else 2
+
+
+def safe_name(model: str) -> str:
+    """A file and Kubernetes name for a model id (lowercase alphanumerics and dashes)."""
+    out = "".join(c if c.isalnum() else "-" for c in model.lower()).strip("-")
+    return (out or "default")[:50]
+
+
 def _train(args: argparse.Namespace) -> int:
     from slo_core.predict import SHIPPED_ARTEFACT
     from slo_core.predict.estimator import EstimatorParams
     from slo_core.predict.training import read_jsonl, shipped_rows, split, train_estimator
 
+    if args.from_history:
+        return _train_from_history(args)
     rows = read_jsonl(Path(args.data)) if args.data else split(shipped_rows())[0]
     if not rows:
         print("no training rows", file=sys.stderr)
@@ -81,7 +127,11 @@ def register(parser: argparse.ArgumentParser) -> None:
     """Train or evaluate the output-length bound predictor (quantile regression forest)."""
     sub = parser.add_subparsers(dest="predictor_command", metavar="ACTION", required=True)
     train = sub.add_parser("train", help="fit the forest on the shipped data (or --data) and save it")
-    train.add_argument("--out", help="artefact path (default: the shipped artefact in slo_core/data/models)")
+    train.add_argument(
+        "--out",
+        help="artefact path (default: the shipped artefact in slo_core/data/models); "
+        "--from-history: a directory (default ./predictors)",
+    )
     train.add_argument("--data", help="JSONL with prompt and output_tokens (default: shipped training split)")
     train.add_argument("--trees", type=int, default=50, help="number of trees")
     train.add_argument("--min-samples-leaf", type=int, default=8, help="minimum training rows per leaf")
@@ -93,6 +143,18 @@ def register(parser: argparse.ArgumentParser) -> None:
     )
     train.add_argument("--refine-every", type=int, default=50, help="refinement period (tokens)")
     train.add_argument("--seed", type=int, default=0)
+    train.add_argument(
+        "--from-history",
+        nargs="+",
+        metavar="STATE",
+        help="sidecar checkpoints (state.json or --state-dir directories): one artefact per model in --out",
+    )
+    train.add_argument("--min-rows", type=int, default=200, help="--from-history: fewest rows per model")
+    train.add_argument(
+        "--configmap",
+        action="store_true",
+        help="--from-history: also write a ConfigMap manifest per artefact (binaryData; at most 1 MiB)",
+    )
     train.set_defaults(func=_train)
     ev = sub.add_parser("eval", help="coverage and tightness of the bounds on a JSONL file")
     ev.add_argument(

@@ -215,6 +215,24 @@ class OutputBoundEstimator:
             out.append(BoundSchedule(step, cap, tuple(est.astype(np.int64).tolist())))
         return out
 
+    def raw_quantile_schedules(self, batch: Sequence[BoundQuery], limit: int = 4096) -> list[F64]:
+        """Per query, ``Q_q(L | L > jN, x)`` at checkpoints j = 0 … ⌈max_tokens/N⌉ (at most ``limit``),
+        prompt features only, with no monotone or cap adjustment: the raw material the online
+        calibration (:mod:`slo_core.predict.calibration`) scales."""
+        if not batch:
+            return []
+        step = self.params.refine_every_tokens
+        feats = [self._features_of(dataclasses.replace(b, generated_text=None)) for b in batch]
+        leaves = self.forest.leaves(featurize(feats, self.features))
+        out: list[F64] = []
+        for b, row in zip(batch, leaves, strict=True):
+            n = min(limit, max(1, int(b.max_tokens)) // step + 1)
+            checkpoints = np.arange(n, dtype=np.float64) * step
+            vals, w = self.forest.distribution(row)
+            est = self.quantiles_above(vals, w, checkpoints, self.params.quantile_for(b.kind))
+            out.append(np.maximum(est, checkpoints + 1.0))
+        return out
+
     def distribution(self, query: BoundQuery) -> tuple[F64, F64]:
         """The forest's predicted length distribution for one query: (sorted lengths, weights)."""
         x = featurize([self._features_of(query)], self.features)

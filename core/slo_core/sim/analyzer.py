@@ -7,6 +7,11 @@ code: the QRF estimator's text-free bound schedules (``OutputBoundEstimator.sche
 every checkpoint from one forest pass) and the pattern-graph :class:`CompoundTracker`, which learns
 from the programs the run completes. Without a matching pattern a stage keeps the simulator's
 equal-split rule. Policies see the result as ``RequestView.output_bound`` and ``deadline_at_s``.
+
+With a ``calibrator`` (``slofleet bench --analyzer qrf-calibrated``) the bounds go through the online
+conformal calibration the sidecar runs (:class:`slo_core.predict.calibration.CalibratedEstimator`):
+each request's schedule reads the calibration current when it is refined, and every request that
+finishes naturally updates it (stratum = request kind, as in the sidecar's default).
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from slo_core.predict import BoundQuery, BoundSchedule, OutputBoundEstimator, load_estimator
+from slo_core.predict.calibration import CalibratedEstimator, OnlineCalibrator, Plan
 from slo_core.predict.compound import LLM_STAGE, CompoundTracker
 from slo_core.predict.patterns import Stage
 from slo_core.sim.request import ProgramState
@@ -22,11 +28,32 @@ from slo_core.workloads.jobs import Job
 __all__ = ["LLM_STAGE", "SimAnalyzer"]
 
 
+class CalibratedSchedule:
+    """A request's bounds through the live calibration: ``at(g)`` as the sidecar's refinement gives."""
+
+    __slots__ = ("calibrated", "plan")
+
+    def __init__(self, calibrated: CalibratedEstimator, plan: Plan) -> None:
+        self.calibrated = calibrated
+        self.plan = plan
+
+    def at(self, generated_tokens: int) -> int:
+        return self.calibrated.bound_at(self.plan, generated_tokens)
+
+
 class SimAnalyzer:
     """Bound schedules per request and pattern-matched stage sub-deadlines for one fleet run."""
 
-    def __init__(self, estimator: OutputBoundEstimator | None = None, *, patterns: bool = True) -> None:
+    def __init__(
+        self,
+        estimator: OutputBoundEstimator | None = None,
+        *,
+        patterns: bool = True,
+        calibrator: OnlineCalibrator | None = None,
+    ) -> None:
         self.estimator = estimator if estimator is not None else load_estimator()
+        self.calibrated = CalibratedEstimator(self.estimator, calibrator) if calibrator is not None else None
+        self._plans: dict[tuple[int, str, int], Plan] = {}
         self.tracker = CompoundTracker() if patterns else None
         self._schedules: dict[tuple[int, str, int], BoundSchedule] = {}
         self._stage_start_s: dict[str, float] = {}
@@ -48,16 +75,33 @@ class SimAnalyzer:
     def _compute(self, keys: Sequence[tuple[int, str, int]]) -> None:
         if not keys:
             return
+        if self.calibrated is not None:
+            qs = [BoundQuery(None, p, kind, m) for p, kind, m in keys]
+            for key, plan in zip(keys, self.calibrated.plans(qs, [k[1] for k in keys]), strict=True):
+                self._plans[key] = plan
+            return
         queries = [BoundQuery(None, p, kind, m) for p, kind, m in keys]
         for key, schedule in zip(keys, self.estimator.schedules(queries), strict=True):
             self._schedules[key] = schedule
 
-    def schedule(self, prompt_tokens: int, kind: str, max_tokens: int) -> BoundSchedule:
+    def schedule(self, prompt_tokens: int, kind: str, max_tokens: int) -> BoundSchedule | CalibratedSchedule:
         """The request's bound at every checkpoint (``schedule.at(generated_tokens)``)."""
         key = (prompt_tokens, kind, max_tokens)
+        if self.calibrated is not None:
+            if key not in self._plans:
+                self._compute([key])
+            return CalibratedSchedule(self.calibrated, self._plans[key])
         if key not in self._schedules:
             self._compute([key])
         return self._schedules[key]
+
+    def request_finished(self, schedule: object, output_tokens: int, max_tokens: int) -> None:
+        """A request left its engine having emitted ``output_tokens``: a natural end (below its cap)
+        teaches the calibration, as a completion with finish_reason "stop" does in the sidecar."""
+        if self.calibrated is None or not isinstance(schedule, CalibratedSchedule):
+            return
+        if 0 < output_tokens < max_tokens:
+            self.calibrated.observe(schedule.plan, output_tokens)
 
     # ---- compound programs -----------------------------------------------------------------------
 

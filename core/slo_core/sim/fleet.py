@@ -38,7 +38,7 @@ from slo_core.sim.analyzer import SimAnalyzer
 from slo_core.sim.engine import SimEngine
 from slo_core.sim.engine_types import EngineConfig
 from slo_core.sim.outcomes import Feedback
-from slo_core.sim.request import ABORTED, REJECTED, WAITING, ProgramState, SimRequest
+from slo_core.sim.request import ABORTED, FINISHED, REJECTED, WAITING, ProgramState, SimRequest
 from slo_core.sim.views import request_view
 from slo_core.slo import RequestKind
 from slo_core.workloads.jobs import Job
@@ -286,6 +286,8 @@ class FleetSim:
         done = engine.done
         engine.done = []
         for r in done:
+            if self.analyzer is not None and r.state == FINISHED:  # online calibration learns
+                self.analyzer.request_finished(r.bound_schedule, r.generated, r.max_tokens)
             p = r.program
             if p is None:
                 continue

@@ -15,6 +15,7 @@ from slo_core.slo import SLOTargets
 
 if TYPE_CHECKING:
     from slo_core.predict.estimator import BoundSchedule
+    from slo_core.sim.analyzer import CalibratedSchedule
 
 WAITING = 0
 RUNNING = 1
@@ -183,7 +184,9 @@ class SimRequest:
         self.replica = -1
         self.state = UNARRIVED
         self.view: object | None = None
-        self.bound_schedule: BoundSchedule | None = None  # the analyzer's bounds by generated tokens
+        self.bound_schedule: BoundSchedule | CalibratedSchedule | None = (
+            None  # the analyzer's bounds by generated tokens
+        )
         self.view_key: tuple[int, int, int, int, int] | None = None
 
     def cap_to_context(self, max_model_len: int) -> bool:

@@ -1,0 +1,229 @@
+"""Online calibration of the length bounds in the sidecar: strata, checkpoint, peers, metrics.
+
+The calibration itself is ``slo_core.predict.calibration`` (the simulator runs the same code). Here:
+
+- **Strata**: a request's stratum is ``<model>/<kind>`` (``--calibration-strata kind``, default),
+  ``<model>/<tenant>`` or ``<model>/<kind>/<tenant>``.
+- **Restart**: the state is written to ``calibration.json`` in ``--state-dir`` with every checkpoint
+  (atomically) and read back at start; a corrupt file is moved aside and calibration starts afresh.
+- **Replicas**: ``GET /slofleet/calibration`` returns this replica's own recent scores (numbers and
+  stratum names, never text); with ``--calibration-peers`` the sidecar fetches its peers' every
+  ``--calibration-sync-s`` seconds and merges them (union by origin and sequence number: idempotent
+  and commutative, so any peer list converges and a peer fetched twice counts once). A peer entry
+  ``dns+http://svc:port`` resolves every address of a (headless) Service, so one flag serves every
+  replica of a ModelDeployment. A peer's answer is size-capped and validated; scores are clipped.
+- **Metrics**: ``slofleet_sidecar_bound_coverage_ratio{stratum,stage}`` (share of completions whose
+  true length was within the bound issued at that stage, last 200), ``..._bound_correction_factor``
+  (e^θ: the factor on the forest's remaining-length bound) and ``..._calibration_scores`` (how many
+  recent scores back it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import math
+import os
+import socket
+import tempfile
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import httpx
+from prometheus_client import CollectorRegistry, Gauge
+
+from slo_core.predict.calibration import (
+    CalibratedEstimator,
+    CalibrationParams,
+    OnlineCalibrator,
+    Plan,
+)
+from slo_core.predict.estimator import OutputBoundEstimator
+
+log = logging.getLogger(__name__)
+
+STATE_FILE = "calibration.json"
+PEER_PATH = "/slofleet/calibration"
+MAX_PEER_BYTES = 4 << 20  # a peer's state larger than this is refused
+
+
+class CalibrationHub:
+    """The sidecar's calibrated estimator plus its strata, persistence, peers and gauges."""
+
+    def __init__(
+        self,
+        estimator: OutputBoundEstimator,
+        *,
+        origin: str,
+        strata: str = "kind",
+        model: str = "",
+        window: int = 200,
+    ) -> None:
+        params = CalibrationParams(window=window)
+        self.calibrator = OnlineCalibrator(estimator.params.quantile, params, origin=origin)
+        self.estimator = CalibratedEstimator(estimator, self.calibrator)
+        self.strata = strata
+        self.model = model
+        self.peer_scores = 0
+        self.peer_errors = 0
+
+    def stratum(self, model: str, kind: str, tenant: str) -> str:
+        """``<model>/<kind>``, ``<model>/<tenant>`` or ``<model>/<kind>/<tenant>`` (--calibration-strata)."""
+        model = (model or self.model or "-")[:100]
+        if self.strata == "tenant":
+            return f"{model}/{tenant[:64]}"
+        if self.strata == "kind+tenant":
+            return f"{model}/{kind}/{tenant[:64]}"
+        return f"{model}/{kind}"
+
+    def plan(  # noqa: PLR0917 - the admission's facts
+        self, prompt_text: str | None, prompt_tokens: int, kind: str, max_tokens: int, model: str, tenant: str
+    ) -> Plan:
+        """One forest pass (CPU work: call it off the event loop)."""
+        stratum = self.stratum(model, kind, tenant)
+        return self.estimator.plan(prompt_text, prompt_tokens, kind, max_tokens, stratum)
+
+    @staticmethod
+    def forest_bound(plan: Plan) -> int:
+        """The uncalibrated submission bound (equal to ``OutputBoundEstimator.bound`` on the same query)."""
+        return max(1, min(math.ceil(plan.raw[0]), plan.max_tokens))
+
+    def bound_at(self, plan: Plan, generated_tokens: int) -> int:
+        return self.estimator.bound_at(plan, generated_tokens)
+
+    def observe(self, plan: Plan, output_tokens: int, issued_at_submission: int) -> None:
+        self.estimator.observe(plan, output_tokens, [issued_at_submission])
+
+    # ---- persistence ------------------------------------------------------------------------
+    def save(self, state_dir: Path) -> Path:
+        state_dir.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=".calibration-", suffix=".json", dir=state_dir)
+        try:
+            with os.fdopen(fd, "w") as f:
+                json.dump(self.calibrator.to_json(), f, separators=(",", ":"))
+                f.flush()
+                os.fsync(f.fileno())
+            target = state_dir / STATE_FILE
+            os.replace(tmp, target)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+        return target
+
+    def load(self, state_dir: Path) -> bool:
+        """Restore a saved state; True when one was loaded. A corrupt file is moved aside."""
+        path = state_dir / STATE_FILE
+        if not path.exists():
+            return False
+        try:
+            self.calibrator.load_json(json.loads(path.read_text()))
+        except (OSError, ValueError, TypeError) as exc:
+            os.replace(path, path.with_suffix(".json.corrupt"))
+            log.error("calibration state %s is unusable (%s); moved aside, starting uncalibrated", path, exc)
+            return False
+        log.info("restored the bound calibration from %s (%d cells)", path, len(self.calibrator.snapshot()))
+        return True
+
+    # ---- peers ------------------------------------------------------------------------------
+    def merge_peer(self, doc: dict[str, Any]) -> int:
+        added = self.calibrator.merge(doc)
+        self.peer_scores += added
+        return added
+
+
+async def expand_peers(peers: list[str]) -> list[str]:
+    """Base URLs of the peers: ``dns+http://host:port`` becomes one URL per address of ``host``."""
+    out: list[str] = []
+    for peer in peers:
+        if not peer.startswith("dns+"):
+            out.append(peer.rstrip("/"))
+            continue
+        url = urlsplit(peer[4:])
+        if url.hostname is None:
+            continue
+        port = url.port or (443 if url.scheme == "https" else 80)
+        try:
+            infos = await asyncio.to_thread(socket.getaddrinfo, url.hostname, port, type=socket.SOCK_STREAM)
+        except OSError as exc:
+            log.warning("calibration peers: cannot resolve %s (%s)", url.hostname, exc)
+            continue
+        for addr in sorted({str(i[4][0]) for i in infos}):
+            host = f"[{addr}]" if ":" in addr else addr
+            out.append(f"{url.scheme}://{host}:{port}")
+    return out
+
+
+async def fetch_peer(client: httpx.AsyncClient, base_url: str) -> dict[str, Any]:
+    """A peer's own scores (size-capped; raises httpx.HTTPError or ValueError)."""
+    async with client.stream("GET", base_url + PEER_PATH, timeout=5.0) as resp:
+        resp.raise_for_status()
+        chunks, size = [], 0
+        async for chunk in resp.aiter_bytes():
+            size += len(chunk)
+            if size > MAX_PEER_BYTES:
+                raise ValueError(f"calibration state of {base_url} exceeds {MAX_PEER_BYTES} bytes")
+            chunks.append(chunk)
+    doc = json.loads(b"".join(chunks))
+    if not isinstance(doc, dict):
+        raise ValueError("calibration state is not an object")
+    return doc
+
+
+async def sync_once(hub: CalibrationHub, client: httpx.AsyncClient, peers: list[str]) -> int:
+    """Fetch every peer once and merge; returns the number of new scores."""
+    added = 0
+    for url in await expand_peers(peers):
+        try:
+            added += hub.merge_peer(await fetch_peer(client, url))
+        except (httpx.HTTPError, ValueError) as exc:
+            hub.peer_errors += 1
+            log.debug("calibration peer %s: %s", url, exc)
+    return added
+
+
+async def sync_loop(hub: CalibrationHub, peers: list[str], every_s: float) -> None:
+    async with httpx.AsyncClient() as client:
+        while True:
+            await asyncio.sleep(every_s)
+            await sync_once(hub, client, peers)
+
+
+class CalibrationGauges:
+    """The calibration's Prometheus gauges (filled from a snapshot at scrape time)."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        p, labels = "slofleet_sidecar_", ("stratum", "stage")
+        self.coverage = Gauge(
+            p + "bound_coverage_ratio",
+            "share of recent completions (last 200) within the length bound issued at this stage",
+            labels,
+            registry=registry,
+        )
+        self.factor = Gauge(
+            p + "bound_correction_factor",
+            "online calibration's factor on the forest's remaining-length bound (1 = forest as trained)",
+            labels,
+            registry=registry,
+        )
+        self.scores = Gauge(
+            p + "calibration_scores",
+            "recent completions (this replica's and its peers') behind the correction",
+            labels,
+            registry=registry,
+        )
+        self.peer_scores = Gauge(
+            p + "calibration_peer_scores", "scores merged from peer replicas since start", registry=registry
+        )
+
+    def update(self, hub: CalibrationHub) -> None:
+        for g in (self.coverage, self.factor, self.scores):
+            g.clear()
+        for cell in hub.calibrator.snapshot():
+            labels = (cell["stratum"], str(cell["stage"] * hub.estimator.every_tokens))
+            if cell["coverage_recent"] is not None:
+                self.coverage.labels(*labels).set(cell["coverage_recent"])
+            self.factor.labels(*labels).set(cell["factor"])
+            self.scores.labels(*labels).set(cell["scores"])
+        self.peer_scores.set(hub.peer_scores)

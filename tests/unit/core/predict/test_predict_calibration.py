@@ -1,0 +1,168 @@
+"""Online conformal calibration of the length bounds: recovery after a shift, tightening refinement,
+persistence, merging replicas' states, hostile peer documents, and the simulator using the same code."""
+
+from __future__ import annotations
+
+import math
+import random
+
+import pytest
+from pydantic import ValidationError
+
+from slo_core.predict import OutputBoundEstimator
+from slo_core.predict.calibration import (
+    CalibratedEstimator,
+    CalibrationParams,
+    OnlineCalibrator,
+    Plan,
+)
+from slo_core.predict.training import LengthRow, train_estimator
+from slo_core.sim.analyzer import CalibratedSchedule, SimAnalyzer
+
+
+def rows(n: int, seed: int, scale: float = 1.0) -> list[LengthRow]:
+    """Prompt length decides the answer length (log-normal around 2x prompt tokens), times ``scale``."""
+    rng = random.Random(seed)
+    out = []
+    for i in range(n):
+        p = rng.randint(20, 400)
+        length = max(1, int(2 * p * scale * math.exp(rng.gauss(0, 0.25))))
+        out.append(LengthRow(f"r{seed}-{i}", "", p, length, "latency"))
+    return out
+
+
+@pytest.fixture(scope="module")
+def est() -> OutputBoundEstimator:
+    return train_estimator(rows(600, 0), n_trees=8, min_samples_leaf=8)
+
+
+def serve(cal: CalibratedEstimator, served: list[LengthRow]) -> tuple[list[int], list[int]]:
+    """Serve requests one by one (each learns from the previous); per request: covered at submission,
+    and for those longer than 200 tokens covered at 200."""
+    plans = cal.plans([q_of(r) for r in served], ["m/latency"] * len(served))
+    sub, late = [], []
+    for plan, r in zip(plans, served, strict=True):
+        sub.append(int(r.output_tokens <= cal.bound_at(plan, 0)))
+        if r.output_tokens > 200:
+            late.append(int(r.output_tokens <= cal.bound_at(plan, 200)))
+        cal.observe(plan, r.output_tokens)
+    return sub, late
+
+
+def q_of(r: LengthRow):  # type: ignore[no-untyped-def]
+    from slo_core.predict import BoundQuery
+
+    return BoundQuery(None, r.prompt_tokens, r.kind, 1 << 14)
+
+
+def test_coverage_recovers_within_500_completions_after_a_strong_shift(est: OutputBoundEstimator) -> None:
+    cal = CalibratedEstimator(est)
+    served = rows(1500, 1, scale=1.8)  # answers 1.8x longer than trained on
+    sub, late = serve(cal, served)
+    after = sub[500:]
+    assert sum(after) / len(after) >= 0.94
+    assert sum(late[-300:]) / 300 >= 0.93  # after 200 tokens too (its own stage calibration)
+    assert cal.calibrator.correction("m/latency", 0) > math.log(1.3)
+    # the static forest on the same requests is and stays under-covered
+    static = [int(r.output_tokens <= est.bound(None, r.prompt_tokens, "latency", 1 << 14)) for r in served]
+    assert sum(static[:100]) / 100 < 0.75
+    assert sum(static[500:]) / len(static[500:]) < 0.75
+
+
+def test_loose_bounds_tighten_and_refinement_falls_below_the_submission_bound(
+    est: OutputBoundEstimator,
+) -> None:
+    cal = CalibratedEstimator(est)
+    served = rows(1500, 2, scale=0.5)  # answers half as long: the forest over-bounds
+    sub, _ = serve(cal, served)
+    assert sum(sub[500:]) / len(sub[500:]) >= 0.93
+    assert cal.calibrator.correction("m/latency", 0) < 0.0
+    plan = cal.plan(None, 300, "latency", 1 << 14, stratum="m/latency")
+    raw = est.bound(None, 300, "latency", 1 << 14)
+    assert cal.bound_at(plan, 0) < raw
+    # a request already 100 tokens long: the conditional bound, calibrated, need not stay above earlier ones
+    assert cal.bound_at(plan, 100) >= 101
+
+
+def test_bound_limits(est: OutputBoundEstimator) -> None:
+    cal = CalibratedEstimator(est)
+    plan = cal.plan(None, 100, "latency", 64, stratum="s")
+    for g in (0, 10, 63, 64, 500):
+        b = cal.bound_at(plan, g)
+        assert b <= 64 or b == g
+        assert b >= min(g + 1, 64) or b == g
+
+
+def test_state_survives_a_round_trip_and_merges_idempotently(est: OutputBoundEstimator) -> None:
+    a = CalibratedEstimator(est, OnlineCalibrator(0.95, origin="a"))
+    serve(a, rows(300, 3, scale=1.5))
+    restored = OnlineCalibrator(0.95, origin="other")
+    restored.load_json(a.calibrator.to_json())
+    assert restored.origin == "a"  # a restart keeps the replica's identity
+    assert restored.snapshot() == a.calibrator.snapshot()
+    plan = a.plan(None, 200, "latency", 1 << 14, stratum="m/latency")
+    assert restored.bound(plan, 0) == a.bound_at(plan, 0) and restored.bound(plan, 200) == a.bound_at(
+        plan, 200
+    )
+
+    b = CalibratedEstimator(est, OnlineCalibrator(0.95, origin="b"))
+    assert b.calibrator.merge(a.calibrator.to_json(origin_only=True)) > 0
+    once = b.calibrator.snapshot()
+    assert b.calibrator.merge(a.calibrator.to_json(origin_only=True)) == 0  # the same scores count once
+    assert b.calibrator.snapshot() == once
+    # the same scores; each replica keeps its own ACI level, so the corrections are close, not equal
+    assert once[0]["scores"] == a.calibrator.snapshot()[0]["scores"]
+    assert b.calibrator.correction("m/latency", 0) == pytest.approx(
+        a.calibrator.correction("m/latency", 0), abs=0.05
+    )
+    # a replica never re-imports its own scores from a peer's echo
+    assert a.calibrator.merge(b.calibrator.to_json()) == 0
+
+
+@pytest.mark.parametrize(
+    "doc",
+    [
+        {"format": "something-else/1", "origin": "x", "cells": []},
+        {"format": "slofleet-calibration/1", "origin": "x", "cells": [{"stratum": "s", "stage": -1}]},
+        {
+            "format": "slofleet-calibration/1",
+            "origin": "x",
+            "cells": [{"stratum": "s", "stage": 0, "scores": [[1]]}],
+        },
+        {"format": "slofleet-calibration/1", "origin": "x" * 500, "cells": []},
+    ],
+)
+def test_malformed_peer_documents_are_refused(doc: dict[str, object]) -> None:
+    cal = OnlineCalibrator()
+    with pytest.raises(ValidationError):
+        cal.merge(doc)
+    assert cal.snapshot() == []
+
+
+def test_absurd_peer_scores_are_clipped() -> None:
+    cal = OnlineCalibrator(0.95, CalibrationParams(min_scores=1))
+    doc = {
+        "format": "slofleet-calibration/1",
+        "origin": "evil",
+        "cells": [{"stratum": "s", "stage": 0, "scores": [["evil", i, 0.0, 1e300] for i in range(30)]}],
+    }
+    cal.merge(doc)
+    assert cal.correction("s", 0) <= 8.0
+    plan = Plan("s", 50, 4096, (100.0,))
+    assert cal.bound(plan, 0) <= 4096
+
+
+def test_the_simulator_runs_the_same_calibrated_bounds(est: OutputBoundEstimator) -> None:
+    cal = OnlineCalibrator(0.95)
+    sim = SimAnalyzer(est, patterns=False, calibrator=cal)
+    sched = sim.schedule(120, "latency", 4096)
+    assert isinstance(sched, CalibratedSchedule)
+    same = CalibratedEstimator(est, cal)
+    plan = same.plan(None, 120, "latency", 4096, stratum="latency")
+    assert [sched.at(g) for g in (0, 50, 200)] == [same.bound_at(plan, g) for g in (0, 50, 200)]
+    before = sched.at(0)
+    for _ in range(60):  # completions far shorter than the bound: the analyzer learns and tightens
+        sim.request_finished(sched, 20, 4096)
+    assert sched.at(0) < before
+    sim.request_finished(sched, 4096, 4096)  # hit max_tokens: censored, not learned from
+    assert cal.updates == 60
