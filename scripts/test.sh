@@ -34,6 +34,9 @@ if [ "$WITH_VLLM" = "1" ]; then
       exit 1
     fi
   fi
+  # the test runner's own pins may grow (pytest plugins): keep an existing environment in step
+  .venv-vllm/bin/python -m pip install -q --disable-pip-version-check --no-deps -r requirements/vllm-test.txt 2>&1 \
+    | grep -v '^WARNING: Location' || true
   .venv-vllm/bin/python -m pip install -q --disable-pip-version-check --no-deps -e . 2>&1 \
     | grep -v '^WARNING: Location' || true
 fi
@@ -50,4 +53,6 @@ if [ "$WITH_VLLM" = "0" ]; then
   exit 0
 fi
 echo "== pytest (real vLLM on CPU)"
-.venv-vllm/bin/python -m pytest -m vllm tests/vllm -p no:cacheprovider
+# -W default: warnings are shown, not failed, here: torch and vLLM raise deprecation warnings at import
+# that are not ours to fix (the main run above turns every warning into an error)
+.venv-vllm/bin/python -m pytest -m vllm tests/vllm -p no:cacheprovider -W default

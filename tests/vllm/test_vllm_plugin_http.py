@@ -182,7 +182,8 @@ kind: SLOPolicy
 metadata: {name: plugin-test}
 spec:
   priorityClasses: [{name: standard, weight: 1}]
-  tiers: [{name: batch, kind: deadline, deadlineS: 600, priorityClass: standard}]
+  # the tier's deadline is the strictest a client may ask for; the test's requests loosen it (10-40 s)
+  tiers: [{name: batch, kind: deadline, deadlineS: 5, priorityClass: standard}]
   defaultTier: batch
   scheduling: {name: edf}
   routing: {name: round-robin}
