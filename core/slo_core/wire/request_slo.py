@@ -51,6 +51,8 @@ _JITSERVE_FIELDS = {
     "waiting_time": "max_wait_s",
 }
 BODY_FIELDS = frozenset({"slo", *_JITSERVE_FIELDS})
+# the full header name -> field name
+SLO_HEADERS = {HEADER_PREFIX + suffix: field for suffix, field in _HEADER_FIELDS.items()}
 
 
 class SLOParamError(ValueError):
