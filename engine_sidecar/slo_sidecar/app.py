@@ -2,7 +2,8 @@
 
 The status of an answer is decided at the request's first event: a token (200, then the stream or
 the whole body), or an error (4xx/5xx, OpenAI-shaped, with Retry-After on 429/503). A request that has
-not produced its first token within its maximum wait gets 503; a client that disconnects while its
+not produced its first token within the pod's maximum wait gets 503 (408 if the client asked for a
+shorter wait); a client that disconnects while its
 request waits or streams cancels it (and the upstream request with it).
 """
 
