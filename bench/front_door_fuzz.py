@@ -36,6 +36,14 @@ async def _achunks(total: int) -> AsyncIterator[bytes]:
         yield piece
 
 
+def _summary(kwargs: dict[str, Any]) -> str:
+    """What was sent, short enough for a result file (a mutation's JSON body, else the body's size)."""
+    if "json" in kwargs:
+        return json.dumps(kwargs["json"])[:200]
+    content = kwargs.get("content")
+    return f"<{len(content)} bytes>" if isinstance(content, bytes) else "<streamed body>"
+
+
 def rss_mb(pid: int) -> float:
     with open(f"/proc/{pid}/status") as f:
         for line in f:
@@ -51,6 +59,7 @@ async def run(args: argparse.Namespace, url: str, model: str, router_pid: int) -
     by_case: Counter[str] = Counter()
     five_xx: Counter[str] = Counter()
     not_openai: list[str] = []
+    five_xx_examples: list[str] = []
     dropped: list[str] = []
     rss: list[tuple[int, float]] = [(0, rss_mb(router_pid))]
     sent = 0
@@ -78,10 +87,12 @@ async def run(args: argparse.Namespace, url: str, model: str, router_pid: int) -
                 sent += 1
                 name, kwargs = next_request(i)
             headers = {"content-type": "application/json", **kwargs.pop("headers", {})}
+            what = f"#{i} {name} {_summary(kwargs)} {headers}"
+            t0 = time.monotonic()
             try:
                 resp = await http.post(url + "/v1/chat/completions", headers=headers, **kwargs)
             except httpx.TransportError as exc:
-                dropped.append(f"{name}: {exc!r}"[:200])
+                dropped.append(f"{exc!r} after {time.monotonic() - t0:.1f} s: {what}"[:400])
                 continue
             statuses[f"{resp.status_code // 100}xx"] += 1
             by_case[f"{name} -> {resp.status_code}"] += 1
@@ -91,6 +102,8 @@ async def run(args: argparse.Namespace, url: str, model: str, router_pid: int) -
                 except (ValueError, KeyError, TypeError):
                     code = resp.text[:60]
                 five_xx[f"{resp.status_code} {code}"] += 1
+                took = f"after {time.monotonic() - t0:.1f} s"
+                five_xx_examples.append(f"{resp.text[:200]} {took}: {what}"[:500])
             if resp.status_code >= 400:
                 try:
                     ok = is_openai_error(resp.json())
@@ -112,6 +125,7 @@ async def run(args: argparse.Namespace, url: str, model: str, router_pid: int) -
         "statuses": dict(sorted(statuses.items())),
         "five_xx": statuses.get("5xx", 0),
         "five_xx_by_code": dict(five_xx),
+        "five_xx_examples": five_xx_examples[:10],
         "dropped_connections": len(dropped),
         "dropped_examples": dropped[:10],
         "errors_not_openai_shaped": len(not_openai),
@@ -162,9 +176,10 @@ def main() -> None:
         "--hostile-every", type=int, default=5, help="every Nth request is a hand-written case"
     )
     parser.add_argument("--huge-rounds", type=int, default=3, help="rounds that include the 64 MB bodies")
+    parser.add_argument("--workdir", type=Path, help="keep the fleet's logs here (default: a temp dir)")
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "front_door_fuzz")
     args = parser.parse_args()
-    spec = FleetSpec(engines=[EngineGroup(count=1, speedup=200)], port=0)
+    spec = FleetSpec(engines=[EngineGroup(count=1, speedup=200)], port=0, workdir=args.workdir)
     with LocalFleet(spec) as fleet:
         router = next(c for c in fleet.children if c.name == "router")
         assert router.proc is not None

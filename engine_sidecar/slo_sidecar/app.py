@@ -2,7 +2,8 @@
 
 The status of an answer is decided at the request's first event: a token (200, then the stream or
 the whole body), or an error (4xx/5xx, OpenAI-shaped, with Retry-After on 429/503). A request that has
-not produced its first token within its maximum wait gets 503; a client that disconnects while its
+not produced its first token within the pod's maximum wait gets 503 (408 if the client asked for a
+shorter wait); a client that disconnects while its
 request waits or streams cancels it (and the upstream request with it).
 """
 
@@ -21,6 +22,7 @@ from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
 from slo_core.wire import openai
+from slo_core.wire.api_description import DESCRIPTION_PATH, api_description
 from slo_core.wire.limits import RequestLimits, check_headers, parse_json_object, read_capped
 from slo_sidecar.calibration import PEER_PATH
 from slo_sidecar.errors import APIError, error_event, error_response, exception_handlers, overloaded
@@ -100,14 +102,7 @@ async def _serve(sc: Sidecar, request: Request, job: Job) -> Response:
     try:
         event = await _next_event(job, request, job.live.arrival_s + job.live.max_wait_s, sc)
         if event is None:
-            status, err = (
-                "rejected",
-                overloaded(
-                    f"not started within the maximum wait of {job.live.max_wait_s:g} s; retry later",
-                    "wait_exceeded",
-                    sc.scheduler.retry_after_s(),
-                ),
-            )
+            status, err = "rejected", _wait_exceeded(sc, job)
             return error_response(err)
         if event[0] == "error":
             err = event[1]
@@ -142,11 +137,30 @@ async def _serve(sc: Sidecar, request: Request, job: Job) -> Response:
             sc.end(job, status, err)
 
 
+def _wait_exceeded(sc: Sidecar, job: Job) -> APIError:
+    """Not started in time: 503 (retry later) when the wait was this pod's own maximum; 408 when it was a
+    shorter wait the client asked for (x-slo-max-wait-s), which is the client's condition, not a fault."""
+    wait_s = job.live.max_wait_s
+    if wait_s < sc.config.max_wait_s:
+        return APIError(
+            408,
+            f"not started within the maximum wait of {wait_s:g} s this request asked for; allow a longer "
+            "max_wait_s (x-slo-max-wait-s) or none",
+            kind="timeout_error",
+            param="max_wait_s",
+            code="max_wait_exceeded",
+        )
+    return overloaded(
+        f"not started within the maximum wait of {wait_s:g} s; retry later",
+        "wait_exceeded",
+        sc.scheduler.retry_after_s(),
+    )
+
+
 def _handler(endpoint: str) -> Callable[[Request], Any]:
     async def handle(request: Request) -> Response:
         sc: Sidecar = request.app.state.sidecar
-        k = sc.knobs
-        limits = RequestLimits(k.max_body_bytes, k.max_header_bytes, k.max_json_depth)
+        limits = limits_of(sc)
         try:
             check_headers(request.scope["headers"], limits)
             raw = await read_capped(request.stream(), request.headers.get("content-length"), limits)
@@ -220,6 +234,17 @@ async def calibration_state(request: Request) -> Response:
     return JSONResponse(doc)
 
 
+def limits_of(sc: Sidecar) -> RequestLimits:
+    """The limits this sidecar enforces now (max_tokens: the model's context)."""
+    k = sc.knobs
+    return RequestLimits(k.max_body_bytes, k.max_header_bytes, k.max_json_depth, sc.context_tokens())
+
+
+async def description(request: Request) -> Response:
+    """The OpenAPI description of this surface, under the limits this sidecar enforces."""
+    return JSONResponse(api_description(limits_of(request.app.state.sidecar), door="sidecar"))
+
+
 async def metrics(request: Request) -> Response:
     sc: Sidecar = request.app.state.sidecar
     sc.update_gauges()
@@ -250,6 +275,7 @@ def create_app(
             Route("/v1/models", models, methods=["GET"]),
             Route("/health", health, methods=["GET"]),
             Route("/ready", ready, methods=["GET"]),
+            Route(DESCRIPTION_PATH, description, methods=["GET"]),
             *([Route("/metrics", metrics, methods=["GET"])] if metrics_route else []),
             Route(PEER_PATH, calibration_state, methods=["GET"]),
         ],

@@ -107,6 +107,12 @@ class EngineStatus:
     models: list[str] = field(default_factory=list)
     max_model_len: int = 0
     error: str = "not probed yet"
+    unreachable: int = 0  # probes in a row that got no answer
+
+
+# An engine that answers "unhealthy" is down at once; one that does not answer is down only after this
+# many probes in a row (one slow /health on a busy host must not turn every request into a 503).
+UNREACHABLE_PROBES = 3
 
 
 _GAUGES = {
@@ -122,6 +128,7 @@ async def probe(
     """Refresh ``status`` from ``/health``, ``/metrics`` and (once) ``/v1/models``."""
     try:
         resp = await client.get(base_url + "/health", timeout=timeout_s)
+        status.unreachable = 0
         status.healthy = resp.status_code == 200
         status.error = "" if status.healthy else f"engine /health answered {resp.status_code}"
         if not status.healthy:
@@ -136,8 +143,10 @@ async def probe(
         if metrics.status_code == 200:
             _read_load(metrics.text, status)
     except (httpx.HTTPError, ValueError) as exc:
-        status.healthy = False
-        status.error = f"engine unreachable ({type(exc).__name__})"
+        status.unreachable += 1
+        if status.unreachable >= UNREACHABLE_PROBES or not status.models:
+            status.healthy = False
+            status.error = f"engine unreachable ({type(exc).__name__}, {status.unreachable} probes in a row)"
 
 
 def _read_load(text: str, status: EngineStatus) -> None:

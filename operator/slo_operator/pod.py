@@ -191,6 +191,7 @@ def sidecar_args(md: ModelDeploymentView, settings: OperatorSettings) -> list[st
         "--mode=engine",
         f"--policy-file={POLICY_DIR}/{POLICY_FILE}",
         f"--grpc-port={settings.sidecar_grpc_port}",
+        f"--metrics-port={settings.sidecar_metrics_port}",  # /metrics off the port the router calls
         f"--state-dir={STATE_DIR}",
         f"--model-name={md.served_name}",
         "--pod=$(POD_NAME)",
@@ -219,6 +220,7 @@ def _sidecar_container(md: ModelDeploymentView, settings: OperatorSettings) -> d
         "ports": [
             {"name": "http", "containerPort": settings.sidecar_http_port, "protocol": "TCP"},
             {"name": "grpc", "containerPort": settings.sidecar_grpc_port, "protocol": "TCP"},
+            {"name": "metrics", "containerPort": settings.sidecar_metrics_port, "protocol": "TCP"},
         ],
         "resources": resources,
         "livenessProbe": _http_probe("/health", "http", 10, 3),

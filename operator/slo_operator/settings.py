@@ -52,6 +52,11 @@ class OperatorSettings(BaseModel):
     sidecar_grpc_port: int = Field(
         default=50051, description="sidecar gRPC port (state stream for the router)"
     )
+    sidecar_metrics_port: int = Field(
+        default=9464,
+        description="the sidecar's /metrics port (port name 'metrics'; it names tenants): scraped by the "
+        "chart's PodMonitor, absent from the pods' Service, reached only by Prometheus (NetworkPolicy)",
+    )
     engine_port: int = Field(default=8001, description="vLLM's OpenAI server port inside the pod")
     plugin_metrics_port: int = Field(
         default=9400,

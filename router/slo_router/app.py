@@ -30,6 +30,7 @@ from slo_core.policies.base import RequestView
 from slo_core.policies.registry import make_router_policy
 from slo_core.policies.seed_estimates import first_token_due_s
 from slo_core.routing import Affinity, Routed
+from slo_core.wire.api_description import DESCRIPTION_PATH, api_description
 from slo_core.wire.request_slo import SLORequest, strip_slo_fields
 from slo_core.wire.tags import strip_engine_tags
 from slo_router.accounting import respond
@@ -334,6 +335,12 @@ async def ready(request: Request) -> Response:
     return JSONResponse(body, status_code=200 if ok else 503)
 
 
+async def description(request: Request) -> Response:
+    """The OpenAPI description of this surface, under the limits this router enforces (no secrets)."""
+    state: RouterState = request.app.state.router
+    return JSONResponse(api_description(state.limits, door="router"))
+
+
 async def metrics(request: Request) -> Response:
     state: RouterState = request.app.state.router
     state.metrics.endpoints_ready.set(len(state.usable_endpoints()))
@@ -394,6 +401,7 @@ def create_app(
             Route("/v1/models", models, methods=["GET"]),
             Route("/health", health, methods=["GET"]),
             Route("/ready", ready, methods=["GET"]),
+            Route(DESCRIPTION_PATH, description, methods=["GET"]),
             *([Route("/metrics", metrics, methods=["GET"])] if metrics_route else []),
         ],
         lifespan=lifespan,

@@ -10,7 +10,7 @@ header                     body (``slo`` object)        meaning
 ``x-slo-deadline-s``       ``deadline_s``               end-to-end deadline (compound: the DAG's)
 ``x-slo-ttft-s``           ``ttft_s``                   time-to-first-token target (streaming)
 ``x-slo-tbt-s``            ``tbt_s``                    time-between-tokens target (streaming)
-``x-slo-max-wait-s``       ``max_wait_s``               drop with 503 if not started by then
+``x-slo-max-wait-s``       ``max_wait_s``               drop (408) if not started by then
 ``x-slo-program-id``       ``program_id``               compound request (DAG) this call belongs to
 ``x-slo-stage``            ``stage``                    0-based stage of this call in its DAG
 ``x-slo-stages``           ``stages``                   total stages, when the client knows it
@@ -51,6 +51,8 @@ _JITSERVE_FIELDS = {
     "waiting_time": "max_wait_s",
 }
 BODY_FIELDS = frozenset({"slo", *_JITSERVE_FIELDS})
+# the full header name -> field name
+SLO_HEADERS = {HEADER_PREFIX + suffix: field for suffix, field in _HEADER_FIELDS.items()}
 
 
 class SLOParamError(ValueError):

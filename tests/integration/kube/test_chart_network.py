@@ -94,11 +94,12 @@ def test_only_the_router_reaches_engine_pods_and_only_prometheus_their_metrics(
     router_labels = router["spec"]["template"]["metadata"]["labels"]
     pod = engine_pod()
     s = OperatorSettings(priority=1)
-    http, grpc, engine, plugin = (
+    http, grpc, engine, plugin, metrics = (
         s.sidecar_http_port,
         s.sidecar_grpc_port,
         s.engine_port,
         s.plugin_metrics_port,
+        s.sidecar_metrics_port,
     )
     for ns in values.get("operator", {}).get("watchNamespaces", [NS]):
         assert admitted(policies, pod, ns, router_labels, NS, http)
@@ -107,10 +108,13 @@ def test_only_the_router_reaches_engine_pods_and_only_prometheus_their_metrics(
             "vLLM is reached only via the sidecar"
         )
         stranger = {"app": "curious"}
-        for port in (http, grpc, engine, plugin):
+        for port in (http, grpc, engine, plugin, metrics):
             assert not admitted(policies, pod, ns, stranger, ns, port), f"any pod reaches port {port}"
+        assert not admitted(policies, pod, ns, router_labels, NS, metrics), "metrics name tenants"
         prometheus = {"app.kubernetes.io/name": "prometheus"}
         assert admitted(policies, pod, ns, prometheus, "monitoring", plugin)
+        assert admitted(policies, pod, ns, prometheus, "monitoring", metrics)
+        assert not admitted(policies, pod, ns, prometheus, "monitoring", http), "metrics left the API port"
         assert not admitted(policies, pod, ns, prometheus, "monitoring", engine)
         assert not admitted(policies, pod, ns, {"app": "x"}, "monitoring", grpc)
     (op,) = [d for d in docs if d["kind"] == "Deployment" and d["metadata"]["name"] == "slofleet-operator"]
@@ -130,3 +134,29 @@ def test_the_plugin_says_when_it_degrades_on_a_port_the_chart_scrapes() -> None:
 
     text = (ROOT / "vllm_plugin" / "slo_vllm_plugin" / "metrics.py").read_text()
     assert "slofleet_plugin_degraded" in text and PluginMetrics
+
+
+def test_router_and_sidecar_metrics_ports_are_scraped_by_prometheus_alone_and_never_public() -> None:
+    docs = chart_docs({"metrics": {"serviceMonitor": {"enabled": True}}})
+    policies = [d for d in docs if d["kind"] == "NetworkPolicy"]
+    (router,) = [d for d in docs if d["kind"] == "Deployment" and d["metadata"]["name"] == "slofleet-router"]
+    pod = router["spec"]["template"]
+    (container,) = pod["spec"]["containers"]
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    assert f"--metrics-port={ports['metrics']}" in container["args"] and ports["metrics"] != ports["http"]
+    prometheus = {"app.kubernetes.io/name": "prometheus"}
+    client = {"app": "client"}
+    assert admitted(policies, pod, NS, client, "apps", ports["http"])
+    assert not admitted(policies, pod, NS, client, "apps", ports["metrics"])
+    assert admitted(policies, pod, NS, prometheus, "monitoring", ports["metrics"])
+    for service in (d for d in docs if d["kind"] == "Service"):
+        exposed = {p.get("targetPort") for p in service["spec"]["ports"]}
+        assert not exposed & {"metrics", ports["metrics"]}, service["metadata"]["name"]
+    # every port the PodMonitors scrape is a named port of the pod they select
+    engine = engine_pod()
+    engine_ports = {p["name"] for c in engine["spec"]["containers"] for p in c.get("ports", [])}
+    for monitor in (d for d in docs if d["kind"] == "PodMonitor"):
+        scraped = {e["port"] for e in monitor["spec"]["podMetricsEndpoints"]}
+        is_router = monitor["metadata"]["labels"]["app.kubernetes.io/component"] == "router"
+        assert scraped <= (set(ports) if is_router else engine_ports), monitor["metadata"]["name"]
+        assert "http" not in scraped

@@ -139,6 +139,14 @@ def test_examples_become_owned_children_and_the_deployment_becomes_ready(cluster
         )
     assert condition(status, "Progressing")["reason"] == "RollingOut"
     assert status["observedGeneration"] == md["metadata"]["generation"]
+    # the sidecar's /metrics (it names tenants) on its own named port, which the pods' Service leaves out
+    deployment, service = cluster.get("deployment", "llama-8b", NS), cluster.get("service", "llama-8b", NS)
+    assert deployment is not None and service is not None
+    pod = deployment["spec"]["template"]["spec"]
+    sidecar = next(c for c in pod["containers"] if c["name"] == "sidecar")
+    metrics_port = next(p["containerPort"] for p in sidecar["ports"] if p["name"] == "metrics")
+    assert f"--metrics-port={metrics_port}" in sidecar["args"]
+    assert all(p["targetPort"] in ("http", "grpc") for p in service["spec"]["ports"])
     assert status["policyConfigMap"] == "llama-8b-policy"
 
     set_ready(cluster, "llama-8b", 1)

@@ -84,7 +84,7 @@ def test_pod_runs_vllm_with_the_plugin_copied_in_and_the_sidecar_in_front() -> N
     assert env["SLOFLEET_POLICY"]["valueFrom"]["configMapKeyRef"]["name"] == "llama-8b-policy"
     assert vllm["resources"]["limits"] == {"memory": "64Gi", "nvidia.com/gpu": "1"}
     assert any(m["mountPath"] == "/dev/shm" for m in vllm["volumeMounts"])
-    assert {p["name"] for p in sidecar["ports"]} == {"http", "grpc"}
+    assert {p["name"] for p in sidecar["ports"]} == {"http", "grpc", "metrics"}
     assert "--policy-file=/etc/slofleet/policy/policy.yaml" in sidecar["args"]
     assert spec["nodeSelector"] == {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}
     assert spec["terminationGracePeriodSeconds"] > SETTINGS.drain_s
@@ -170,6 +170,27 @@ def test_sidecar_arguments_are_accepted_by_the_sidecar_command() -> None:
     args = parser.parse_args(sidecar["args"][1:])
     assert args.mode == "engine" and args.grpc_port == SETTINGS.sidecar_grpc_port
     assert args.drain_timeout_s == SETTINGS.drain_s and args.model_name == "llama-3.1-8b-instruct"
+
+
+def test_sidecar_metrics_are_on_their_own_named_port_that_the_service_leaves_out() -> None:
+    import argparse
+
+    from slo_sidecar.cli import register
+
+    children = rendered("modeldeployment-llama-8b-h100.yaml")
+    (deployment,) = [c for c in children if c["kind"] == "Deployment"]
+    (service,) = [c for c in children if c["kind"] == "Service"]
+    sidecar = next(c for c in deployment["spec"]["template"]["spec"]["containers"] if c["name"] == "sidecar")
+    ports = {p["name"]: p["containerPort"] for p in sidecar["ports"]}
+    parser = argparse.ArgumentParser()
+    register(parser)
+    args = parser.parse_args(sidecar["args"][1:])
+    # /metrics names tenants: served apart from the API port the router (and the Service) use
+    assert args.metrics_port == ports["metrics"] == SETTINGS.sidecar_metrics_port
+    assert args.metrics_port not in (args.port, args.grpc_port)
+    exposed = {p["targetPort"] for p in service["spec"]["ports"]}
+    assert "metrics" not in exposed and ports["metrics"] not in exposed
+    assert sidecar["readinessProbe"]["httpGet"]["port"] == "http"
 
 
 def test_images_default_to_the_operators_unless_the_spec_chooses_one() -> None:
