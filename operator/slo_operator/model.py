@@ -43,6 +43,7 @@ class ModelDeploymentView:
     source: ModelSource
     policy: str
     replicas: int = 1
+    max_replicas: int = 1  # above replicas (the min): the operator's autoscaler owns the count
     gpu_count: int = 1
     gpu_type: str | None = None
     gpu_resource: str = "nvidia.com/gpu"
@@ -102,6 +103,7 @@ def view(body: dict[str, Any]) -> ModelDeploymentView:
         ),
         policy=spec.policy_ref,
         replicas=spec.replicas.min,
+        max_replicas=spec.replicas.max,
         gpu_count=spec.gpu.count,
         gpu_type=spec.gpu.type,
         gpu_resource=spec.gpu.resource_name,

@@ -181,7 +181,9 @@ class Reconciler:
     def _apply_children(self, md: ModelDeploymentView, config: render.PolicyConfig) -> dict[str, Any] | None:
         """Server-side apply every child; returns the Deployment as stored (with its status)."""
         dep = None
-        for obj in render.children(md, config, self.settings, autoscaled=self._autoscaled(md)):
+        autoscaled = self._autoscaled(md)
+        replicas = None if autoscaled else self._scaled_replicas(md)
+        for obj in render.children(md, config, self.settings, autoscaled=autoscaled, replicas=replicas):
             meta = obj["metadata"]
             existing = self.api.get(obj["apiVersion"], PLURALS[obj["kind"]], md.namespace, meta["name"])
             if existing is not None and not render.owned_by(existing, md):
@@ -198,6 +200,16 @@ class Reconciler:
             if obj["kind"] == "Deployment":
                 dep = applied
         return dep
+
+    def _scaled_replicas(self, md: ModelDeploymentView) -> int | None:
+        """Between replicas.min and max the scaling loop owns the count: keep the Deployment's, bounded."""
+        if md.max_replicas <= md.replicas:
+            return None
+        dep = self.api.get("apps/v1", "deployments", md.namespace, md.name)
+        if dep is None:
+            return md.replicas
+        current = int((dep.get("spec") or {}).get("replicas", md.replicas))
+        return max(md.replicas, min(md.max_replicas, current))
 
     def _autoscaled(self, md: ModelDeploymentView) -> bool:
         """Whether an HPA (or KEDA, which makes one) scales the engine Deployment: then replicas are its."""

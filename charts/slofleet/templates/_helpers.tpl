@@ -120,10 +120,19 @@ Pass (dict "peering" BOOL "peeringResource" "clusterkopfpeerings"|"kopfpeerings"
 - apiGroups: [""]
   resources: ["pods"]
   verbs: ["list"]
+# The scaling loop (replicas.max > replicas.min, no HPA): the replica count through the scale
+# subresource, and pod-deletion-cost on the engine pods so a scale-down removes the least-loaded one.
+- apiGroups: ["apps"]
+  resources: ["deployments/scale"]
+  verbs: ["patch"]
+- apiGroups: [""]
+  resources: ["pods"]
+  verbs: ["patch"]
 {{- if .peering }}
-# Leader election between replicas by kopf peering (the operator creates its peering object).
+# Leader election between replicas by kopf peering (the operator creates its peering object; the
+# scaling loop reads it to act only on the active replica).
 - apiGroups: ["kopf.dev"]
   resources: [{{ .peeringResource | quote }}]
-  verbs: ["list", "watch", "patch", "create"]
+  verbs: ["get", "list", "watch", "patch", "create"]
 {{- end }}
 {{- end }}
