@@ -55,12 +55,20 @@ DEFAULT_TBT_S = 0.1  # the capacity's TBT when the policy has no latency tier
 Fetch = Callable[[str, float], str]
 
 
-def http_fetch(url: str, timeout_s: float) -> str:
-    """GET ``url`` (a pod's metrics endpoint) with a timeout on connect and read."""
-    resp = urllib3.request("GET", url, timeout=urllib3.Timeout(timeout_s), retries=False)
-    if resp.status != 200:
-        raise ValueError(f"HTTP {resp.status}")
-    return resp.data.decode("utf-8", errors="replace")
+class HttpFetch:
+    """GET a pod's metrics endpoint with a timeout on connect and read; connections pooled until close."""
+
+    def __init__(self) -> None:
+        self._pool = urllib3.PoolManager(num_pools=64, maxsize=1, retries=False)
+
+    def __call__(self, url: str, timeout_s: float) -> str:
+        resp = self._pool.request("GET", url, timeout=urllib3.Timeout(timeout_s))
+        if resp.status != 200:
+            raise ValueError(f"HTTP {resp.status}")
+        return resp.data.decode("utf-8", errors="replace")
+
+    def close(self) -> None:
+        self._pool.clear()
 
 
 class ScaleMetrics:
@@ -143,13 +151,15 @@ class Autoscaler:
         self,
         reconciler: Reconciler,
         *,
-        fetch: Fetch = http_fetch,
+        fetch: Fetch | None = None,
         clock: Callable[[], float] = time.monotonic,
         wall: Callable[[], str] = utc_now,
         metrics: ScaleMetrics | None = None,
     ) -> None:
         self.reconciler, self.api = reconciler, reconciler.api
-        self.fetch, self.clock, self.wall = fetch, clock, wall
+        self._http = HttpFetch() if fetch is None else None
+        self.fetch: Fetch = fetch or self._http  # type: ignore[assignment]
+        self.clock, self.wall = clock, wall
         self.metrics = metrics or ScaleMetrics()
         self._memory: dict[tuple[str, str], Memory] = {}
         self._guard = threading.Lock()
@@ -157,6 +167,8 @@ class Autoscaler:
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
+        if self._http is not None:
+            self._http.close()
 
     def forget(self, namespace: str, name: str) -> None:
         with self._guard:
