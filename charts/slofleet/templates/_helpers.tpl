@@ -116,6 +116,11 @@ Pass (dict "peering" BOOL "peeringResource" "clusterkopfpeerings"|"kopfpeerings"
 - apiGroups: [""]
   resources: ["secrets"]
   verbs: ["get"]
+# The labels of a ModelDeployment's spec.pod.serviceAccountName (only ServiceAccounts labelled
+# slofleet.io/engine-service-account=true run engine pods).
+- apiGroups: [""]
+  resources: ["serviceaccounts"]
+  verbs: ["get"]
 # The engine pods' addresses for status.endpoints.
 - apiGroups: [""]
   resources: ["pods"]

@@ -14,6 +14,7 @@ from pydantic import ConfigDict, Field, model_validator
 
 from slo_core.crd.autoscaling import AutoscalingSpec
 from slo_core.crd.common import CRDModel, Name, ObjectMeta, SecretKeyRef, cel
+from slo_core.crd.podspec import EnvVar, ModelCache, PodSettings
 from slo_core.crd.status import ModelDeploymentStatus
 from slo_core.perf.profiles import choose_profile, list_profiles
 
@@ -167,6 +168,17 @@ class EngineSpec(CRDModel):
         description="vLLM container CPU and memory (the GPUs come from spec.gpu); absent: 4 CPUs and "
         "32Gi requested, 64Gi memory limit",
     )
+    env: list[EnvVar] = Field(
+        default_factory=list,
+        max_length=64,
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"]},
+        description="environment variables of the vLLM container (literal values)",
+    )
+    model_cache: ModelCache | None = Field(
+        None,
+        description="a PVC or node path for vLLM's download cache, kept across restarts (absent: an emptyDir "
+        "of cacheSizeLimit)",
+    )
     cache_size_limit: Quantity = Field(
         "200Gi",
         description="most disk the model-download cache (an emptyDir) may use; the pod is evicted beyond",
@@ -251,6 +263,10 @@ class ModelDeploymentSpec(CRDModel):
         "default", min_length=1, max_length=253, description="SLOPolicy (same namespace) it follows"
     )
     capabilities: Capabilities = Field(default_factory=Capabilities, description="declared capabilities")
+    pod: PodSettings = Field(
+        default_factory=PodSettings,
+        description="engine pods' service account, pull secrets, priority class, affinity, topology spread",
+    )
     profile: str | None = Field(
         None,
         min_length=1,

@@ -78,5 +78,8 @@ class ModelDeploymentStatus(CRDModel):
         None, description="the operator's last scaling decision (absent before the first)"
     )
     profile: str | None = Field(
-        None, max_length=253, description="performance profile in use (empty: none fits; see the Events)"
+        None,
+        max_length=1024,
+        description="performance profile the sidecar and autoscaler use, and why; 'none: ...' says why none "
+        "fits (the router then estimates with its fallback)",
     )

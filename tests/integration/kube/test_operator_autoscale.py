@@ -12,18 +12,16 @@ import json
 import threading
 from collections.abc import Iterator
 
-import helm_python as helm
 import pytest
 import yaml
 from kube import rbac
 from kube.harness import Cluster, OperatorThread
+from kube.operating import chart_operator_rules, start_operator
 from prometheus_client import generate_latest
 from repo_paths import ROOT
 
 from slo_core.wire.k8s import ENGINE_NAME, MD_LABEL, NAME_LABEL
 from slo_operator.autoscaler import DELETION_COST
-from slo_operator.cli import operate
-from slo_operator.settings import OperatorSettings
 from slo_sidecar.metrics import SidecarMetrics
 
 EXAMPLES = ROOT / "examples"
@@ -31,26 +29,6 @@ OPERATOR_TOKEN = "operator-token"
 OPERATOR_USER = "system:serviceaccount:slofleet:slofleet-operator"
 NS = "llm"
 MD = "llama-8b"
-
-
-def start_operator(cluster: Cluster, **settings: object) -> OperatorThread:
-    config = str(cluster.kubeconfig(OPERATOR_TOKEN, "operator"))
-    options = OperatorSettings(liveness_port=None, priority=1, request_timeout_s=10).model_copy(
-        update=settings
-    )
-    return OperatorThread(
-        lambda stop, ready: operate(options, stop_flag=stop, ready_flag=ready, kubeconfig=config)
-    ).start()
-
-
-def chart_operator_rules() -> list[dict]:
-    """The chart's operator rules in cluster-wide mode, as the real Helm library renders them."""
-    chart = helm.Chart.load(str(ROOT / "charts" / "slofleet"))
-    values = {"operator": {"clusterWide": True}}
-    rendered = chart.render(values, name="slofleet", namespace="slofleet")
-    docs = [d for d in yaml.safe_load_all(rendered["slofleet/templates/operator-rbac.yaml"]) if d]
-    (role,) = [d for d in docs if d["kind"] == "ClusterRole"]
-    return role["rules"]
 
 
 class FakeSidecar:
@@ -165,7 +143,7 @@ def events(cluster: Cluster, reason: str) -> list[dict]:
 
 @pytest.fixture
 def operator(cluster: Cluster) -> Iterator[OperatorThread]:
-    thread = start_operator(cluster, scale_period_s=0.3)
+    thread = start_operator(cluster, OPERATOR_TOKEN, scale_period_s=0.3)
     yield thread
     thread.stop()
     # the emulator stores each API version apart: the HPA by the version it was created with

@@ -402,8 +402,9 @@ def test_zz_every_request_of_the_operator_is_allowed_by_the_chart_and_no_more(
     assert ("slofleet.io", "modeldeployments/finalizers", "update") in {
         need for record in records for need in rbac.needed(record)
     }
-    # the scaling loop's writes need engine pods with live sidecars: test_operator_autoscale.py uses them
-    scaling = [("", "pods", "patch"), ("apps", "deployments/scale", "patch")]
+    # the scaling loop's writes need engine pods with live sidecars (test_operator_autoscale.py), the
+    # ServiceAccount check a ModelDeployment that names one (test_operator_platform.py)
+    scaling = [("", "pods", "patch"), ("apps", "deployments/scale", "patch"), ("", "serviceaccounts", "get")]
     assert [u for u in rbac.unused(records, rules) if u not in scaling] == [], (
         "the chart's ClusterRole grants permissions the operator never uses"
     )
