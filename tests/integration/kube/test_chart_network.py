@@ -116,6 +116,14 @@ def test_only_the_router_reaches_engine_pods_and_only_prometheus_their_metrics(
     (op,) = [d for d in docs if d["kind"] == "Deployment" and d["metadata"]["name"] == "slofleet-operator"]
     assert not admitted(policies, op["spec"]["template"], NS, router_labels, NS, 8080)
     operator_labels = op["spec"]["template"]["metadata"]["labels"]
+    metrics = next(
+        p["containerPort"]
+        for p in op["spec"]["template"]["spec"]["containers"][0]["ports"]
+        if p["name"] == "metrics"
+    )
+    prom = {"app.kubernetes.io/name": "prometheus"}
+    assert admitted(policies, op["spec"]["template"], NS, prom, "monitoring", metrics)
+    assert not admitted(policies, op["spec"]["template"], NS, router_labels, NS, metrics)
     for ns in values.get("operator", {}).get("watchNamespaces", [NS]):  # the scaling loop's scrapes
         assert admitted(policies, pod, ns, operator_labels, NS, http)
         assert not admitted(policies, pod, ns, operator_labels, NS, engine)
