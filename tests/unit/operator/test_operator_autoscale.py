@@ -4,7 +4,9 @@ inputs, the signals read off real sidecar metrics, deletion costs, the parameter
 from __future__ import annotations
 
 import pytest
+import yaml
 from prometheus_client import generate_latest
+from repo_paths import ROOT
 
 import slo_core.sim.autoscale as sim_autoscale
 from slo_core.crd.autoscaling import AutoscalingSpec
@@ -15,7 +17,10 @@ from slo_core.sim.fleet import FleetSim, ReplicaSpec, SimConfig
 from slo_core.slo import RequestKind, SLOTargets
 from slo_core.workloads.jobs import Job
 from slo_operator import fleetmetrics
+from slo_operator.autoscaler import Autoscaler as OperatorAutoscaler
 from slo_operator.autoscaler import ScalingState, metrics_url, tightest_tbt_s
+from slo_operator.reconcile import Reconciler
+from slo_operator.settings import OperatorSettings
 from slo_sidecar.metrics import SidecarMetrics
 
 PROFILE = load_profile("h100-llama3-8b-tp1")
@@ -178,3 +183,67 @@ def test_parameters_and_capacity_come_from_the_spec_and_policy() -> None:
         }
     }
     assert tightest_tbt_s(policy) == 0.05 and tightest_tbt_s(None) == 0.1
+
+
+class LoopApi:
+    """Just what one scaling tick reads and writes, in memory: the ModelDeployment, its Deployment and
+    pods, no HPA; scale writes and status patches are recorded."""
+
+    def __init__(self, md: dict, replicas: int, pods: list[dict]) -> None:
+        self.md, self.replicas, self.pods = md, replicas, pods
+        self.scaled: list[int] = []
+        self.field_manager = "test"
+
+    def get(self, _v: str, plural: str, _ns: str, _name: str) -> dict | None:
+        if plural == "modeldeployments":
+            return self.md
+        if plural == "deployments":
+            return {"metadata": {"name": "llama-8b", "namespace": "llm"}, "spec": {"replicas": self.replicas}}
+        return None  # the policy: default TBT
+
+    def request(self, method: str, path: str, body: object = None, *_: object, **__: object) -> dict:
+        if method == "PATCH" and path.endswith("/scale"):
+            self.replicas = body["spec"]["replicas"]  # type: ignore[index]
+            self.scaled.append(self.replicas)
+            return {}
+        if method == "PATCH" or method == "POST":  # pod-deletion-cost, Events
+            return {}
+        return {"items": self.pods if path.endswith("/pods") else []}
+
+    def patch_status(self, _v: str, _p: str, _ns: str, _name: str, status: dict) -> dict:
+        self.md.setdefault("status", {}).setdefault("autoscaling", {}).update(status["autoscaling"])
+        return self.md
+
+
+def test_a_fresh_operator_waits_a_full_down_window_before_removing_a_replica() -> None:
+    md = yaml.safe_load((ROOT / "examples" / "modeldeployment-llama-8b-h100.yaml").read_text())
+    md["metadata"]["uid"] = "u"
+    md["spec"]["autoscaling"] = {"capacityTokensPerS": 1000, "downWindowS": 60}
+    pods = [
+        {
+            "metadata": {"name": f"e-{i}"},
+            "spec": {"containers": [{"name": "sidecar", "ports": [{"name": "http", "containerPort": 8000}]}]},
+            "status": {"podIP": f"10.0.0.{i}", "conditions": [{"type": "Ready", "status": "True"}]},
+        }
+        for i in range(3)
+    ]
+    api = LoopApi(md, 3, pods)
+    idle = generate_latest(SidecarMetrics().registry).decode()  # no load at all: one replica would do
+    now = [0.0]
+    scaler = OperatorAutoscaler(
+        Reconciler(api, OperatorSettings(priority=1)),  # type: ignore[arg-type]
+        fetch=lambda _url, _t: idle,
+        clock=lambda: now[0],
+    )
+    try:
+        assert scaler.tick("llm", "llama-8b")["reason"] == "measuring"  # type: ignore[index]
+        for t in (15.0, 30.0, 45.0):
+            now[0] = t
+            status = scaler.tick("llm", "llama-8b")
+            assert status is not None and status["recommendation"] == 0 and status["desiredReplicas"] == 3
+        assert api.scaled == []
+        now[0] = 61.0  # the window holds only the idle recommendations now: one step down
+        assert scaler.tick("llm", "llama-8b")["desiredReplicas"] == 2  # type: ignore[index]
+        assert api.scaled == [2]
+    finally:
+        scaler.close()
