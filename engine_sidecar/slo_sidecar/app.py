@@ -14,6 +14,7 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager
 from typing import Any
 
+import httpx
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -251,10 +252,33 @@ async def metrics(request: Request) -> Response:
     return Response(generate_latest(sc.metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
 
+ENGINE_METRICS_TIMEOUT_S = 5.0
+ENGINE_METRICS_PATH = "/metrics/engine"
+
+
+async def engine_metrics(request: Request) -> Response:
+    """vLLM's own ``/metrics``, relayed: Prometheus scrapes it beside slofleet's while the engine's port
+    (which also serves the unauthenticated OpenAI API) stays reachable only inside the pod."""
+    sc: Sidecar = request.app.state.sidecar
+    if sc.client is None:
+        return Response("engine client not started\n", status_code=503, media_type="text/plain")
+    try:
+        resp = await sc.client.get(sc.engine_url + "/metrics", timeout=ENGINE_METRICS_TIMEOUT_S)
+    except httpx.HTTPError as exc:
+        return Response(f"engine metrics unavailable: {type(exc).__name__}\n", 502, media_type="text/plain")
+    if resp.status_code != 200:
+        return Response(f"engine metrics answered {resp.status_code}\n", 502, media_type="text/plain")
+    return Response(resp.content, media_type=resp.headers.get("content-type", CONTENT_TYPE_LATEST))
+
+
 def create_metrics_app(sc: Sidecar) -> Starlette:
-    """``/metrics`` alone, for a port the pod's Service does not expose."""
+    """``/metrics`` (and vLLM's, relayed) alone, for a port the pod's Service does not expose."""
     app = Starlette(
-        routes=[Route("/metrics", metrics, methods=["GET"])], exception_handlers=exception_handlers()
+        routes=[
+            Route("/metrics", metrics, methods=["GET"]),
+            Route(ENGINE_METRICS_PATH, engine_metrics, methods=["GET"]),
+        ],
+        exception_handlers=exception_handlers(),
     )
     app.state.sidecar = sc
     return app
@@ -277,6 +301,7 @@ def create_app(
             Route("/ready", ready, methods=["GET"]),
             Route(DESCRIPTION_PATH, description, methods=["GET"]),
             *([Route("/metrics", metrics, methods=["GET"])] if metrics_route else []),
+            *([Route(ENGINE_METRICS_PATH, engine_metrics, methods=["GET"])] if metrics_route else []),
             Route(PEER_PATH, calibration_state, methods=["GET"]),
         ],
         lifespan=lifespan,

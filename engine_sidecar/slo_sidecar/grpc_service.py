@@ -29,14 +29,8 @@ def pod_state(sc: Sidecar, aggregate_only: bool = False) -> Any:
     """One PodState snapshot of this sidecar and its engine."""
     tr, s = sc.tracker, sc.scheduler
     requests = []
-    outstanding = 0
-    for job in list(sc.jobs.values()):
+    for job in [] if aggregate_only else list(sc.jobs.values()):
         live = job.live
-        outstanding += max(0, live.bound - live.generated_tokens) + (
-            0 if live.started else live.prompt_tokens
-        )
-        if aggregate_only:
-            continue
         due = live.deadline_at_s
         if live.targets.kind is RequestKind.LATENCY:
             due = live.arrival_s + live.targets.token_deadline_s(live.generated_tokens)
@@ -59,17 +53,16 @@ def pod_state(sc: Sidecar, aggregate_only: bool = False) -> Any:
             )
         )
     engine = sc.engine
-    waiting = len(s.waiting) + engine.waiting if sc.knobs.mode == "proxy" else max(engine.waiting, 0)
     return slofleet_pb2.PodState(
         pod=sc.knobs.pod,
         snapshot_unix_s=tr.unix(sc.now()),
         healthy=engine.healthy,
         draining=sc.draining,
-        waiting=waiting,
+        waiting=sc.waiting(),
         running=len(s.running) if sc.knobs.mode == "proxy" else engine.running or len(s.running),
         kv_usage=engine.kv_usage,
         kv_cache_tokens=sc.knobs.kv_cache_tokens,
-        outstanding_tokens=outstanding,
+        outstanding_tokens=sc.outstanding_tokens(),
         profile=sc.knobs.profile,
         engine_policy=sc.config.policy_name,
         capabilities=slofleet_pb2.Capabilities(

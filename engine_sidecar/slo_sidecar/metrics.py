@@ -66,6 +66,22 @@ class SidecarMetrics:
         self.e2e = Histogram(
             p + "e2e_seconds", "arrival to last token", LABELS, buckets=_LATENCY_BUCKETS_S, registry=r
         )
+        self.prompt_tokens = Counter(
+            p + "prompt_tokens_total", "prompt tokens of admitted requests", LABELS, registry=r
+        )
+        self.outstanding_tokens = Gauge(
+            p + "outstanding_tokens",
+            "admitted work not yet done: prompts not yet prefilled plus output bounds left (tokens)",
+            registry=r,
+        )
+        self.program_requests = Gauge(
+            p + "program_requests", "in-flight requests that belong to a compound program", registry=r
+        )
+        self.engine_waiting = Gauge(
+            p + "engine_waiting",
+            "requests waiting for a batch slot (the sidecar's queue in proxy mode, vLLM's in engine mode)",
+            registry=r,
+        )
         self.queue_depth = Gauge(p + "queue_depth", "requests waiting in the sidecar", LABELS, registry=r)
         self.running = Gauge(p + "running", "requests released to the engine", LABELS, registry=r)
         self.bound_ratio = Histogram(

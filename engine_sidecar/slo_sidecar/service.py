@@ -170,6 +170,7 @@ class Sidecar:
         job = Job(live, parsed)
         self.jobs[live.request_id] = job
         self.tier_inflight[tier_name] += 1
+        self.metrics.prompt_tokens.labels(tier_name, targets.priority_class).inc(parsed.prompt_tokens)
         return job
 
     def _request_id(self, given: str | None) -> str | None:
@@ -401,8 +402,25 @@ class Sidecar:
             out["prompt"] = job.live.prompt_text
         return out
 
+    def outstanding_tokens(self) -> int:
+        """Admitted work not yet done: prompts not yet prefilled plus output bounds left (tokens)."""
+        total = 0
+        for job in list(self.jobs.values()):
+            live = job.live
+            total += max(0, live.bound - live.generated_tokens) + (0 if live.started else live.prompt_tokens)
+        return total
+
+    def waiting(self) -> int:
+        """Requests waiting for a batch slot: the sidecar's queue and the engine's (proxy), the engine's."""
+        if self.knobs.mode == "proxy":
+            return len(self.scheduler.waiting) + self.engine.waiting
+        return max(self.engine.waiting, 0)
+
     def update_gauges(self) -> None:
         m = self.metrics
+        m.outstanding_tokens.set(self.outstanding_tokens())
+        m.program_requests.set(sum(1 for j in list(self.jobs.values()) if j.live.program_id))
+        m.engine_waiting.set(self.waiting())
         if self.calibration is not None and self.calibration_gauges is not None:
             self.calibration_gauges.update(self.calibration)
         for gauge in (m.queue_depth, m.running):

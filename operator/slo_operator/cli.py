@@ -9,7 +9,9 @@ import threading
 from typing import Any
 
 import kopf
+from prometheus_client import start_http_server
 
+from slo_operator.autoscaler import Autoscaler
 from slo_operator.handlers import build_registry, post_event
 from slo_operator.kubeapi import ApiError, KubeApi, load_configuration
 from slo_operator.reconcile import Reconciler
@@ -48,9 +50,15 @@ async def operate(
     """Run the operator until ``stop_flag`` is set (or forever); credentials as :func:`load_configuration`."""
     api = KubeApi(load_configuration(kubeconfig), settings.field_manager, settings.request_timeout_s)
     reconciler = Reconciler(api, settings, events=post_event)
+    autoscaler = Autoscaler(reconciler)
     registry = build_registry(reconciler, kubeconfig)
     log.info("slofleet operator: %s", settings.describe())
     await asyncio.to_thread(ensure_peering, api, settings)
+    server = None
+    if settings.metrics_port is not None:
+        server, _ = start_http_server(settings.metrics_port, registry=autoscaler.metrics.registry)
+    stop_scaling = asyncio.Event()
+    scaling = asyncio.create_task(autoscaler.run(stop_scaling))
     liveness = f"http://0.0.0.0:{settings.liveness_port}/healthz" if settings.liveness_port else None
     try:
         await kopf.operator(
@@ -65,6 +73,12 @@ async def operate(
             ready_flag=ready_flag,
         )
     finally:
+        stop_scaling.set()  # kopf may have cancelled it on exit already: that is not an error
+        await asyncio.gather(scaling, return_exceptions=True)
+        if server is not None:
+            server.shutdown()
+            server.server_close()
+        autoscaler.close()
         api.close()
 
 
@@ -84,6 +98,7 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--priority", type=int, help="peering priority of this replica")
     parser.add_argument("--liveness-port", type=int, help="port of /healthz (0 disables it)")
     parser.add_argument("--drain-s", type=int, help="seconds a terminating engine pod gets to drain")
+    parser.add_argument("--metrics-port", type=int, help="port of the operator's /metrics (absent: none)")
     parser.set_defaults(func=run)
 
 
@@ -95,6 +110,7 @@ def settings_from_args(args: argparse.Namespace) -> OperatorSettings:
         "peering": args.peering,
         "priority": args.priority,
         "drain_s": args.drain_s,
+        "metrics_port": args.metrics_port,
     }
     settings = OperatorSettings.from_env(**overrides)
     changes: dict[str, Any] = {}

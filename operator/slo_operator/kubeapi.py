@@ -22,6 +22,7 @@ PLURALS = {
     "PodDisruptionBudget": "poddisruptionbudgets",
     "HorizontalPodAutoscaler": "horizontalpodautoscalers",
     "Secret": "secrets",
+    "ServiceAccount": "serviceaccounts",
     "ModelDeployment": "modeldeployments",
     "SLOPolicy": "slopolicies",
 }

@@ -13,6 +13,7 @@ from pydantic import BaseModel, ValidationError
 
 from slo_core.crd.deployment import ModelDeploymentSpec
 from slo_core.crd.errors import validation_problems
+from slo_core.crd.podspec import PodSettings
 
 MD_PLURAL = "modeldeployments"
 POLICY_PLURAL = "slopolicies"
@@ -43,6 +44,7 @@ class ModelDeploymentView:
     source: ModelSource
     policy: str
     replicas: int = 1
+    max_replicas: int = 1  # above replicas (the min): the operator's autoscaler owns the count
     gpu_count: int = 1
     gpu_type: str | None = None
     gpu_resource: str = "nvidia.com/gpu"
@@ -64,6 +66,11 @@ class ModelDeploymentView:
     context_length: int | None = None
     gpu_class: str | None = None
     lora_adapters: list[tuple[str, str]] = field(default_factory=list)  # (name, source)
+    pod_settings: PodSettings = field(default_factory=PodSettings)
+    engine_env: list[tuple[str, str]] = field(default_factory=list)  # (name, literal value)
+    model_cache: tuple[str, str] | None = None  # ("pvc", claim) or ("hostPath", path)
+    profile: str | None = None  # performance profile (None: none fits)
+    profile_reason: str = ""
 
 
 def _chosen(section: BaseModel, field_name: str) -> Any:
@@ -85,6 +92,7 @@ def view(body: dict[str, Any]) -> ModelDeploymentView:
         raise ValueError("; ".join(validation_problems(exc, "spec"))) from None
     src = spec.model.source
     token = spec.model.hf_token_secret
+    profile, profile_reason = spec.chosen_profile()
     return ModelDeploymentView(
         name=meta["name"],
         namespace=meta.get("namespace") or "default",
@@ -102,6 +110,7 @@ def view(body: dict[str, Any]) -> ModelDeploymentView:
         ),
         policy=spec.policy_ref,
         replicas=spec.replicas.min,
+        max_replicas=spec.replicas.max,
         gpu_count=spec.gpu.count,
         gpu_type=spec.gpu.type,
         gpu_resource=spec.gpu.resource_name,
@@ -125,4 +134,16 @@ def view(body: dict[str, Any]) -> ModelDeploymentView:
         context_length=spec.context_tokens(),
         gpu_class=spec.gpu_class(),
         lora_adapters=[(a.name, a.source) for a in spec.capabilities.lora_adapters],
+        pod_settings=spec.pod,
+        engine_env=[(e.name, e.value) for e in spec.engine.env],
+        model_cache=_cache(spec),
+        profile=profile,
+        profile_reason=profile_reason,
     )
+
+
+def _cache(spec: ModelDeploymentSpec) -> tuple[str, str] | None:
+    cache = spec.engine.model_cache
+    if cache is None:
+        return None
+    return ("pvc", cache.pvc) if cache.pvc else ("hostPath", str(cache.host_path))

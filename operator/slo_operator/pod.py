@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from slo_operator import podsettings
 from slo_operator.model import ModelDeploymentView
 from slo_operator.settings import OperatorSettings
 
@@ -288,8 +289,9 @@ def _scheduling(md: ModelDeploymentView) -> dict[str, Any]:
 
 
 def pod_spec(md: ModelDeploymentView, settings: OperatorSettings, config_map: str) -> dict[str, Any]:
-    """The engine pod's spec: init container, vLLM, sidecar, volumes, scheduling and drain time."""
-    return {
+    """The engine pod's spec: init container, vLLM, sidecar, volumes, scheduling and drain time, with the
+    ModelDeployment's platform settings (:mod:`slo_operator.podsettings`)."""
+    spec = {
         "initContainers": [_init_container(settings)],
         "containers": [_engine_container(md, settings, config_map), _sidecar_container(md, settings)],
         "volumes": _volumes(md, config_map, settings),
@@ -300,3 +302,4 @@ def pod_spec(md: ModelDeploymentView, settings: OperatorSettings, config_map: st
         "securityContext": dict(_POD_SECURITY),
         **_scheduling(md),
     }
+    return podsettings.apply(spec, md)

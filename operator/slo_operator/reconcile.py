@@ -25,6 +25,7 @@ log = logging.getLogger(__name__)
 
 GROUP_VERSION = f"{API_GROUP}/{API_VERSION}"
 HF_TOKEN_LABEL = "slofleet.io/hf-token"  # noqa: S105 - a label name, not a credential
+ENGINE_SA_LABEL = "slofleet.io/engine-service-account"
 # (object body, event type Normal/Warning, reason, message)
 EventFn = Callable[[dict[str, Any], str, str, str], None]
 
@@ -127,6 +128,25 @@ class Reconciler:
             f"(kubectl -n {md.namespace} label secret {name} {HF_TOKEN_LABEL}=true)",
         )
 
+    def service_account_state(self, md: ModelDeploymentView) -> status.Blocker:
+        """Whether the engine pods may run as spec.pod.serviceAccountName: the ServiceAccount must carry
+        ``slofleet.io/engine-service-account: "true"``, so a ModelDeployment cannot borrow any identity of
+        the namespace (a cloud workload identity, a token) through the operator's rights."""
+        name = md.pod_settings.service_account_name
+        if not name:
+            return status.Blocker(True)
+        body = self.api.get("v1", "serviceaccounts", md.namespace, name)
+        labels = ((body or {}).get("metadata") or {}).get("labels") or {}
+        if body is not None and labels.get(ENGINE_SA_LABEL) == "true":
+            return status.Blocker(True)
+        why = "does not exist" if body is None else f'is not labelled {ENGINE_SA_LABEL}="true"'
+        return status.Blocker(
+            False,
+            "ServiceAccountNotAllowed",
+            f'serviceAccountName "{name}" {why}: engine pods run only as ServiceAccounts labelled for it '
+            f"(kubectl -n {md.namespace} label serviceaccount {name} {ENGINE_SA_LABEL}=true)",
+        )
+
     def router_compat(self, md: ModelDeploymentView, md_policy: dict[str, Any] | None) -> status.Blocker:
         """Whether the router in front forwards only tiers this ModelDeployment's policy knows."""
         router, ns = self.settings.router_policy, self.settings.router_namespace
@@ -155,6 +175,7 @@ class Reconciler:
             blocker, config = self.policy_state(namespace, md.policy)
             if config is not None:
                 secret = self.secret_state(md)
+                secret = secret if not secret.ok else self.service_account_state(md)
                 if not secret.ok:  # nothing mounts a Secret not labelled for it; existing pods stay
                     blocker, config = secret, None
             compat = status.Blocker(True)
@@ -181,7 +202,9 @@ class Reconciler:
     def _apply_children(self, md: ModelDeploymentView, config: render.PolicyConfig) -> dict[str, Any] | None:
         """Server-side apply every child; returns the Deployment as stored (with its status)."""
         dep = None
-        for obj in render.children(md, config, self.settings, autoscaled=self._autoscaled(md)):
+        autoscaled = self._autoscaled(md)
+        replicas = None if autoscaled else self._scaled_replicas(md)
+        for obj in render.children(md, config, self.settings, autoscaled=autoscaled, replicas=replicas):
             meta = obj["metadata"]
             existing = self.api.get(obj["apiVersion"], PLURALS[obj["kind"]], md.namespace, meta["name"])
             if existing is not None and not render.owned_by(existing, md):
@@ -198,6 +221,16 @@ class Reconciler:
             if obj["kind"] == "Deployment":
                 dep = applied
         return dep
+
+    def _scaled_replicas(self, md: ModelDeploymentView) -> int | None:
+        """Between replicas.min and max the scaling loop owns the count: keep the Deployment's, bounded."""
+        if md.max_replicas <= md.replicas:
+            return None
+        dep = self.api.get("apps/v1", "deployments", md.namespace, md.name)
+        if dep is None:
+            return md.replicas
+        current = int((dep.get("spec") or {}).get("replicas", md.replicas))
+        return max(md.replicas, min(md.max_replicas, current))
 
     def _autoscaled(self, md: ModelDeploymentView) -> bool:
         """Whether an HPA (or KEDA, which makes one) scales the engine Deployment: then replicas are its."""

@@ -94,20 +94,25 @@ def pod_annotations(md: ModelDeploymentView, settings: OperatorSettings) -> dict
 
 
 def deployment(
-    md: ModelDeploymentView, settings: OperatorSettings, *, autoscaled: bool = False
+    md: ModelDeploymentView,
+    settings: OperatorSettings,
+    *,
+    autoscaled: bool = False,
+    replicas: int | None = None,
 ) -> dict[str, Any]:
     """The engine Deployment. Rolls one pod at a time without surging, since GPUs are the scarce resource.
 
     ``autoscaled``: an autoscaler (an HPA, KEDA's included) targets the Deployment, so ``replicas`` is
-    left out of what the operator applies and the autoscaler's value stands.
+    left out of what the operator applies and the autoscaler's value stands. ``replicas``: the count the
+    operator's own scaling loop chose (absent: ``replicas.min``).
     """
-    replicas = {} if autoscaled else {"replicas": md.replicas}
+    count = {} if autoscaled else {"replicas": md.replicas if replicas is None else replicas}
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
         "metadata": _meta(md, md.name),
         "spec": {
-            **replicas,
+            **count,
             "selector": {"matchLabels": selector_labels(md)},
             "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1}},
             "progressDeadlineSeconds": 1800,
@@ -168,14 +173,19 @@ def pod_disruption_budget(md: ModelDeploymentView) -> dict[str, Any]:
 
 
 def children(
-    md: ModelDeploymentView, policy: PolicyConfig, settings: OperatorSettings, *, autoscaled: bool = False
+    md: ModelDeploymentView,
+    policy: PolicyConfig,
+    settings: OperatorSettings,
+    *,
+    autoscaled: bool = False,
+    replicas: int | None = None,
 ) -> list[dict[str, Any]]:
     """Every object the ModelDeployment owns, in apply order (the ConfigMap before the pods that mount it)."""
     return [
         config_map(md, policy),
         service(md, settings),
         pod_disruption_budget(md),
-        deployment(md, settings, autoscaled=autoscaled),
+        deployment(md, settings, autoscaled=autoscaled, replicas=replicas),
     ]
 
 

@@ -73,6 +73,15 @@ class OperatorSettings(BaseModel):
         description="Secret (key 'keys', one a line) the sidecar signs engine SLO tags with and the vLLM "
         "plugin verifies them by; unsigned or forged tags are scheduled best-effort. None: tags unsigned",
     )
+    scale_period_s: float = Field(
+        default=15.0,
+        gt=0,
+        description="seconds between two decisions of the scaling loop for each ModelDeployment whose "
+        "replicas.max exceeds replicas.min (the HPA's sync period)",
+    )
+    metrics_port: int | None = Field(
+        default=None, description="port of the operator's /metrics (scaling decisions); None: not served"
+    )
     router_policy: str | None = Field(
         default=None,
         description="SLOPolicy the router in front follows; ModelDeployments whose policy lacks one of "

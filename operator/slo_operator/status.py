@@ -150,4 +150,5 @@ def status(
         "endpoints": endpoints(pods or [], settings),
         "conditions": conditions(obs.conditions, previous, md.generation, now),
         "policyConfigMap": config_map,
+        "profile": md.profile or f"none: {md.profile_reason}"[:1024],
     }

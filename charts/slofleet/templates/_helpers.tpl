@@ -116,14 +116,28 @@ Pass (dict "peering" BOOL "peeringResource" "clusterkopfpeerings"|"kopfpeerings"
 - apiGroups: [""]
   resources: ["secrets"]
   verbs: ["get"]
+# The labels of a ModelDeployment's spec.pod.serviceAccountName (only ServiceAccounts labelled
+# slofleet.io/engine-service-account=true run engine pods).
+- apiGroups: [""]
+  resources: ["serviceaccounts"]
+  verbs: ["get"]
 # The engine pods' addresses for status.endpoints.
 - apiGroups: [""]
   resources: ["pods"]
   verbs: ["list"]
+# The scaling loop (replicas.max > replicas.min, no HPA): the replica count through the scale
+# subresource, and pod-deletion-cost on the engine pods so a scale-down removes the least-loaded one.
+- apiGroups: ["apps"]
+  resources: ["deployments/scale"]
+  verbs: ["patch"]
+- apiGroups: [""]
+  resources: ["pods"]
+  verbs: ["patch"]
 {{- if .peering }}
-# Leader election between replicas by kopf peering (the operator creates its peering object).
+# Leader election between replicas by kopf peering (the operator creates its peering object; the
+# scaling loop reads it to act only on the active replica).
 - apiGroups: ["kopf.dev"]
   resources: [{{ .peeringResource | quote }}]
-  verbs: ["list", "watch", "patch", "create"]
+  verbs: ["get", "list", "watch", "patch", "create"]
 {{- end }}
 {{- end }}

@@ -12,8 +12,11 @@ from typing import Annotated, Literal
 
 from pydantic import ConfigDict, Field, model_validator
 
+from slo_core.crd.autoscaling import AutoscalingSpec
 from slo_core.crd.common import CRDModel, Name, ObjectMeta, SecretKeyRef, cel
+from slo_core.crd.podspec import EnvVar, ModelCache, PodSettings
 from slo_core.crd.status import ModelDeploymentStatus
+from slo_core.perf.profiles import choose_profile, list_profiles
 
 Quantity = int | str
 Arg = Annotated[str, Field(max_length=4096)]
@@ -165,6 +168,17 @@ class EngineSpec(CRDModel):
         description="vLLM container CPU and memory (the GPUs come from spec.gpu); absent: 4 CPUs and "
         "32Gi requested, 64Gi memory limit",
     )
+    env: list[EnvVar] = Field(
+        default_factory=list,
+        max_length=64,
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"]},
+        description="environment variables of the vLLM container (literal values)",
+    )
+    model_cache: ModelCache | None = Field(
+        None,
+        description="a PVC or node path for vLLM's download cache, kept across restarts (absent: an emptyDir "
+        "of cacheSizeLimit)",
+    )
     cache_size_limit: Quantity = Field(
         "200Gi",
         description="most disk the model-download cache (an emptyDir) may use; the pod is evicted beyond",
@@ -238,6 +252,10 @@ class ModelDeploymentSpec(CRDModel):
 
     model: ModelSpec = Field(..., description="the model to serve")
     replicas: ReplicaRange = Field(default_factory=ReplicaRange, description="pod count bounds")
+    autoscaling: AutoscalingSpec = Field(
+        default_factory=AutoscalingSpec,
+        description="how the operator scales between replicas.min and replicas.max (when they differ)",
+    )
     gpu: GPUSpec = Field(..., description="GPUs per pod")
     engine: EngineSpec = Field(default_factory=EngineSpec, description="vLLM engine settings")
     sidecar: SidecarSpec = Field(default_factory=SidecarSpec, description="slofleet sidecar settings")
@@ -245,6 +263,18 @@ class ModelDeploymentSpec(CRDModel):
         "default", min_length=1, max_length=253, description="SLOPolicy (same namespace) it follows"
     )
     capabilities: Capabilities = Field(default_factory=Capabilities, description="declared capabilities")
+    pod: PodSettings = Field(
+        default_factory=PodSettings,
+        description="engine pods' service account, pull secrets, priority class, affinity, topology spread",
+    )
+    profile: str | None = Field(
+        None,
+        min_length=1,
+        max_length=253,
+        description="performance profile the sidecar, router and autoscaler estimate with (a shipped name, "
+        "e.g. h100-llama3-8b-tp1); absent: chosen from gpu.type, the model and "
+        "engine.tensorParallelSize, and status.profile says which, or that none fits",
+    )
 
     @model_validator(mode="after")
     def _tp_fits(self) -> ModelDeploymentSpec:
@@ -254,6 +284,20 @@ class ModelDeploymentSpec(CRDModel):
                 f"gpu.count ({self.gpu.count})"
             )
         return self
+
+    @model_validator(mode="after")
+    def _profile_known(self) -> ModelDeploymentSpec:
+        if self.profile is not None and self.profile not in list_profiles():
+            shipped = ", ".join(list_profiles())
+            raise ValueError(f"profile: unknown performance profile {self.profile!r}; shipped: {shipped}")
+        return self
+
+    def chosen_profile(self) -> tuple[str | None, str]:
+        """The profile to use and why (named in the spec, else chosen from GPU, model and TP size)."""
+        if self.profile is not None:
+            return self.profile, "named in spec.profile"
+        model = self.model.source.hf_id or self.model.source.uri or self.model.served_name
+        return choose_profile(self.gpu.type, model, self.engine.tensor_parallel_size)
 
     def context_tokens(self) -> int | None:
         """The context length the router should assume (declared, else the engine's limit)."""

@@ -6,6 +6,7 @@ from typing import Literal
 
 from pydantic import Field
 
+from slo_core.crd.autoscaling import AutoscalingStatus
 from slo_core.crd.common import Condition, CRDModel, list_map
 
 PolicyPhase = Literal["Pending", "Ready", "Invalid"]
@@ -72,4 +73,13 @@ class ModelDeploymentStatus(CRDModel):
     )
     policy_config_map: str | None = Field(
         None, max_length=253, description="name of the ConfigMap holding the rendered SLOPolicy"
+    )
+    autoscaling: AutoscalingStatus | None = Field(
+        None, description="the operator's last scaling decision (absent before the first)"
+    )
+    profile: str | None = Field(
+        None,
+        max_length=1024,
+        description="performance profile the sidecar and autoscaler use, and why; 'none: ...' says why none "
+        "fits (the router then estimates with its fallback)",
     )

@@ -88,3 +88,31 @@ def _resolve(name_or_path: str | Path) -> Path:
     if isinstance(name_or_path, Path) or text.endswith(".json"):
         raise FileNotFoundError(f"no profile file at {as_path}")
     raise ValueError(f"unknown performance profile {text!r}; valid names: {', '.join(list_profiles())}")
+
+
+def model_family(model: str) -> str | None:
+    """``meta-llama/Llama-3.1-8B-Instruct`` → ``llama3-8b`` (family, major version and size), else None."""
+    m = re.search(r"llama[-_ ]?(\d)(?:\.\d+)?[-_ ](?:[a-z]+[-_ ])?(\d+)b", model.lower())
+    return f"llama{m.group(1)}-{m.group(2)}b" if m else None
+
+
+def gpu_family(gpu_type: str) -> str:
+    """``H100-80GB`` / ``NVIDIA-H100-80GB-HBM3`` → ``h100`` (the first a/h/b/l + digits token)."""
+    m = re.search(r"(?<![a-z0-9])([a-z]\d{2,3})(?![0-9])", gpu_type.lower())
+    return m.group(1) if m else gpu_type.lower()
+
+
+def choose_profile(gpu_type: str, model: str, tensor_parallel: int) -> tuple[str | None, str]:
+    """The shipped profile matching a GPU type, a model id and a tensor-parallel size, and why.
+
+    ``(name, reason)``; ``name`` is None when no shipped profile was fitted on that GPU, model family and
+    TP size (a profile fitted on other hardware would misstate every latency, so none is guessed).
+    """
+    family = model_family(model)
+    gpu = gpu_family(gpu_type)
+    if family is None:
+        return None, f"no shipped profile: the model {model!r} is not one the profiles were fitted on"
+    name = f"{gpu}-{family}-tp{tensor_parallel}"
+    if name in list_profiles():
+        return name, f"chosen from gpu {gpu_type!r}, model {model!r}, tensor parallel {tensor_parallel}"
+    return None, f"no shipped profile {name!r} (shipped: {', '.join(list_profiles())})"

@@ -119,6 +119,20 @@ def test_only_the_router_reaches_engine_pods_and_only_prometheus_their_metrics(
         assert not admitted(policies, pod, ns, {"app": "x"}, "monitoring", grpc)
     (op,) = [d for d in docs if d["kind"] == "Deployment" and d["metadata"]["name"] == "slofleet-operator"]
     assert not admitted(policies, op["spec"]["template"], NS, router_labels, NS, 8080)
+    operator_labels = op["spec"]["template"]["metadata"]["labels"]
+    op_metrics = next(
+        p["containerPort"]
+        for p in op["spec"]["template"]["spec"]["containers"][0]["ports"]
+        if p["name"] == "metrics"
+    )
+    prom = {"app.kubernetes.io/name": "prometheus"}
+    assert admitted(policies, op["spec"]["template"], NS, prom, "monitoring", op_metrics)
+    assert not admitted(policies, op["spec"]["template"], NS, router_labels, NS, op_metrics)
+    for ns in values.get("operator", {}).get("watchNamespaces", [NS]):  # the scaling loop's scrapes
+        assert admitted(policies, pod, ns, operator_labels, NS, metrics)
+        assert not admitted(policies, pod, ns, operator_labels, NS, http)
+        assert not admitted(policies, pod, ns, operator_labels, NS, engine)
+        assert not admitted(policies, pod, ns, operator_labels, NS, grpc)
 
 
 def test_the_plugin_says_when_it_degrades_on_a_port_the_chart_scrapes() -> None:

@@ -267,14 +267,18 @@ def applies(cluster: Cluster) -> list:
 
 def test_the_slofleet_operator_command_runs_until_sigterm(cluster: Cluster, tmp_path: Path) -> None:
     """The real CLI in its own process: settings from the environment, /healthz, a clean stop on SIGTERM."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    ports = []
+    for _ in range(2):
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            ports.append(probe.getsockname()[1])
+    port, metrics_port = ports
     env = {
         **os.environ,
         "KUBECONFIG": str(cluster.kubeconfig(OPERATOR_TOKEN, "operator-cli")),
         "SLOFLEET_OPERATOR_IMAGE": "registry.example/slofleet:test",
         "SLOFLEET_OPERATOR_DRAIN_S": "45",
+        "SLOFLEET_OPERATOR_SCALE_PERIOD_S": "0.5",
     }
     log = (tmp_path / "operator.log").open("w")
     proc = subprocess.Popen(
@@ -283,6 +287,7 @@ def test_the_slofleet_operator_command_runs_until_sigterm(cluster: Cluster, tmp_
             "operator",
             "--standalone",
             f"--liveness-port={port}",
+            f"--metrics-port={metrics_port}",
         ],
         env=env,
         stdout=log,
@@ -297,6 +302,19 @@ def test_the_slofleet_operator_command_runs_until_sigterm(cluster: Cluster, tmp_
         assert pod["terminationGracePeriodSeconds"] == 45 + 30
         health = urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=5)
         assert health.status == 200
+        # the example scales between 1 and 4: the scaling loop reports its first decision as a metric
+        gauge = (
+            'slofleet_operator_autoscale_desired_replicas{model_deployment="llama-8b",namespace="llm"} 1.0'
+        )
+        cluster.wait_for(
+            lambda: (
+                gauge
+                in urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=5)
+                .read()
+                .decode()
+            ),
+            what="the scaling loop's metric",
+        )
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=30) == 0
     finally:
@@ -410,6 +428,9 @@ def test_zz_every_request_of_the_operator_is_allowed_by_the_chart_and_no_more(
     assert ("slofleet.io", "modeldeployments/finalizers", "update") in {
         need for record in records for need in rbac.needed(record)
     }
-    assert rbac.unused(records, rules) == [], (
+    # the scaling loop's writes need engine pods with live sidecars (test_operator_autoscale.py), the
+    # ServiceAccount check a ModelDeployment that names one (test_operator_platform.py)
+    scaling = [("", "pods", "patch"), ("apps", "deployments/scale", "patch"), ("", "serviceaccounts", "get")]
+    assert [u for u in rbac.unused(records, rules) if u not in scaling] == [], (
         "the chart's ClusterRole grants permissions the operator never uses"
     )

@@ -115,6 +115,7 @@ class Replay:
         self.docs: list[dict[str, Any]] = []
         self.namespace = "default"
         self.ports = {"sidecar_http_port": free_port(), "sidecar_grpc_port": free_port()}
+        self.ports["sidecar_metrics_port"] = free_port()  # the router binds the chart's metrics port
         self.ports["engine_port"] = free_port()
         self.forwarded: dict[str, str] = {}
         self.env = {

@@ -204,3 +204,13 @@ async def test_engine_down_means_503_with_retry_after_and_not_ready(stack: Stack
     )
     assert r.status_code == 503 and int(r.headers["retry-after"]) >= 1
     assert r.json()["error"]["code"] == "engine_unavailable"
+
+
+async def test_vllms_own_metrics_are_relayed_and_a_dead_engine_is_a_clear_502(stack: Stack) -> None:
+    resp = await stack.http.get(stack.run.http_url + "/metrics/engine")
+    assert resp.status_code == 200
+    names = {s.name for fam in text_string_to_metric_families(resp.text) for s in fam.samples}
+    assert {"vllm:num_requests_running", "vllm:num_requests_waiting"} <= names
+    stack.run.sidecar.engine_url = "http://127.0.0.1:9"  # nothing listens there
+    resp = await stack.http.get(stack.run.http_url + "/metrics/engine")
+    assert resp.status_code == 502 and "engine metrics unavailable" in resp.text

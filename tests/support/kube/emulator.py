@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import dataclasses
 import datetime
 import json
 import random
@@ -259,6 +260,8 @@ class ApiEmulator(kmock.KubernetesEmulator):
 
     def _dispatch(self, call: Call, kind: Kind, res: kmock.resource) -> tuple[int, Any, dict[str, str]]:
         warnings: list[str] = []
+        if call.subresource == "scale":
+            return self._scale(call, kind, res, warnings)
         if call.verb == "list":
             return 200, self._list(call, kind, res), {}
         if call.verb == "get":
@@ -276,6 +279,44 @@ class ApiEmulator(kmock.KubernetesEmulator):
                 self._delete_object(kind, res, obj, dry_run=call.param("dryRun") is not None)
             return 200, {"kind": "Status", "apiVersion": "v1", "status": "Success", "metadata": {}}, {}
         raise ApiError(405, "MethodNotAllowed", f"{call.verb} is not supported")
+
+    def _scale(
+        self, call: Call, kind: Kind, res: kmock.resource, warnings: list[str]
+    ) -> tuple[int, Any, dict[str, str]]:
+        """The ``scale`` subresource of Deployments (autoscaling/v1 Scale): get, merge patch, update."""
+        if kind.plural != "deployments":
+            raise ApiError(404, "NotFound", f"{kind.plural} have no scale subresource in the emulator")
+        obj = self._require(kind, res, call.namespace, call.name)
+        if call.verb in ("patch", "update"):
+            body = self._body(call)
+            ctype = call.request.headers.get("Content-Type", "").split(";")[0].strip()
+            if call.verb == "patch" and ctype != "application/merge-patch+json":
+                raise ApiError(
+                    415, "UnsupportedMediaType", f"scale patches here are merge patches, not {ctype}"
+                )
+            replicas = (body.get("spec") or {}).get("replicas") if isinstance(body, dict) else None
+            if not isinstance(replicas, int) or isinstance(replicas, bool) or replicas < 0:
+                raise ApiError(
+                    422, "Invalid", f"spec.replicas: must be a non-negative integer, got {replicas!r}"
+                )
+            new = copy.deepcopy(obj)
+            new["spec"]["replicas"] = replicas
+            whole = dataclasses.replace(call, subresource=None)
+            obj = self._write(whole, kind, res, obj, new, warnings)
+            # the writer now owns spec.replicas: an apply that leaves it out no longer removes it
+            for (uid, _), applied in self._applied.items():
+                if uid == obj["metadata"]["uid"] and isinstance(applied.get("spec"), dict):
+                    applied["spec"].pop("replicas", None)
+        selector = ",".join(f"{k}={v}" for k, v in obj["spec"]["selector"].get("matchLabels", {}).items())
+        meta = obj["metadata"]
+        scale = {
+            "kind": "Scale",
+            "apiVersion": "autoscaling/v1",
+            "metadata": {k: meta[k] for k in ("name", "namespace", "uid", "resourceVersion") if k in meta},
+            "spec": {"replicas": obj["spec"].get("replicas", 1)},
+            "status": {"replicas": (obj.get("status") or {}).get("replicas", 0), "selector": selector},
+        }
+        return 200, scale, self._warn(warnings)
 
     @staticmethod
     def _warn(warnings: list[str]) -> dict[str, str]:

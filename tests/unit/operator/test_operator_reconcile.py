@@ -265,3 +265,31 @@ def test_only_a_secret_labelled_for_it_is_mounted_as_the_hf_token() -> None:
     assert "aGZfeA" not in str(status) and ("Warning", "SecretNotAllowed") in events
     api.put(copy.deepcopy(HF_TOKEN))
     assert reconciler.converge("llm", "llama-8b") == "Progressing"
+
+
+def test_only_a_service_account_labelled_for_it_runs_the_engine_pods() -> None:
+    api, reconciler, events = make()
+    api.put(example("slopolicy-chat-agent.yaml"))
+    md = example("modeldeployment-llama-8b-h100.yaml")
+    md["spec"]["pod"] = {"serviceAccountName": "s3-reader"}
+    api.put(md)
+    assert reconciler.converge("llm", "llama-8b") == "Degraded"
+    status = api.get("", "modeldeployments", "llm", "llama-8b")["status"]
+    degraded = next(c for c in status["conditions"] if c["type"] == "Degraded")
+    assert degraded["reason"] == "ServiceAccountNotAllowed" and "does not exist" in degraded["message"]
+    assert api.get("apps/v1", "deployments", "llm", "llama-8b") is None
+    sa = {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "s3-reader", "namespace": "llm"}}
+    api.put(copy.deepcopy(sa))
+    assert reconciler.converge("llm", "llama-8b") == "Degraded"
+    degraded = next(
+        c
+        for c in api.get("", "modeldeployments", "llm", "llama-8b")["status"]["conditions"]
+        if c["type"] == "Degraded"
+    )
+    assert 'not labelled slofleet.io/engine-service-account="true"' in degraded["message"]
+    sa["metadata"]["labels"] = {"slofleet.io/engine-service-account": "true"}
+    api.put(sa)
+    assert reconciler.converge("llm", "llama-8b") == "Progressing"
+    dep = api.get("apps/v1", "deployments", "llm", "llama-8b")
+    assert dep["spec"]["template"]["spec"]["serviceAccountName"] == "s3-reader"
+    assert ("Warning", "ServiceAccountNotAllowed") in events

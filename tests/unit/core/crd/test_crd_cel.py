@@ -156,6 +156,18 @@ def _tp_exceeds_gpus(d: dict[str, Any]) -> None:
     d["spec"]["gpu"]["count"] = 2
 
 
+def _reserved_env(d: dict[str, Any]) -> None:
+    d["spec"]["engine"]["env"] = [{"name": "HF_TOKEN", "value": "hf_x"}]
+
+
+def _slofleet_env(d: dict[str, Any]) -> None:
+    d["spec"]["engine"]["env"] = [{"name": "SLOFLEET_POLICY", "value": "fcfs"}]
+
+
+def _two_caches(d: dict[str, Any]) -> None:
+    d["spec"]["engine"]["modelCache"] = {"pvc": "hf-cache", "hostPath": "/var/cache/hf"}
+
+
 BROKEN: list[tuple[str, Callable[[dict[str, Any]], None], str]] = [
     (POLICY, _drop_tbt, "a latency tier needs ttftS (seconds to first token) and tbtS"),
     (POLICY, _drop_ttft, "a latency tier needs ttftS"),
@@ -171,6 +183,9 @@ BROKEN: list[tuple[str, Callable[[dict[str, Any]], None], str]] = [
     (MD_8B, _replicas_inverted, "replicas.min must not exceed replicas.max"),
     (MD_8B, _replicas_default_max, "replicas.min must not exceed replicas.max"),
     (MD_70B, _tp_exceeds_gpus, "engine.tensorParallelSize must not exceed gpu.count"),
+    (MD_8B, _reserved_env, "the operator sets this variable"),
+    (MD_8B, _slofleet_env, "the operator sets this variable"),
+    (MD_8B, _two_caches, "set exactly one of pvc or hostPath"),
 ]
 
 
