@@ -208,8 +208,8 @@ class GMAX(BaseEnginePolicy):
         in_group = np.zeros(len(c), dtype=np.bool_)
         in_group[group] = True
 
-        wait_alive = np.flatnonzero(alive & ~c.running)
-        wait_order = wait_alive[np.argsort(-score[wait_alive], kind="stable")]
+        # waiting requests by descending score (ties by index): the pool, or its waiting subsequence
+        wait_order = pool[~c.running[pool]] if preempting else pool
         admit = np.concatenate((wait_order[in_group[wait_order]], wait_order[~in_group[wait_order]]))
 
         preempt: list[int] = []
