@@ -103,6 +103,25 @@ def token_goodput(d: Delivery, params: GainParams = _DEFAULT_PARAMS) -> float:
     return 0.0
 
 
+def latency_token_outcome(d: Delivery, output_tokens: int) -> tuple[float, float, float]:
+    """(token goodput, its ideal for ``output_tokens`` tokens, request goodput) of a latency request
+    in one pass over its token times: the same values as :func:`token_goodput`, :func:`ideal_gain`
+    and :func:`request_goodput` (the simulator's per-finish feedback, on its hot path)."""
+    slo = d.slo
+    assert slo.kind is RequestKind.LATENCY and slo.ttft_s is not None and slo.tbt_s is not None
+    w = slo.priority_weight
+    rel = d.relative_times_s()
+    on = rel <= _latency_deadlines(d, len(rel)) + _EPS_S
+    gain = w * int(np.count_nonzero(on))
+    # instantly delivered tokens sit at 0 s, never after ttft + i·tbt ≥ 0
+    if slo.ttft_s >= 0 and slo.tbt_s >= 0:
+        ideal = w * output_tokens
+    else:
+        ideal = ideal_gain(d, "token", output_tokens=output_tokens)
+    met = d.completed and len(rel) > 0 and bool(np.all(on))
+    return gain, ideal, w if met else 0.0
+
+
 def request_goodput(d: Delivery, params: GainParams = _DEFAULT_PARAMS) -> float:
     """1·w if the request completed within its SLO, else 0."""
     if not d.completed or d.output_tokens == 0:

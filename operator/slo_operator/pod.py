@@ -25,6 +25,7 @@ POLICY_DIR = "/etc/slofleet/policy"
 POLICY_FILE = "policy.yaml"
 ENGINE_POLICY_KEY = "engine-policy"
 ENGINE_PARAMS_KEY = "engine-policy-params"
+ENGINE_OBJECTIVE_KEY = "engine-objective"
 STATE_DIR = "/var/lib/slofleet"
 TAG_KEY_DIR = "/etc/slofleet/tag-key"
 TAG_KEY_FILE = f"{TAG_KEY_DIR}/keys"
@@ -127,6 +128,7 @@ def _engine_env(md: ModelDeploymentView, settings: OperatorSettings, config_map:
         {"name": "SLOFLEET_METRICS_PORT", "value": str(settings.plugin_metrics_port)},
         _config_env("SLOFLEET_POLICY", ENGINE_POLICY_KEY, config_map),
         _config_env("SLOFLEET_POLICY_PARAMS", ENGINE_PARAMS_KEY, config_map),
+        _config_env("SLOFLEET_OBJECTIVE", ENGINE_OBJECTIVE_KEY, config_map),
     ]
     if settings.tag_key_secret:  # only SLO tags the sidecar signed are scheduled by their tier
         env.append({"name": "SLOFLEET_TAG_KEY_FILE", "value": TAG_KEY_FILE})

@@ -32,10 +32,11 @@ def policy_config(body: dict[str, Any]) -> PolicyConfig:
     problems = policy_spec_problems(policy.spec)
     if problems:
         raise PolicyInvalid("; ".join(problems))
-    scheduling = policy.spec.runtime().scheduling  # the one runtime form every process uses
+    runtime = policy.spec.runtime()  # the one runtime form every process uses
     return PolicyConfig(
         name=policy.metadata.name,
         text=render_policy_config(policy),
-        engine_policy=scheduling.name,
-        engine_params=scheduling.kwargs(),
+        engine_policy=runtime.scheduling.name,
+        engine_params=runtime.scheduling.kwargs(),
+        engine_objective=runtime.objective.model_dump(mode="json"),
     )

@@ -26,6 +26,7 @@ class PolicyConfig:
     text: str
     engine_policy: str
     engine_params: dict[str, Any] = field(default_factory=dict)
+    engine_objective: dict[str, Any] = field(default_factory=dict)
 
 
 def selector_labels(md: ModelDeploymentView) -> dict[str, str]:
@@ -148,8 +149,13 @@ def service(md: ModelDeploymentView, settings: OperatorSettings) -> dict[str, An
     }
 
 
+def _compact_json(value: dict[str, Any]) -> str:
+    return json.dumps(value, sort_keys=True, separators=(",", ":"))
+
+
 def config_map(md: ModelDeploymentView, policy: PolicyConfig) -> dict[str, Any]:
-    """The rendered policy: the sidecar's hot-reloaded file and the engine plugin's policy and parameters."""
+    """The rendered policy: the sidecar's hot-reloaded file and the engine plugin's policy, its parameters
+    and the objective it maximizes."""
     return {
         "apiVersion": "v1",
         "kind": "ConfigMap",
@@ -157,7 +163,8 @@ def config_map(md: ModelDeploymentView, policy: PolicyConfig) -> dict[str, Any]:
         "data": {
             pod.POLICY_FILE: policy.text,
             pod.ENGINE_POLICY_KEY: policy.engine_policy,
-            pod.ENGINE_PARAMS_KEY: json.dumps(policy.engine_params, sort_keys=True, separators=(",", ":")),
+            pod.ENGINE_PARAMS_KEY: _compact_json(policy.engine_params),
+            pod.ENGINE_OBJECTIVE_KEY: _compact_json(policy.engine_objective),
         },
     }
 

@@ -33,11 +33,10 @@ from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.request import RequestStatus
 
 from slo_core.policies.base import Decision, EngineView
-from slo_core.policies.registry import make_engine_policy
 from slo_vllm_plugin.bridge import PolicyBridge
 from slo_vllm_plugin.engine_trace import EngineTrace
 from slo_vllm_plugin.metrics import PluginMetrics
-from slo_vllm_plugin.settings import PluginSettings
+from slo_vllm_plugin.settings import PluginSettings, load_policy
 
 log = logging.getLogger(__name__)
 
@@ -62,14 +61,6 @@ def _load_tag_keys(settings: PluginSettings) -> list[bytes] | None:
         return []
 
 
-def _load_policy(settings: PluginSettings) -> Any:
-    try:
-        return make_engine_policy(settings.policy, settings.policy_params)
-    except (ValueError, ImportError, TypeError) as exc:
-        log.error("slofleet: cannot build policy %r (%s); using fcfs", settings.policy, exc)
-        return make_engine_policy("fcfs")
-
-
 class SLOScheduler(Scheduler):  # type: ignore[misc]
     """vLLM scheduler that applies a slofleet engine policy (see the module docstring)."""
 
@@ -79,7 +70,7 @@ class SLOScheduler(Scheduler):  # type: ignore[misc]
         self.slo_trace = EngineTrace(self.slo_settings.trace_path)
         self.slo_metrics = PluginMetrics(self.slo_settings.metrics_port)
         self.slo_analyzer = _start_analyzer(self.slo_settings)
-        policy = _load_policy(self.slo_settings)
+        policy = load_policy(self.slo_settings)
         self.slo_bridge = PolicyBridge(
             policy,
             bounds=self._fresh_bounds,

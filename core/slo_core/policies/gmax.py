@@ -17,6 +17,7 @@ Variants: ``gmax-oracle`` reads true lengths; ``gmax-no-analyzer`` uses the mean
 
 from __future__ import annotations
 
+import math
 import random
 from collections.abc import Sequence
 from operator import itemgetter
@@ -26,11 +27,18 @@ import numpy as np
 
 from slo_core.objective import Objective
 from slo_core.perf.model import OnlineCorrection
+from slo_core.policies import gmax_scalar as small
 from slo_core.policies.base import BaseEnginePolicy, Decision, EngineView, FinishedView, RequestView
 from slo_core.policies.gmax_fairness import TenantService, blend
 from slo_core.policies.gmax_params import GMAXParams
 from slo_core.policies.gmax_priority import Estimates, SpeedModel, estimate
-from slo_core.policies.gmax_select import batch_capacity, best_window, cutoff_mask, plan_preemptions
+from slo_core.policies.gmax_select import (
+    batch_capacity,
+    best_window,
+    cutoff_mask,
+    plan_preemptions,
+    preemption_gain_loss,
+)
 from slo_core.policies.gmax_snapshot import B8, COMPOUND, DEADLINE, F64, I64, Columns, SnapshotTable
 from slo_core.policies.gmax_tuning import CutoffTuner
 
@@ -77,7 +85,21 @@ class GMAX(BaseEnginePolicy):
         self._table = SnapshotTable()
         self._last_frame_step: int | None = None
         self._last_clock: tuple[float, int, float] | None = None  # (now, step, estimated step_s)
-        self.last_estimates: Estimates | None = None
+        self._last_estimates: Estimates | None = None
+        # the scalar path's inputs, turned into Estimates only when someone reads last_estimates
+        self._pending: tuple[Sequence[RequestView], Sequence[RequestView], float, SpeedModel] | None = None
+
+    @property
+    def last_estimates(self) -> Estimates | None:
+        """The per-request estimates of the last decision (computed on demand after a scalar one)."""
+        if self._pending is not None:
+            waiting, running, now, speed = self._pending
+            self._pending = None
+            c = self._table.columns(waiting, running)
+            self._last_estimates = estimate(
+                c, now, speed, self.params, self.params.frame_steps * speed.step_s
+            )
+        return self._last_estimates
 
     # ---- engine feedback -------------------------------------------------------------------
     def observe(self, finished: Sequence[FinishedView], now_s: float) -> None:
@@ -143,13 +165,16 @@ class GMAX(BaseEnginePolicy):
         if not waiting and not running:
             self._last_clock = None
             return Decision(running_order=(), reason="idle")
+        if small.supported(p, waiting, running):
+            return self._decide_small(waiting, running, engine, rng)
+        self._pending = None
         c = self._table.columns(waiting, running)
         speed = self._speed(engine, c)
         self._track_step_time(engine, len(running), speed.step_s)
         if p.correct_step_time:
             speed = speed.scaled(self.correction.factor)
         est = estimate(c, now, speed, p, p.frame_steps * speed.step_s)
-        self.last_estimates = est
+        self._last_estimates = est
         score = est.priority
         if p.fairness > 0:
             fair = self.service.fair(c.tenant, c.tenant_names, c.generated_tokens, now)
@@ -183,8 +208,8 @@ class GMAX(BaseEnginePolicy):
         in_group = np.zeros(len(c), dtype=np.bool_)
         in_group[group] = True
 
-        wait_alive = np.flatnonzero(alive & ~c.running)
-        wait_order = wait_alive[np.argsort(-score[wait_alive], kind="stable")]
+        # waiting requests by descending score (ties by index): the pool, or its waiting subsequence
+        wait_order = pool[~c.running[pool]] if preempting else pool
         admit = np.concatenate((wait_order[in_group[wait_order]], wait_order[~in_group[wait_order]]))
 
         preempt: list[int] = []
@@ -211,6 +236,134 @@ class GMAX(BaseEnginePolicy):
             reject=_pick(ids, np.flatnonzero(reject).tolist()),
             reason=f"{'frame' if frame else 'event'} p={cutoff:g} B={batch} preempt={len(preempt)}",
         )
+
+    def _decide_small(
+        self,
+        waiting: Sequence[RequestView],
+        running: Sequence[RequestView],
+        engine: EngineView,
+        rng: random.Random,
+    ) -> Decision:
+        """:meth:`decide` on a small snapshot in plain floats (gmax_scalar): the same Decision."""
+        p = self.params
+        now = engine.now_s
+        speed = small.speed_of(p, engine, waiting, running)
+        self._track_step_time(engine, len(running), speed.step_s)
+        if p.correct_step_time:
+            speed = speed.scaled(self.correction.factor)
+        self._pending = (waiting, running, now, speed)
+        sc = small.scores(p, waiting, running, now, speed=speed, frame_s=p.frame_steps * speed.step_s)
+        score = sc.score
+        if p.ordering == "sjf":
+            score = [1.0 / x for x in sc.len_rem_tokens]
+        reject = sc.reject
+        frame = self._is_frame(engine.step)
+        preempting = frame and p.preemption and p.ordering == "gmax"
+        n_wait, n_running = len(waiting), len(running)
+        n = n_wait + n_running
+        rows = [*waiting, *running]
+
+        def by_score(idx: list[int]) -> list[int]:
+            return sorted(idx, key=lambda i: -score[i])
+
+        wait_order = by_score([i for i in range(n_wait) if not reject[i]])
+        pool = by_score(wait_order + list(range(n_wait, n))) if preempting else wait_order
+        ctx: list[float] = []
+        need: list[float] = []
+        batch = 0
+        if pool:
+            ctx = [float(r.prompt_tokens + r.generated_tokens) for r in rows]
+            block = max(1, engine.block_size)
+            need = [float(math.ceil((x + 1.0) / block)) for x in ctx]
+            if preempting:
+                held = 0.0
+                for r in running:
+                    held += float(math.ceil(r.computed_tokens / block))
+                batch = small.batch_capacity(need, pool, engine.max_num_seqs, engine.kv_blocks_free + held)
+            else:
+                seats = engine.max_num_seqs - n_running
+                batch = small.batch_capacity(need, pool, seats, engine.kv_blocks_free)
+
+        cutoff = self.tuner.cutoff(now, rng)
+        if batch <= 0:
+            group: list[int] = []
+        elif p.ordering == "gmax":
+            cands = sorted(small.cutoff_candidates(score, pool, batch, cutoff))
+            group = small.best_window(score, ctx, cands, batch)
+        else:
+            group = pool[:batch]
+        in_group = set(group)
+        if in_group:
+            admit = [i for i in wait_order if i in in_group] + [i for i in wait_order if i not in in_group]
+        else:
+            admit = wait_order
+
+        preempt: list[int] = []
+        if preempting:
+            preempt = self._preemptions_small(
+                rows=rows,
+                score=score,
+                t_gen_s=sc.t_gen_s,
+                in_group=in_group,
+                wait_order=wait_order,
+                need=need,
+                n_wait=n_wait,
+                engine=engine,
+                speed=speed,
+            )
+        run_order = by_score(list(range(n_wait, n)))
+        if preempt:
+            run_order = [i for i in run_order if i not in preempt]
+        ids = [r.request_id for r in rows]
+        return Decision(
+            admit=_pick(ids, admit),
+            preempt=_pick(ids, preempt),
+            running_order=_pick(ids, run_order),
+            reject=_pick(ids, [i for i in range(n) if reject[i]]),
+            reason=f"{'frame' if frame else 'event'} p={cutoff:g} B={batch} preempt={len(preempt)}",
+        )
+
+    def _preemptions_small(
+        self,
+        *,
+        rows: list[RequestView],
+        score: list[float],
+        t_gen_s: list[float],
+        in_group: set[int],
+        wait_order: list[int],
+        need: list[float],
+        n_wait: int,
+        engine: EngineView,
+        speed: SpeedModel,
+    ) -> list[int]:
+        """:meth:`_preemptions` in plain floats (the batch's summed priority still through numpy)."""
+        p = self.params
+        members = [i for i in wait_order if i in in_group]
+        slots = max(engine.max_num_seqs - (len(rows) - n_wait), 0)
+        kv = float(engine.kv_blocks_free)
+        fits = 0
+        total = 0.0
+        for i in members:
+            total += need[i]
+            if total > kv:
+                break
+            fits += 1
+        blocked = members[min(slots, fits) :]
+        if not blocked:
+            return []
+        victims = sorted((i for i in range(n_wait, len(rows)) if i not in in_group), key=score.__getitem__)
+        frame_s = p.frame_steps * speed.step_s
+        batch_rate = float(np.array(score[n_wait:]).sum())
+        swaps: list[int] = []
+        for w, v in zip(blocked, victims, strict=False):
+            pw, pv = score[w], score[v]
+            horizon = min(t_gen_s[w], p.preempt_horizon_frames * frame_s)
+            stall = small.prefill_time(speed, float(rows[v].computed_tokens), 0.0)
+            gain, loss = preemption_gain_loss(pw, pv, horizon, stall, batch_rate)
+            if pw < p.preempt_min_ratio * pv or gain <= loss:
+                break
+            swaps.append(v)
+        return swaps
 
     def _preemptions(
         self,

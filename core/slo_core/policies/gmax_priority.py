@@ -167,7 +167,7 @@ def normal_cdf(x: F64) -> F64:
 _Z_OF_QUANTILE: dict[float, float] = {}
 
 
-def _z(q: float) -> float:
+def z_of_quantile(q: float) -> float:
     """Φ⁻¹(q) by bisection on :func:`normal_cdf` (cached; q in (0.5, 1))."""
     z = _Z_OF_QUANTILE.get(q)
     if z is None:
@@ -270,7 +270,7 @@ def estimate(c: Columns, now_s: float, speed: SpeedModel, p: GMAXParams, frame_s
     if p.feasibility == "probabilistic" and p.length_source != "oracle":
         # P(this call fits before its deadline); a stage needs all of its calls: the product.
         slack = (np.nan_to_num(deadline, nan=-np.inf) - now_s - t_pre) / v
-        z_b = _z(p.bound_quantile) if p.length_source == "analyzer" else 0.0
+        z_b = z_of_quantile(p.bound_quantile) if p.length_source == "analyzer" else 0.0
         p_fit = fit_probability(g, bound, slack, p.length_sigma, z_b)
         with np.errstate(divide="ignore"):
             log_p = _stage_sum(stages, np.log(p_fit))

@@ -1,8 +1,10 @@
 """Columnar (numpy) view of the request snapshots GMAX scores, built fast enough for 5,000 requests.
 
 Fields a request never changes while it lives in an engine (arrival, prompt, SLO, tenant, program,
-true length) are extracted once per request id and cached; only the progress fields (generated and
-computed tokens, bound, sub-deadline, waiting-since, program attained tokens) are read on every call.
+true length) are extracted once per request id and cached. The progress fields (generated and
+computed tokens, bound, sub-deadline, waiting-since, program attained tokens) are re-read only for
+requests whose snapshot object changed since the last call (views are immutable: the same object
+holds the same values; the table keeps a reference to each, so an id cannot be reused meanwhile).
 The cache is rebuilt from the live requests when it grows past a few times their number.
 """
 
@@ -45,6 +47,14 @@ _STATIC_F = (
     "true_output_tokens",
 )
 _STATIC_I = ("kind", "tenant", "program", "stage")
+_PROGRESS = (
+    "generated_tokens",
+    "computed_tokens",
+    "output_bound",
+    "deadline_at_s",
+    "waiting_since_s",
+    "program_attained_tokens",
+)
 _ID = attrgetter("request_id")
 
 
@@ -103,6 +113,8 @@ class SnapshotTable:
         self._i: dict[str, I64] = {}
         self._tenants: dict[str, int] = {}
         self._programs: dict[str, int] = {}
+        self._views: list[RequestView | None] = []
+        self._view_ids = np.zeros(0, dtype=np.int64)
         self._grow(1024)
 
     def _grow(self, cap: int) -> None:
@@ -118,6 +130,16 @@ class SnapshotTable:
             if old_i is not None:
                 col_i[: self._size] = old_i[: self._size]
             self._i[name] = col_i
+        for name in _PROGRESS:
+            old = self._f.get(name)
+            col = np.full(cap, NAN)
+            if old is not None:
+                col[: self._size] = old[: self._size]
+            self._f[name] = col
+        view_ids = np.full(cap, -1, dtype=np.int64)
+        view_ids[: self._size] = self._view_ids[: self._size]
+        self._view_ids = view_ids
+        self._views.extend([None] * (cap - len(self._views)))
         self._cap = cap
 
     def _add(self, r: RequestView) -> None:
@@ -158,11 +180,28 @@ class SnapshotTable:
                     self._add(r)
             return np.fromiter(map(self._index.__getitem__, ids), dtype=np.int64, count=len(ids))
 
+    def _refresh(self, reqs: list[RequestView], rows: I64) -> None:
+        """Re-read the progress fields of the requests whose snapshot object changed."""
+        view_ids = np.fromiter(map(id, reqs), dtype=np.int64, count=len(reqs))
+        stale = np.flatnonzero(self._view_ids[rows] != view_ids)
+        if len(stale) == 0:
+            return
+        index = stale.tolist()
+        fresh = [reqs[i] for i in index] if len(stale) < len(reqs) else reqs
+        stale_rows = rows[stale]
+        for name in _PROGRESS:
+            self._f[name][stale_rows] = _column(fresh, name)
+        self._view_ids[stale_rows] = view_ids[stale]
+        views = self._views
+        for i, row in zip(index, stale_rows.tolist(), strict=True):
+            views[row] = reqs[i]
+
     def columns(self, waiting: Sequence[RequestView], running: Sequence[RequestView]) -> Columns:
         """Columns of ``waiting`` followed by ``running`` (request ids must be unique)."""
         reqs = [*waiting, *running]
         ids: list[str] = list(map(_ID, reqs))
         rows = self._rows(reqs, ids)
+        self._refresh(reqs, rows)
         is_running = np.zeros(len(reqs), dtype=np.bool_)
         is_running[len(waiting) :] = True
         f = self._f
@@ -185,11 +224,11 @@ class SnapshotTable:
             tenant=i["tenant"][rows],
             program=i["program"][rows],
             stage=i["stage"][rows],
-            generated_tokens=_column(reqs, "generated_tokens"),
-            computed_tokens=_column(reqs, "computed_tokens"),
-            output_bound=_column(reqs, "output_bound"),
-            deadline_at_s=_column(reqs, "deadline_at_s"),
-            waiting_since_s=_column(reqs, "waiting_since_s"),
-            program_attained_tokens=_column(reqs, "program_attained_tokens"),
+            generated_tokens=f["generated_tokens"][rows],
+            computed_tokens=f["computed_tokens"][rows],
+            output_bound=f["output_bound"][rows],
+            deadline_at_s=f["deadline_at_s"][rows],
+            waiting_since_s=f["waiting_since_s"][rows],
+            program_attained_tokens=f["program_attained_tokens"][rows],
             tenant_names=tuple(names),
         )

@@ -2,7 +2,14 @@
 
 from __future__ import annotations
 
-from slo_core.gain import Delivery, GainParams, goodput_function, ideal_gain, request_goodput
+from slo_core.gain import (
+    Delivery,
+    GainParams,
+    goodput_function,
+    ideal_gain,
+    latency_token_outcome,
+    request_goodput,
+)
 from slo_core.policies.base import FinishedView
 from slo_core.sim.request import FINISHED, ProgramState, SimRequest
 from slo_core.sim.views import request_view
@@ -62,12 +69,16 @@ class Feedback:
 
     def __call__(self, r: SimRequest) -> FinishedView:
         d = call_delivery(r)
-        gain = self.fn(d, self.params)
-        ideal = ideal_gain(d, self.name, self.params, output_tokens=r.target_tokens)
+        if self.name == "token" and d.slo.kind is RequestKind.LATENCY:
+            gain, ideal, met = latency_token_outcome(d, r.target_tokens)
+        else:
+            gain = self.fn(d, self.params)
+            ideal = ideal_gain(d, self.name, self.params, output_tokens=r.target_tokens)
+            met = request_goodput(d, self.params)
         return FinishedView(
             request=request_view(r),
             finish_s=r.finish_s if r.finish_s is not None else r.arrival_s,
             gain=gain,
             ideal_gain=ideal,
-            met_slo=request_goodput(d, self.params) > 0,
+            met_slo=met > 0,
         )

@@ -21,6 +21,11 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--speedup", type=float, default=1.0, help="simulate a GPU X times faster")
     parser.add_argument("--policy", default="fcfs", help="engine policy from slo_core.policies.registry")
     parser.add_argument("--policy-params", default="{}", help="the policy's parameters as a JSON object")
+    parser.add_argument(
+        "--objective",
+        default=None,
+        help="the SLOPolicy's objective as JSON (goodput, gain, fairness)",
+    )
     parser.add_argument("--scheduling-policy", default="fcfs", choices=["fcfs", "priority"], help="as vLLM's")
     parser.add_argument("--max-num-seqs", type=int, default=256, help="most requests running at once")
     parser.add_argument("--max-num-batched-tokens", type=int, default=8192, help="token budget per step")
@@ -46,12 +51,19 @@ def run(args: argparse.Namespace) -> int:
               file=sys.stderr)  # fmt: skip
         return 2
     try:
+        objective = json.loads(args.objective) if args.objective else None
+    except ValueError as exc:
+        print(f"engine-sim: --objective must be a JSON object, e.g. '{{\"goodput\": \"token\"}}' ({exc})",
+              file=sys.stderr)  # fmt: skip
+        return 2
+    try:
         settings = EngineSimSettings(
             profile=args.profile,
             model=args.model,
             speedup=args.speedup,
             policy=args.policy,
             policy_params=params,
+            objective=objective,
             scheduling_policy=args.scheduling_policy,
             max_num_seqs=args.max_num_seqs,
             max_num_batched_tokens=args.max_num_batched_tokens,

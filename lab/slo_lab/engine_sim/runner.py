@@ -93,7 +93,7 @@ class EngineRunner:
         self.clock = clock
         self.profile = sped_up(resolve_profile(settings.profile), settings.speedup)
         self.model_name = settings.model or self.profile.model
-        inner = policy or make_engine_policy(settings.policy, settings.policy_params)
+        inner = policy or make_engine_policy(settings.policy, settings.policy_params, settings.objective)
         self.analyzer = analyzer
         if analyzer is None and settings.analyzer:
             from slo_vllm_plugin.analyzer_client import AnalyzerClient

@@ -7,6 +7,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from slo_core.objective import Objective
 from slo_core.perf import PerfProfile, load_profile
 
 DEFAULT_PROFILE = "h100-llama3-8b-tp1"
@@ -24,6 +25,9 @@ class EngineSimSettings(BaseModel):
     speedup: float = Field(1.0, gt=0, description="run X times faster than the GPU (step times divided by X)")
     policy: str = Field("fcfs", description="engine policy name from slo_core.policies.registry")
     policy_params: dict[str, Any] = Field(default_factory=dict, description="the policy's parameters")
+    objective: Objective | None = Field(
+        None, description="what SLO-aware policies maximize (the SLOPolicy's); None: each policy's default"
+    )
     scheduling_policy: str = Field(
         "fcfs", pattern="^(fcfs|priority)$", description="vLLM's --scheduling-policy: priority orders waiting"
     )

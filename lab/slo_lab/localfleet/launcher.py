@@ -148,12 +148,14 @@ class LocalFleet:
 
     def _engine_child(self, name: str, group: EngineGroup, analyzer: str) -> tuple[Child, str]:
         port = free_port()
-        scheduling = self.policy.spec.runtime().scheduling  # the one runtime form every process uses
+        runtime = self.policy.spec.runtime()  # the one runtime form every process uses
+        scheduling = runtime.scheduling
         policy = scheduling.name if self.spec.mode == "engine" else "fcfs"
         params = scheduling.kwargs() if self.spec.mode == "engine" else {}
         args = ["engine-sim", "--host", "127.0.0.1", "--port", str(port), "--profile", group.profile]
         args += ["--speedup", repr(group.speedup), "--max-num-seqs", str(group.max_num_seqs)]
         args += ["--policy", policy, "--policy-params", json.dumps(dict(params or {}))]
+        args += ["--objective", runtime.objective.model_dump_json()]
         if group.model:
             args += ["--model", group.model]
         if self.spec.mode == "engine" and policy != "fcfs":

@@ -240,6 +240,7 @@ class Replay:
                 "engine-sim", "--host", "127.0.0.1", "--port", engine_port, "--speedup", "20",
                 "--model", flags["--served-model-name"], "--policy", cm["data"]["engine-policy"],
                 "--policy-params", cm["data"]["engine-policy-params"],
+                "--objective", cm["data"]["engine-objective"],
                 "--analyzer", f"127.0.0.1:{self.ports['sidecar_grpc_port']}",
             ),
         )  # fmt: skip

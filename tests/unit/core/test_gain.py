@@ -14,6 +14,7 @@ from slo_core.gain import (
     GainParams,
     goodput_function,
     ideal_gain,
+    latency_token_outcome,
     request_goodput,
     tdg_gain,
     tempo_gain,
@@ -181,3 +182,21 @@ def test_discarding_forfeits_future_gain(gap_list: list[float], slo_idx: int, cu
     assert dropped <= full + 1e-9
     assert fn(Delivery(slo, 0.0, 50, [], completed=False), GainParams()) == 0.0
     assert math.isfinite(full)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    gaps=st.lists(st.floats(0.0, 0.5), max_size=40),
+    start=st.floats(0.0, 5.0),
+    weight=st.sampled_from([0.5, 1.0, 3.0]),
+    completed=st.booleans(),
+    extra=st.integers(0, 20),
+)
+def test_latency_token_outcome_equals_the_three_functions(
+    gaps: list[float], start: float, weight: float, completed: bool, extra: int
+) -> None:
+    times = [start + sum(gaps[: i + 1]) for i in range(len(gaps))]
+    d = lat(times, weight=weight, completed=completed)
+    n = len(times) + extra
+    expected = (token_goodput(d), ideal_gain(d, "token", output_tokens=n), request_goodput(d))
+    assert latency_token_outcome(d, n) == expected

@@ -194,3 +194,9 @@ async def test_registry_policies_run_inside_the_engine(make_runner) -> None:
     handles = [runner.submit(Submission(f"g{i}", 30, 6, 6, tags if i % 2 else None)) for i in range(6)]
     assert [(await _drain(h))[:2] for h in handles] == [(6, "length")] * 6
     assert runner.policy.name == "gmax" and runner.policy.decisions > 0
+
+
+async def test_engine_sim_builds_its_policy_with_the_objective(make_runner) -> None:  # type: ignore[no-untyped-def]
+    runner = await make_runner(policy="gmax", objective={"goodput": "tdg", "fairness": 0.5})
+    inner = runner.policy.inner
+    assert inner.params.goodput == "tdg" and inner.params.fairness == 0.5

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ast
 import copy
+import json
 import os
 from pathlib import Path
 
@@ -131,6 +132,18 @@ def test_a_policy_edit_changes_the_config_map_but_not_the_pod_template() -> None
     assert before[0]["data"] != after[0]["data"]
     assert "ttftS: 2.5" in after[0]["data"]["policy.yaml"]
     assert after[0]["data"]["engine-policy-params"] == '{"frame_steps":20,"p_initial":0.95}'
+
+
+def test_the_engine_gets_the_policy_objective() -> None:
+    edited = load("slopolicy-chat-agent.yaml")
+    edited["spec"]["goodput"] = {"name": "request"}
+    children = rendered("modeldeployment-llama-8b-h100.yaml", edited)
+    objective = json.loads(children[0]["data"]["engine-objective"])
+    assert objective["goodput"] == "request" and objective["fairness"] == 0.1
+    (engines,) = [c for c in children if c["kind"] in ("StatefulSet", "Deployment")]
+    containers = engines["spec"]["template"]["spec"]["containers"]
+    env = {e["name"]: e for c in containers for e in c.get("env", [])}
+    assert env["SLOFLEET_OBJECTIVE"]["valueFrom"]["configMapKeyRef"]["key"] == "engine-objective"
 
 
 def test_rendering_is_deterministic() -> None:

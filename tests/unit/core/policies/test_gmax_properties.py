@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -163,3 +164,35 @@ def test_a_latency_request_never_gains_by_starting_later(
     early = estimate(cols, now_s, SPEED, GMAXParams(), 1.5).goodput[0]
     late = estimate(cols, now_s + later_s, SPEED, GMAXParams(), 1.5).goodput[0]
     assert late <= early
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    waiting=requests("w", running=False),
+    running=requests("r", running=True),
+    progress=st.lists(st.tuples(st.integers(0, 30), st.integers(0, 30)), min_size=1, max_size=4),
+)
+def test_a_reused_table_reads_what_a_fresh_one_reads(
+    waiting: list[RequestView], running: list[RequestView], progress: list[tuple[int, int]]
+) -> None:
+    """Progress fields are re-read only for changed snapshot objects: new objects are never missed."""
+    table = SnapshotTable()
+    for step, (every, tokens) in enumerate(progress):
+        # some requests get a new snapshot (more tokens), the others keep their object
+        running = [
+            replace(
+                r, generated_tokens=r.generated_tokens + tokens, computed_tokens=r.computed_tokens + tokens
+            )
+            if (i + step) % (every + 1) == 0
+            else r
+            for i, r in enumerate(running)
+        ]
+        reused, fresh = table.columns(waiting, running), SnapshotTable().columns(waiting, running)
+        for name in (
+            "generated_tokens",
+            "computed_tokens",
+            "output_bound",
+            "waiting_since_s",
+            "deadline_at_s",
+        ):
+            assert np.array_equal(getattr(reused, name), getattr(fresh, name), equal_nan=True), name

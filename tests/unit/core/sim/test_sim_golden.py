@@ -22,9 +22,21 @@ from slo_core.sim.fleet import FleetSim, ReplicaSpec, SimResult
 from slo_core.workloads import WorkloadSpec, build_workload
 
 GOLDEN = ROOT / "tests" / "golden" / "sim" / "outcomes.json"
-# GMAX is left out of the recorded digests: its algorithm is being changed by another issue; the
-# cache-on/cache-off comparison in test_sim_snapshots.py covers its snapshots instead.
-POLICIES = ("fcfs", "sarathi", "edf", "ltr", "autellix", "tempo", "slide-batching", "slos-serve", "annealing")
+POLICIES = (
+    "fcfs",
+    "sarathi",
+    "edf",
+    "ltr",
+    "autellix",
+    "tempo",
+    "slide-batching",
+    "slos-serve",
+    "annealing",
+    "gmax",
+    "gmax-oracle",
+    "gmax-no-analyzer",
+    "gmax-no-gmax",
+)
 
 
 def run(policy: str) -> SimResult:
@@ -64,5 +76,5 @@ def test_seeded_run_matches_golden(policy: str) -> None:
 if __name__ == "__main__" and "--record" in sys.argv:
     GOLDEN.parent.mkdir(parents=True, exist_ok=True)
     out = {p: digest(run(p)) for p in POLICIES}
-    GOLDEN.write_text(json.dumps(out, indent=1) + "\n", encoding="utf-8")
+    GOLDEN.write_text(json.dumps(out, indent=1, sort_keys=True) + "\n", encoding="utf-8")
     print(json.dumps(out, indent=1))
