@@ -23,9 +23,9 @@ under ``priority`` the waiting heap cannot be reordered, so only preemptions are
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
-from pathlib import Path
 from typing import Any
 
 from vllm.v1.core.sched.request_queue import FCFSRequestQueue
@@ -42,17 +42,18 @@ from slo_vllm_plugin.settings import PluginSettings
 log = logging.getLogger(__name__)
 
 
-def _load_tag_keys(settings: PluginSettings) -> list[bytes] | None:
-    """The keys SLO tags must be signed with (None: no key configured, tags trusted as before).
+def _load_tag_keys(settings: PluginSettings) -> Any:
+    """The key file SLO tags must be signed with, followed live as the operator rotates the Secret
+    (None: no key configured, tags trusted as before).
 
-    A configured key file that cannot be read fails closed: no tag verifies, every request is
-    best-effort, and the error says why at start."""
+    A configured key file that cannot be read at start fails closed: no tag verifies, every request
+    is best-effort, and the error says why."""
     if not settings.tag_key_file:
         return None
-    from slo_core.wire.signing import parse_keys
+    from slo_core.wire.keyring import KeyFile
 
     try:
-        return parse_keys(Path(settings.tag_key_file).read_text(encoding="utf-8"))
+        key_file = KeyFile(settings.tag_key_file)
     except (OSError, ValueError) as exc:
         log.error(
             "slofleet: tag key file %s unusable (%s): every request is best-effort",
@@ -60,6 +61,7 @@ def _load_tag_keys(settings: PluginSettings) -> list[bytes] | None:
             exc,
         )
         return []
+    return lambda: key_file().verify_keys
 
 
 def _load_policy(settings: PluginSettings) -> Any:
@@ -281,4 +283,11 @@ def _start_analyzer(settings: PluginSettings) -> Any:
         return None
     from slo_vllm_plugin.analyzer_client import AnalyzerClient
 
-    return AnalyzerClient(settings.analyzer)
+    keys = None
+    if settings.tag_key_file:  # the sidecar's gRPC services take only calls with a token
+        from slo_core.wire.keyring import KeyFile
+
+        # unusable: said by _load_tag_keys; calls go without a token, are refused, the plugin degrades
+        with contextlib.suppress(OSError, ValueError):
+            keys = KeyFile(settings.tag_key_file)
+    return AnalyzerClient(settings.analyzer, keys=keys)
