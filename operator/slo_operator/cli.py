@@ -11,7 +11,9 @@ from typing import Any
 import kopf
 
 from slo_operator.handlers import build_registry, post_event
+from slo_operator.keyrotation import KeyRotator, rotate_forever
 from slo_operator.kubeapi import ApiError, KubeApi, load_configuration
+from slo_operator.pluginhealth import PluginHealth, watch_plugins_forever
 from slo_operator.reconcile import Reconciler
 from slo_operator.settings import ENV_PREFIX, OperatorSettings
 
@@ -52,6 +54,15 @@ async def operate(
     log.info("slofleet operator: %s", settings.describe())
     await asyncio.to_thread(ensure_peering, api, settings)
     liveness = f"http://0.0.0.0:{settings.liveness_port}/healthz" if settings.liveness_port else None
+    jobs = []
+    if settings.tag_key_secret and settings.tag_key_namespace and settings.tag_key_rotation_s:
+        rotator = KeyRotator(api, settings)
+        jobs.append(asyncio.create_task(rotate_forever(rotator, settings.tag_key_check_s), name="tag-key"))
+    if settings.plugin_check_s:
+        health = PluginHealth()
+        reconciler.extra_condition = health.condition
+        job = watch_plugins_forever(health, reconciler, settings.plugin_check_s)
+        jobs.append(asyncio.create_task(job, name="plugin-health"))
     try:
         await kopf.operator(
             registry=registry,
@@ -65,6 +76,9 @@ async def operate(
             ready_flag=ready_flag,
         )
     finally:
+        for task in jobs:
+            task.cancel()
+        await asyncio.gather(*jobs, return_exceptions=True)
         api.close()
 
 

@@ -7,6 +7,7 @@ for ``stale_after_s`` the data counts as unreachable and the scheduler degrades 
 
 from __future__ import annotations
 
+import importlib
 import logging
 import threading
 import time
@@ -17,6 +18,19 @@ from slo_core.wire.keyring import KeyRing
 log = logging.getLogger(__name__)
 
 Fetch = Callable[[], dict[str, int]]
+
+
+def client_problem() -> str | None:
+    """Why the analyzer client cannot work in this image (None: it can), checked once at start.
+
+    The generated stubs refuse an older grpcio or protobuf than they were made with; inside a vLLM image
+    that would otherwise only show as an analyzer that never answers."""
+    try:
+        importlib.import_module("grpc")
+        importlib.import_module("slo_proto.slofleet_pb2_grpc")
+    except Exception as exc:  # ImportError, or the stubs' RuntimeError on an older grpcio/protobuf
+        return f"the analyzer client cannot load ({type(exc).__name__}: {exc})"
+    return None
 
 
 def grpc_fetch(target: str, timeout_s: float = 2.0, keys: Callable[[], KeyRing] | None = None) -> Fetch:

@@ -91,8 +91,22 @@ class SLOScheduler(Scheduler):  # type: ignore[misc]
         self._slo_profile = _load_profile(self.slo_settings.profile)
         self._slo_degraded_reason = ""
         log.info(
-            "slofleet scheduler: policy=%s analyzer=%s", policy.name, self.slo_settings.analyzer or "none"
+            "slofleet scheduler: policy=%s analyzer=%s tags=%s",
+            policy.name,
+            self.slo_settings.analyzer or "none",
+            "signed" if self.slo_settings.tag_key_file else "trusted",
         )
+        if self.slo_analyzer is not None:
+            from slo_vllm_plugin.analyzer_client import client_problem
+
+            problem = client_problem()
+            if problem:  # said at start, not at the first request: the metric and the operator see it
+                log.error(
+                    "slofleet: %s; scheduling falls back to vLLM's stock order until the image has the "
+                    "grpcio/protobuf of requirements/image.lock",
+                    problem,
+                )
+                self._degrade(problem)
         self.slo_trace.event("start", policy=policy.name)
 
     # ---- hooks ---------------------------------------------------------------------------------

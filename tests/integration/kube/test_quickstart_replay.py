@@ -250,10 +250,7 @@ class Replay:
         args = replace_arg(args, "--state-dir", str(state))
         for vol in spec["volumes"]:  # Secret volumes: the kubelet writes the Secret's keys as files
             if "secret" in vol and any(a.startswith("--tag-key-file=") for a in args):
-                secret = self.cluster.get("secret", vol["secret"]["secretName"], ns)
-                assert secret is not None, f"Secret {vol['secret']['secretName']} the pod mounts is missing"
-                key_file = self.workdir / f"{name}-tag-key"
-                key_file.write_bytes(base64.b64decode(secret["data"]["keys"]))
+                key_file = self.secret_file(vol["secret"]["secretName"], ns, f"{name}-tag-key")
                 args = replace_arg(args, "--tag-key-file", str(key_file))
         side = self._child(
             f"{name}-sidecar", f"http://127.0.0.1:{self.ports['sidecar_http_port']}", cmd(*args)
@@ -293,6 +290,14 @@ class Replay:
 
     # ------------------------------------------------------------------------- port-forward
 
+    def secret_file(self, secret_name: str, namespace: str, file_name: str) -> Path:
+        """What the kubelet does for a Secret volume: the Secret's ``keys`` as a file."""
+        secret = self.cluster.get("secret", secret_name, namespace)
+        assert secret is not None, f"Secret {secret_name} the pod mounts is missing"
+        key_file = self.workdir / file_name
+        key_file.write_bytes(base64.b64decode(secret["data"]["keys"]))
+        return key_file
+
     def port_forward(self, argv: list[str]) -> str:
         """``kubectl port-forward svc/<router> L:R``: run the router as its Deployment runs it, on L'."""
         target = next(a for a in argv if a.startswith("svc/"))
@@ -303,6 +308,9 @@ class Replay:
         assert args[1] == "router", args
         port = free_port()
         args = replace_arg(replace_arg(args, "--host", "127.0.0.1"), "--port", str(port))
+        if any(a.startswith("--tag-key-file=") for a in args):  # the router's gRPC calls need the key
+            key_file = self.secret_file(f"{self.release}-tag-key", self.namespace, "router-tag-key")
+            args = replace_arg(args, "--tag-key-file", str(key_file))
         user = f"system:serviceaccount:{self.namespace}:{self.release}-router"
         self.cluster.call(lambda: self.cluster.emulator.users.update({ROUTER_TOKEN: user}))
         env = {**self.env, "KUBECONFIG": str(self.cluster.kubeconfig(ROUTER_TOKEN, "qs-router"))}
