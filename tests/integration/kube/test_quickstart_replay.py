@@ -230,8 +230,15 @@ class Replay:
         policy_file = self.workdir / f"{name}-policy.yaml"
         policy_file.write_text(cm["data"]["policy.yaml"])
         # vLLM -> engine-sim serving the same model name on the same port, with the plugin's policy
+        # and, as the plugin, the tag key: only tags the sidecar signed count, analyzer calls carry tokens
         flags = dict(a.split("=", 1) for a in vllm["args"] if a.startswith("--") and "=" in a)
         engine_port = flags["--port"]
+        env = {e["name"]: e.get("value") for e in vllm.get("env", [])}
+        key_args: tuple[str, ...] = ()
+        if env.get("SLOFLEET_TAG_KEY_FILE"):
+            (volume,) = [v for v in spec["volumes"] if v["name"] == "tag-key"]
+            key_file = self.secret_file(volume["secret"]["secretName"], ns, f"{name}-engine-tag-key")
+            key_args = ("--tag-key-file", str(key_file))
         engine = self._child(
             f"{name}-engine",
             f"http://127.0.0.1:{engine_port}",
@@ -239,7 +246,7 @@ class Replay:
                 "engine-sim", "--host", "127.0.0.1", "--port", engine_port, "--speedup", "20",
                 "--model", flags["--served-model-name"], "--policy", cm["data"]["engine-policy"],
                 "--policy-params", cm["data"]["engine-policy-params"],
-                "--analyzer", f"127.0.0.1:{self.ports['sidecar_grpc_port']}",
+                "--analyzer", f"127.0.0.1:{self.ports['sidecar_grpc_port']}", *key_args,
             ),
         )  # fmt: skip
         state = self.workdir / f"{name}-state"
@@ -349,6 +356,13 @@ def test_the_quickstart_followed_literally_answers_200(replay: Replay) -> None:
         out = replay.run(line)
     answer = json.loads(out)
     assert answer["choices"][0]["message"]["content"], answer
+    # the trust path held: the engine (engine-sim, verifying tags as the vLLM plugin does) believed the
+    # tags the sidecar signed, and no gRPC call to the sidecar (router state feed, analyzer) was refused
+    engine = next(c for c in replay.children if c.name.endswith("-engine"))
+    sidecar = next(c for c in replay.children if c.name.endswith("-sidecar"))
+    engine_metrics = httpx.get(f"{engine.url}/metrics", timeout=10).text
+    assert re.search(r"^slofleet_engine_sim_unsigned_tags_total\{[^}]*\} 0\.0$", engine_metrics, re.M)
+    assert "slofleet_sidecar_grpc_unauthenticated_total{" not in httpx.get(f"{sidecar.url}/metrics").text
     # what the chart printed is the same path: its NOTES name the router's policy for ModelDeployments
     release, _, namespace, values = helm_values(shlex.split(next(x for x in lines if x.startswith("helm"))))
     notes = helm.Chart.load(str(CHART)).render(values, name=release, namespace=namespace)
