@@ -115,6 +115,12 @@ def test_only_the_router_reaches_engine_pods_and_only_prometheus_their_metrics(
         assert not admitted(policies, pod, ns, {"app": "x"}, "monitoring", grpc)
     (op,) = [d for d in docs if d["kind"] == "Deployment" and d["metadata"]["name"] == "slofleet-operator"]
     assert not admitted(policies, op["spec"]["template"], NS, router_labels, NS, 8080)
+    # the operator reads the plugin's metrics port (to report a degraded plugin) and nothing else there
+    op_labels = op["spec"]["template"]["metadata"]["labels"]
+    for ns in values.get("operator", {}).get("watchNamespaces", [NS]):
+        assert admitted(policies, pod, ns, op_labels, NS, plugin)
+        for port in (http, grpc, engine):
+            assert not admitted(policies, pod, ns, op_labels, NS, port), port
 
 
 def test_the_plugin_says_when_it_degrades_on_a_port_the_chart_scrapes() -> None:
