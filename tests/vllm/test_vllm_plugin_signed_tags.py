@@ -76,7 +76,7 @@ def keyed_server(
     key_file = workdir / "keys"
     key_file.write_text(KEY + "\n")
     metrics_port = free_port()
-    proc, server, _ = start_vllm(
+    proc, server, log = start_vllm(
         tiny_model,
         workdir,
         SLOFLEET_POLICY="edf",
@@ -84,6 +84,8 @@ def keyed_server(
         SLOFLEET_METRICS_PORT=str(metrics_port),
     )
     try:
+        # the plugin says at start, in vLLM's own log, what it schedules by and that tags must be signed
+        assert "slofleet scheduler: policy=edf analyzer=none tags=signed" in log.read_text()
         yield server, metrics_port
     finally:
         stop(proc)

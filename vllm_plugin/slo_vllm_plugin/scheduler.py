@@ -39,7 +39,10 @@ from slo_vllm_plugin.engine_trace import EngineTrace
 from slo_vllm_plugin.metrics import PluginMetrics
 from slo_vllm_plugin.settings import PluginSettings
 
-log = logging.getLogger(__name__)
+# vLLM configures only its own "vllm" logger (handler, format, INFO): under it the plugin's start line
+# and its degradations appear in vLLM's output like vLLM's own, not only what reaches Python's stderr
+# fallback (WARNING and above, unformatted).
+log = logging.getLogger(f"vllm.{__name__}")
 
 
 def _load_tag_keys(settings: PluginSettings) -> Any:
