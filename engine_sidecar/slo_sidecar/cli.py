@@ -55,7 +55,8 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--tag-key-file",
         type=Path,
-        help="engine mode: sign the SLO tags for the vLLM plugin with this Secret's first key (one a line)",
+        help="the tag-key Secret's file (followed live): engine mode signs SLO tags for the vLLM plugin, "
+        "and every gRPC call must carry a token made with it",
     )
     parser.set_defaults(func=run)
 
@@ -85,10 +86,10 @@ def run(args: argparse.Namespace) -> int:
         knobs=knobs, config=config, engine_url=args.engine_url, estimator=estimator, estimator_source=source
     )
     if args.tag_key_file:
-        from slo_core.wire.signing import parse_keys
+        from slo_core.wire.keyring import KeyFile
 
         try:
-            sc.tag_keys = parse_keys(args.tag_key_file.read_text(encoding="utf-8"))
+            sc.keys = KeyFile(args.tag_key_file)  # followed live: the operator rotates the Secret
         except (OSError, ValueError) as exc:
             print(f"slofleet sidecar: --tag-key-file: {exc}", file=sys.stderr)
             return 2

@@ -17,6 +17,7 @@ import grpc
 from slo_core.slo import RequestKind
 from slo_core.wire.keepalive import SERVER_OPTIONS
 from slo_proto import slofleet_pb2, slofleet_pb2_grpc
+from slo_sidecar.grpc_auth import CallAuth
 from slo_sidecar.service import Sidecar
 
 log = logging.getLogger(__name__)
@@ -113,8 +114,17 @@ class StateService(slofleet_pb2_grpc.StateServicer):
 
 
 async def start_grpc(sc: Sidecar, host: str, port: int) -> tuple[grpc.aio.Server, int]:
-    """Start both services on ``host:port`` (0: any free port); returns the server and its port."""
-    server = grpc.aio.server(options=list(SERVER_OPTIONS))
+    """Start both services on ``host:port`` (0: any free port); returns the server and its port.
+
+    With a key ring (``--tag-key-file``) every call must carry a valid token (``grpc_auth``)."""
+    interceptors = []
+    if sc.keys is not None:
+        keys = sc.keys
+        refused = sc.metrics.grpc_unauthenticated
+        interceptors.append(
+            CallAuth(lambda: keys().verify_keys, on_refused=lambda m, why: refused.labels(m, why).inc())
+        )
+    server = grpc.aio.server(options=list(SERVER_OPTIONS), interceptors=interceptors)
     slofleet_pb2_grpc.add_AnalyzerServicer_to_server(AnalyzerService(sc), server)
     slofleet_pb2_grpc.add_StateServicer_to_server(StateService(sc), server)
     bound = server.add_insecure_port(f"{host}:{port}")

@@ -103,6 +103,12 @@ class SidecarMetrics:
         self.config_reloads = Counter(
             p + "config_reloads_total", "policy file reloads by result", ["result"], registry=r
         )
+        self.grpc_unauthenticated = Counter(
+            p + "grpc_unauthenticated_total",
+            "gRPC calls refused for a missing, stale or wrong token, by method and reason",
+            ["method", "reason"],
+            registry=r,
+        )
         self.lost_on_restart = Counter(
             p + "lost_on_restart_total",
             "requests in flight at the last checkpoint of a crashed process",

@@ -21,6 +21,7 @@ import httpx
 
 from slo_core.slo import SLOTargets, SLOTier
 from slo_core.wire.headers import TENANT_HEADER
+from slo_core.wire.keyring import KeyRing
 from slo_core.wire.request_slo import SLOParamError, SLORequest, parse_slo
 from slo_core.wire.signing import sign
 from slo_core.wire.tags import EngineTags
@@ -58,7 +59,8 @@ class Sidecar:
     ) -> None:
         self.knobs = knobs
         self.config = config
-        self.tag_keys: list[bytes] = []  # --tag-key-file: sign engine tags (first key)
+        # --tag-key-file: the key ring that signs engine tags and authenticates gRPC calls (followed live)
+        self.keys: Callable[[], KeyRing] | None = None
         self.engine_url = engine_url.rstrip("/")
         self.estimator = estimator
         self.estimator_source = estimator_source
@@ -264,8 +266,9 @@ class Sidecar:
                 stage=live.stage,
             )
             xargs = tags.to_xargs()
-            if self.tag_keys:  # the plugin schedules unsigned or forged tags best-effort
-                xargs = sign(xargs, self.tag_keys[0], time.time())
+            if self.keys is not None:  # the plugin schedules unsigned or forged tags best-effort
+                now_s = time.time()
+                xargs = sign(xargs, self.keys().signing_key(now_s), now_s)
             client = parsed.forward.get("vllm_xargs") or {}
             client = {k: v for k, v in client.items() if not str(k).startswith("slo_")}
             body["vllm_xargs"] = {**client, **xargs}

@@ -13,7 +13,9 @@ from prometheus_client import start_http_server
 
 from slo_operator.autoscaler import Autoscaler
 from slo_operator.handlers import build_registry, post_event
+from slo_operator.keyrotation import KeyRotator, rotate_forever
 from slo_operator.kubeapi import ApiError, KubeApi, load_configuration
+from slo_operator.pluginhealth import PluginHealth, watch_plugins_forever
 from slo_operator.reconcile import Reconciler
 from slo_operator.settings import ENV_PREFIX, OperatorSettings
 
@@ -60,6 +62,15 @@ async def operate(
     stop_scaling = asyncio.Event()
     scaling = asyncio.create_task(autoscaler.run(stop_scaling))
     liveness = f"http://0.0.0.0:{settings.liveness_port}/healthz" if settings.liveness_port else None
+    jobs = []
+    if settings.tag_key_secret and settings.tag_key_namespace and settings.tag_key_rotation_s:
+        rotator = KeyRotator(api, settings)
+        jobs.append(asyncio.create_task(rotate_forever(rotator, settings.tag_key_check_s), name="tag-key"))
+    if settings.plugin_check_s:
+        health = PluginHealth()
+        reconciler.extra_condition = health.condition
+        job = watch_plugins_forever(health, reconciler, settings.plugin_check_s)
+        jobs.append(asyncio.create_task(job, name="plugin-health"))
     try:
         await kopf.operator(
             registry=registry,
@@ -79,6 +90,9 @@ async def operate(
             server.shutdown()
             server.server_close()
         autoscaler.close()
+        for task in jobs:
+            task.cancel()
+        await asyncio.gather(*jobs, return_exceptions=True)
         api.close()
 
 

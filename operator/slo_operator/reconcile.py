@@ -7,6 +7,7 @@ re-applying unchanged children and re-writing an unchanged status change nothing
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import logging
 import threading
@@ -51,6 +52,8 @@ class Reconciler:
         self.api, self.settings, self.events, self.clock = api, settings, events, clock
         self._locks: dict[tuple[str, str], threading.Lock] = {}
         self._guard = threading.Lock()
+        # (namespace, name) -> a condition observed outside converge (the plugins' health), or None
+        self.extra_condition: Callable[[str, str], tuple[str, str, str, str] | None] = lambda _ns, _n: None
 
     def _lock(self, namespace: str, name: str) -> threading.Lock:
         with self._guard:
@@ -252,6 +255,8 @@ class Reconciler:
         pods: list[dict[str, Any]],
     ) -> str:
         obs = status.observe(md, blocker, dep)
+        if (extra := self.extra_condition(md.namespace, md.name)) is not None:
+            obs = dataclasses.replace(obs, conditions=[*obs.conditions, extra])
         old = body.get("status") or {}
         config_map = render.config_map_name(md) if dep is not None else None
         new = status.status(md, obs, self.settings, old, self.clock(), pods=pods, config_map=config_map)

@@ -10,7 +10,9 @@ import random
 from collections.abc import Mapping
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from slo_core.wire.keyring import MIN_PERIOD_S
 
 DEFAULT_IMAGE = "ghcr.io/slofleet/slofleet:0.1.0"
 DEFAULT_ENGINE_IMAGE = "vllm/vllm-openai:v0.32.0"  # the scheduler plugin is pinned to vLLM 0.32
@@ -70,8 +72,28 @@ class OperatorSettings(BaseModel):
     request_timeout_s: float = Field(default=30.0, description="timeout of every Kubernetes API call")
     tag_key_secret: str | None = Field(
         default=None,
-        description="Secret (key 'keys', one a line) the sidecar signs engine SLO tags with and the vLLM "
-        "plugin verifies them by; unsigned or forged tags are scheduled best-effort. None: tags unsigned",
+        description="Secret (key 'keys': current and previous key) the sidecar signs engine SLO tags with, "
+        "the vLLM plugin verifies them by and every gRPC call to a sidecar is authenticated with; unsigned "
+        "or forged tags are scheduled best-effort. None: tags unsigned, gRPC open",
+    )
+    tag_key_namespace: str | None = Field(
+        default=None,
+        description="namespace of the tag-key Secret the operator rotates (the chart's release namespace); "
+        "the copies in the namespaces it manages follow it. None: no rotation",
+    )
+    tag_key_rotation_s: float = Field(
+        default=86400.0,
+        description="rotate the tag key once the current one is this old (seconds; 0: never; at least "
+        f"{int(MIN_PERIOD_S)} s, so a key outlives every signature made with it)",
+    )
+    plugin_check_s: float = Field(
+        default=30.0,
+        ge=0,
+        description="how often the operator reads each engine pod's plugin-metrics port and reports a "
+        "plugin that fell back to vLLM's stock order (condition PluginDegraded, an Event); 0: never",
+    )
+    tag_key_check_s: float = Field(
+        default=30.0, gt=0, description="how often the operator checks the tag key's age (seconds)"
     )
     scale_period_s: float = Field(
         default=15.0,
@@ -90,6 +112,13 @@ class OperatorSettings(BaseModel):
     router_namespace: str | None = Field(
         default=None, description="namespace of the router's SLOPolicy and of the ModelDeployments it serves"
     )
+
+    @field_validator("tag_key_rotation_s")
+    @classmethod
+    def _period_covers_signatures(cls, value: float) -> float:
+        if value != 0 and value < MIN_PERIOD_S:
+            raise ValueError(f"tag_key_rotation_s must be 0 (never) or at least {int(MIN_PERIOD_S)} s")
+        return value
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> OperatorSettings:

@@ -7,6 +7,7 @@ import dataclasses
 import logging
 from typing import Any
 
+from slo_core.wire.keyring import KeyFile
 from slo_core.wire.limits import RequestLimits
 from slo_router.app import build_state, create_app, serve_metrics
 from slo_router.config import AFFINITIES, RouterConfig, from_policy
@@ -66,6 +67,10 @@ def register(parser: argparse.ArgumentParser) -> None:
         choices=("full-duplex", "buffered"),
         default="full-duplex",
         help="the gateway's ext_proc request_body_mode: FULL_DUPLEX_STREAMED (the protocol's) or BUFFERED",
+    )
+    parser.add_argument(
+        "--tag-key-file",
+        help="the tag-key Secret's file (followed live): authenticates the router's gRPC calls to sidecars",
     )
     defaults = RequestLimits()
     parser.add_argument(
@@ -163,7 +168,14 @@ def run(args: argparse.Namespace) -> int:
         )
     from slo_router.statefeed import follow_states
 
-    background.append(follow_states)
+    keys: KeyFile | None = None
+    if args.tag_key_file:
+        try:
+            keys = KeyFile(args.tag_key_file)  # followed live: the operator rotates the Secret
+        except (OSError, ValueError) as exc:
+            log.error("--tag-key-file: %s", exc)
+            return 2
+    background.append(lambda state: follow_states(state, keys=keys))
     if args.ext_proc_port:
         from slo_router.extproc.server import serve as serve_picker
 

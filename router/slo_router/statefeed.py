@@ -8,6 +8,8 @@ keepalive pings notice a dead connection; a live one that stops sending is cut a
 and reconnected; reconnects back off exponentially. Snapshots are read against the tiers of the policy
 in force at that moment (``tiers`` may be a callable: the router passes its current config's).
 The router's load view therefore comes only from the sidecars: replicas of the router never talk.
+With a key ring (``keys``, the tag-key Secret followed live) each Watch carries a fresh call token
+(``slo_core.wire.callauth``); sidecars refuse calls without one.
 """
 
 from __future__ import annotations
@@ -22,7 +24,9 @@ from typing import Any, TypeAlias
 import grpc
 
 from slo_core.slo import SLOTier
+from slo_core.wire.callauth import METADATA_KEY, STATE_WATCH, call_token
 from slo_core.wire.keepalive import CLIENT_OPTIONS
+from slo_core.wire.keyring import KeyRing
 from slo_proto import slofleet_pb2, slofleet_pb2_grpc
 from slo_router.endpoints import EndpointState
 from slo_router.podstate import capabilities_of, replica_view, snapshot_age_s
@@ -50,7 +54,9 @@ class StateFeed:
         backoff_s: tuple[float, float] = (0.1, 5.0),
         on_snapshot: Callable[[str], None] | None = None,
         tiers: Tiers | Callable[[], Tiers] | None = None,
+        keys: Callable[[], KeyRing] | None = None,
     ) -> None:
+        self.keys = keys
         self.endpoints = endpoints
         self.clock, self.wall_clock = clock, wall_clock
         self.interval_ms = interval_ms
@@ -133,7 +139,12 @@ class StateFeed:
         got_one = False
         async with grpc.aio.insecure_channel(target, options=list(CLIENT_OPTIONS)) as channel:
             stub: Any = slofleet_pb2_grpc.StateStub(channel)
-            call = stub.Watch(slofleet_pb2.WatchRequest(interval_ms=self.interval_ms))
+            metadata = None
+            if self.keys is not None:
+                now_s = self.wall_clock()
+                token = call_token(self.keys().signing_key(now_s), STATE_WATCH, now_s)
+                metadata = ((METADATA_KEY, token),)
+            call = stub.Watch(slofleet_pb2.WatchRequest(interval_ms=self.interval_ms), metadata=metadata)
             messages = call.__aiter__()
             while True:
                 try:
@@ -164,6 +175,6 @@ class StateFeed:
         return got_one
 
 
-async def follow_states(state: Any) -> None:
+async def follow_states(state: Any, keys: Callable[[], KeyRing] | None = None) -> None:
     """Background job for the app factory: follow the sidecars of ``state.endpoints``."""
-    await StateFeed(state.endpoints, clock=state.clock, tiers=lambda: state.config.tiers).run()
+    await StateFeed(state.endpoints, clock=state.clock, tiers=lambda: state.config.tiers, keys=keys).run()

@@ -44,14 +44,15 @@ class PolicyBridge:
         bounds: Callable[[], Mapping[str, int] | None] = lambda: {},
         clock: Callable[[], float] = time.time,
         seed: int = 0,
-        tag_keys: Sequence[bytes] | None = None,
+        tag_keys: Sequence[bytes] | Callable[[], Sequence[bytes]] | None = None,
         on_unsigned: Callable[[str], None] = lambda _why: None,
     ) -> None:
         self.policy = policy
         self.guard = GuardedPolicy(
             policy
         )  # core's degrade-to-stock guard (engine-sim and sidecar use it too)
-        # None: tags are trusted as they come; a key list: only tags signed by one of them count
+        # None: tags are trusted as they come; keys (or a function giving the current ones, as the
+        # mounted Secret is rotated): only tags signed by one of them count
         self.tag_keys = tag_keys
         self.on_unsigned = on_unsigned
         self.unsigned = 0
@@ -82,7 +83,10 @@ class PolicyBridge:
         rid = request.request_id
         if rid not in self._tags:
             extra = getattr(request.sampling_params, "extra_args", None) if request.sampling_params else None
-            why = verify(extra, self.tag_keys, self._clock()) if self.tag_keys is not None else None
+            why = None
+            if self.tag_keys is not None:
+                keys = self.tag_keys() if callable(self.tag_keys) else self.tag_keys
+                why = verify(extra, keys, self._clock())
             if why is not None and decode_tags_safe(extra) is not None:
                 # SLO tags not signed by the sidecar: a caller that skipped the router. Best-effort.
                 self.unsigned += 1

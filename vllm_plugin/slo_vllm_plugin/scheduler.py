@@ -23,9 +23,9 @@ under ``priority`` the waiting heap cannot be reordered, so only preemptions are
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
-from pathlib import Path
 from typing import Any
 
 from vllm.v1.core.sched.request_queue import FCFSRequestQueue
@@ -38,20 +38,24 @@ from slo_vllm_plugin.engine_trace import EngineTrace
 from slo_vllm_plugin.metrics import PluginMetrics
 from slo_vllm_plugin.settings import PluginSettings, load_policy
 
-log = logging.getLogger(__name__)
+# vLLM configures only its own "vllm" logger (handler, format, INFO): under it the plugin's start line
+# and its degradations appear in vLLM's output like vLLM's own, not only what reaches Python's stderr
+# fallback (WARNING and above, unformatted).
+log = logging.getLogger(f"vllm.{__name__}")
 
 
-def _load_tag_keys(settings: PluginSettings) -> list[bytes] | None:
-    """The keys SLO tags must be signed with (None: no key configured, tags trusted as before).
+def _load_tag_keys(settings: PluginSettings) -> Any:
+    """The key file SLO tags must be signed with, followed live as the operator rotates the Secret
+    (None: no key configured, tags trusted as before).
 
-    A configured key file that cannot be read fails closed: no tag verifies, every request is
-    best-effort, and the error says why at start."""
+    A configured key file that cannot be read at start fails closed: no tag verifies, every request
+    is best-effort, and the error says why."""
     if not settings.tag_key_file:
         return None
-    from slo_core.wire.signing import parse_keys
+    from slo_core.wire.keyring import KeyFile
 
     try:
-        return parse_keys(Path(settings.tag_key_file).read_text(encoding="utf-8"))
+        key_file = KeyFile(settings.tag_key_file)
     except (OSError, ValueError) as exc:
         log.error(
             "slofleet: tag key file %s unusable (%s): every request is best-effort",
@@ -59,6 +63,7 @@ def _load_tag_keys(settings: PluginSettings) -> list[bytes] | None:
             exc,
         )
         return []
+    return lambda: key_file().verify_keys
 
 
 class SLOScheduler(Scheduler):  # type: ignore[misc]
@@ -80,8 +85,22 @@ class SLOScheduler(Scheduler):  # type: ignore[misc]
         self._slo_profile = _load_profile(self.slo_settings.profile)
         self._slo_degraded_reason = ""
         log.info(
-            "slofleet scheduler: policy=%s analyzer=%s", policy.name, self.slo_settings.analyzer or "none"
+            "slofleet scheduler: policy=%s analyzer=%s tags=%s",
+            policy.name,
+            self.slo_settings.analyzer or "none",
+            "signed" if self.slo_settings.tag_key_file else "trusted",
         )
+        if self.slo_analyzer is not None:
+            from slo_vllm_plugin.analyzer_client import client_problem
+
+            problem = client_problem()
+            if problem:  # said at start, not at the first request: the metric and the operator see it
+                log.error(
+                    "slofleet: %s; scheduling falls back to vLLM's stock order until the image has the "
+                    "grpcio/protobuf of requirements/image.lock",
+                    problem,
+                )
+                self._degrade(problem)
         self.slo_trace.event("start", policy=policy.name)
 
     # ---- hooks ---------------------------------------------------------------------------------
@@ -272,4 +291,11 @@ def _start_analyzer(settings: PluginSettings) -> Any:
         return None
     from slo_vllm_plugin.analyzer_client import AnalyzerClient
 
-    return AnalyzerClient(settings.analyzer)
+    keys = None
+    if settings.tag_key_file:  # the sidecar's gRPC services take only calls with a token
+        from slo_core.wire.keyring import KeyFile
+
+        # unusable: said by _load_tag_keys; calls go without a token, are refused, the plugin degrades
+        with contextlib.suppress(OSError, ValueError):
+            keys = KeyFile(settings.tag_key_file)
+    return AnalyzerClient(settings.analyzer, keys=keys)

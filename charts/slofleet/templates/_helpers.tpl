@@ -121,6 +121,14 @@ Pass (dict "peering" BOOL "peeringResource" "clusterkopfpeerings"|"kopfpeerings"
 - apiGroups: [""]
   resources: ["serviceaccounts"]
   verbs: ["get"]
+{{- if .tagKey }}
+# The tag-key Secret: rotated (release namespace) and kept in step (the others), by a replace that
+# carries the resourceVersion read; no other Secret is ever written.
+- apiGroups: [""]
+  resources: ["secrets"]
+  resourceNames: [{{ .tagKey | quote }}]
+  verbs: ["update"]
+{{- end }}
 # The engine pods' addresses for status.endpoints.
 - apiGroups: [""]
   resources: ["pods"]

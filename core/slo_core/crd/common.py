@@ -77,7 +77,7 @@ class SecretKeyRef(CRDModel):
     )
 
 
-ConditionType = Literal["Ready", "Progressing", "Degraded"]
+ConditionType = Literal["Ready", "Progressing", "Degraded", "PluginDegraded"]
 
 
 class Condition(CRDModel):
@@ -85,7 +85,8 @@ class Condition(CRDModel):
 
     type: ConditionType = Field(
         ...,
-        description="Ready: serving or accepted; Progressing: a rollout is under way; Degraded: a problem",
+        description="Ready: serving or accepted; Progressing: a rollout is under way; Degraded: a problem; "
+        "PluginDegraded: the vLLM scheduler plugin of some engine pods fell back to vLLM's stock order",
     )
     status: Literal["True", "False", "Unknown"] = Field(..., description="whether the condition holds")
     reason: str = Field(

@@ -6,5 +6,7 @@
 * :mod:`.k8s`: the API group, pod labels and annotations the operator writes and the router reads.
 * :mod:`.openai`: OpenAI error objects and SSE framing.
 * :mod:`.signing`: HMAC signatures the router side puts on engine tags and the plugin verifies.
+* :mod:`.keyring`: the current/previous key pair of the chart's Secret, its rotation and live reload.
+* :mod:`.callauth`: the HMAC token a gRPC call to a sidecar carries in its metadata.
 * :mod:`.tokens`: the tokenizer-free token estimate used wherever text must be counted before an engine.
 """

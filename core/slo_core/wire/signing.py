@@ -3,8 +3,8 @@
 The sidecar (which takes requests only from the router) signs the ``slo_*`` tags it puts in a request's
 ``vllm_xargs``; the vLLM scheduler plugin verifies them and schedules a request whose tags are missing,
 forged or stale as best-effort (and counts it). A client that reaches vLLM directly cannot give itself
-a tier. Keys come from a Secret the chart creates, one per line: the first signs, every line verifies,
-so a key is rotated by prepending the new one, rolling the pods, then dropping the old one.
+a tier. Keys come from a Secret the chart creates and the operator rotates (current + previous, see
+:mod:`slo_core.wire.keyring`).
 
 Pure functions (no I/O, no clock of their own): the signature covers every ``slo_`` tag in a canonical
 JSON form plus the signing time, and is carried in the ``slo_sig`` tag as ``<unix seconds>.<hex>``.
@@ -26,11 +26,10 @@ MAX_SKEW_S = 30.0
 
 
 def parse_keys(text: str) -> list[bytes]:
-    """Keys from a Secret file: one per non-empty line (first signs, all verify)."""
-    keys = [line.strip().encode() for line in text.splitlines() if line.strip()]
-    if any(len(k) < 16 for k in keys):
-        raise ValueError("every tag-signing key must be at least 16 characters")
-    return keys
+    """The keys a verifier accepts from a Secret's file: current and previous (see ``keyring``)."""
+    from slo_core.wire.keyring import parse_keyring  # keyring builds on this module
+
+    return list(parse_keyring(text).verify_keys)
 
 
 def _payload(tags: Mapping[str, Any], stamp: str) -> bytes:

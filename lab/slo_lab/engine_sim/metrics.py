@@ -66,6 +66,10 @@ class _EngineGauges(Collector):
                 "Requests aborted because the client went away.",
                 r.aborted,
             ),
+            "slofleet_engine_sim_unsigned_tags": (
+                "Requests whose SLO tags were unsigned, forged or stale (scheduled best-effort).",
+                r.unsigned_tags,
+            ),
         }
         for name, (doc, value) in counts.items():
             c = CounterMetricFamily(name, doc, labels=list(LABELS))

@@ -21,7 +21,7 @@ import logging
 import random
 import time
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -32,6 +32,8 @@ from slo_core.sim.engine_types import EngineConfig
 from slo_core.sim.outcomes import Feedback
 from slo_core.sim.request import REJECTED, ProgramState, SimRequest
 from slo_core.slo import RequestKind, SLOTargets
+from slo_core.wire.keyring import KeyFile
+from slo_core.wire.signing import verify
 from slo_core.wire.tags import EngineTags
 
 from .policy_hook import GuardedPolicy, observes_feedback
@@ -95,10 +97,16 @@ class EngineRunner:
         self.model_name = settings.model or self.profile.model
         inner = policy or make_engine_policy(settings.policy, settings.policy_params, settings.objective)
         self.analyzer = analyzer
+        # as the vLLM plugin: only SLO tags signed with the tag key count (a file that cannot be read
+        # fails here, at start); the analyzer's calls carry a token made with it
+        self.keys = KeyFile(settings.tag_key_file) if settings.tag_key_file else None
+        self.unsigned_tags = 0
         if analyzer is None and settings.analyzer:
             from slo_vllm_plugin.analyzer_client import AnalyzerClient
 
-            self.analyzer = AnalyzerClient(settings.analyzer, interval_s=settings.analyzer_interval_s)
+            self.analyzer = AnalyzerClient(
+                settings.analyzer, interval_s=settings.analyzer_interval_s, keys=self.keys
+            )
         self.policy = GuardedPolicy(inner, analyzer_fresh=self._analyzer_fresh if self.analyzer else None)
         config = EngineConfig(
             max_num_seqs=settings.max_num_seqs,
@@ -166,6 +174,19 @@ class EngineRunner:
             self.analyzer.close()
 
     # ---- requests in and out ----------------------------------------------------------------------
+
+    def trusted(self, raw_xargs: Mapping[str, Any] | None, tags: EngineTags | None) -> EngineTags | None:
+        """``tags`` when no key is configured or they carry a valid signature; else None (best-effort),
+        counted, as the vLLM plugin does (``slo_vllm_plugin.bridge``)."""
+        if self.keys is None or tags is None:
+            return tags
+        why = verify(raw_xargs, self.keys().verify_keys, self.clock())
+        if why is None:
+            return tags
+        self.unsigned_tags += 1
+        if self.unsigned_tags == 1 or self.unsigned_tags % 1000 == 0:
+            log.warning("SLO tags %s: scheduled best-effort (%d so far)", why, self.unsigned_tags)
+        return None
 
     def submit(self, sub: Submission) -> Handle:
         """Queue a request for the next step boundary; read its tokens from ``handle.events``."""

@@ -40,6 +40,11 @@ class EngineSimSettings(BaseModel):
     analyzer_interval_s: float = Field(0.2, gt=0, description="analyzer refresh period (s)")
     stale_after_s: float = Field(5.0, gt=0, description="analyzer data older than this: stock order (s)")
     seed: int = Field(0, description="seed of the policy's random generator")
+    tag_key_file: str | None = Field(
+        None,
+        description="the tag-key Secret's file (followed live), as the vLLM plugin's SLOFLEET_TAG_KEY_FILE: "
+        "SLO tags not signed with it are scheduled best-effort (counted), analyzer calls carry a token",
+    )
 
 
 def resolve_profile(name: str) -> PerfProfile:

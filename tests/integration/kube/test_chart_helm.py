@@ -186,7 +186,8 @@ def test_a_named_policy_is_followed_with_only_the_access_it_needs(chart: helm.Ch
     pod = router["spec"]["template"]["spec"]
     args = pod["containers"][0]["args"]
     assert "--policy-name=chat-agent" in args and not [a for a in args if a.startswith("--policy-file")]
-    assert [v["name"] for v in pod["volumes"]] == ["tmp"], "no policy ConfigMap to mount"
+    # no policy ConfigMap to mount; the tag key authenticates its gRPC calls to the sidecars
+    assert [v["name"] for v in pod["volumes"]] == ["tmp", "tag-key"], "no policy ConfigMap to mount"
     (role,) = [d for d in docs if d["kind"] == "Role" and d["metadata"]["name"].endswith("-router")]
     rules = {rule["resources"][0]: rule for rule in role["rules"]}
     assert rules["slopolicies"]["resourceNames"] == ["chat-agent"] and rules["slopolicies"]["verbs"] == [

@@ -128,11 +128,12 @@ def test_only_the_router_reaches_engine_pods_and_only_prometheus_their_metrics(
     prom = {"app.kubernetes.io/name": "prometheus"}
     assert admitted(policies, op["spec"]["template"], NS, prom, "monitoring", op_metrics)
     assert not admitted(policies, op["spec"]["template"], NS, router_labels, NS, op_metrics)
-    for ns in values.get("operator", {}).get("watchNamespaces", [NS]):  # the scaling loop's scrapes
+    # the operator reads the sidecar's metrics (scaling loop) and the plugin's (plugin health), nothing else
+    for ns in values.get("operator", {}).get("watchNamespaces", [NS]):
         assert admitted(policies, pod, ns, operator_labels, NS, metrics)
-        assert not admitted(policies, pod, ns, operator_labels, NS, http)
-        assert not admitted(policies, pod, ns, operator_labels, NS, engine)
-        assert not admitted(policies, pod, ns, operator_labels, NS, grpc)
+        assert admitted(policies, pod, ns, operator_labels, NS, plugin)
+        for port in (http, grpc, engine):
+            assert not admitted(policies, pod, ns, operator_labels, NS, port), port
 
 
 def test_the_plugin_says_when_it_degrades_on_a_port_the_chart_scrapes() -> None:

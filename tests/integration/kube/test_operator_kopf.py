@@ -6,6 +6,7 @@ its own ServiceAccount-like user, so the audit log tells its requests apart from
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import signal
@@ -33,6 +34,7 @@ OPERATOR_USER = "system:serviceaccount:slofleet:slofleet-operator"
 LEADER, STANDBY = "leader-token", "standby-token"  # two replicas electing a leader by kopf peering
 NAMESPACED = "namespaced-token"
 NS = "llm"
+TAG_KEY = "slofleet-tag-key"
 CHILDREN = [
     ("deployment", "llama-8b"),
     ("service", "llama-8b"),
@@ -55,6 +57,14 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
             "stringData": {"token": "hf_x"},
         }
         c.kubectl("apply", "-f", "-", stdin=yaml.safe_dump(secret))
+        # the chart's tag-key Secret (a key of unknown age: the operator rotates it at once)
+        tag_key = {
+            "apiVersion": "v1",
+            "kind": "Secret",
+            "metadata": {"name": TAG_KEY, "namespace": NS},
+            "data": {"keys": base64.b64encode(b"k" * 48).decode()},
+        }
+        c.kubectl("apply", "-f", "-", stdin=yaml.safe_dump(tag_key))
         yield c
 
 
@@ -68,8 +78,10 @@ def operator(cluster: Cluster) -> Iterator[OperatorThread]:
 
 def start_operator(cluster: Cluster, token: str = OPERATOR_TOKEN, **settings: object) -> OperatorThread:
     config = str(cluster.kubeconfig(token, token))
+    # as the chart runs it: signed tags, and the tag key rotated (its Secret in NS, the "release" one)
+    chart_like = {"tag_key_secret": TAG_KEY, "tag_key_namespace": NS, "tag_key_check_s": 0.5}
     options = OperatorSettings(liveness_port=None, priority=1, request_timeout_s=10).model_copy(
-        update=settings
+        update={**chart_like, **settings}
     )
     return OperatorThread(
         lambda stop, ready: operate(options, stop_flag=stop, ready_flag=ready, kubeconfig=config)
@@ -387,7 +399,11 @@ def test_watching_one_namespace_needs_only_roles_there(cluster: Cluster) -> None
     docs = chart_docs("operator-rbac.yaml", values)
     (cluster_role,) = [d for d in docs if d["kind"] == "ClusterRole"]
     roles = {d["metadata"]["namespace"]: d["rules"] for d in docs if d["kind"] == "Role"}
-    assert set(roles) == {NS}
+    # in the release namespace only the tag-key Secret it rotates (the copy in NS follows it)
+    assert set(roles) == {NS, "slofleet"}
+    assert roles.pop("slofleet") == [
+        {"apiGroups": [""], "resources": ["secrets"], "resourceNames": [TAG_KEY], "verbs": ["get", "update"]}
+    ]
     assert {r for rule in cluster_role["rules"] for r in rule["resources"]} == {
         "customresourcedefinitions",
         "namespaces",

@@ -231,8 +231,15 @@ class Replay:
         policy_file = self.workdir / f"{name}-policy.yaml"
         policy_file.write_text(cm["data"]["policy.yaml"])
         # vLLM -> engine-sim serving the same model name on the same port, with the plugin's policy
+        # and, as the plugin, the tag key: only tags the sidecar signed count, analyzer calls carry tokens
         flags = dict(a.split("=", 1) for a in vllm["args"] if a.startswith("--") and "=" in a)
         engine_port = flags["--port"]
+        env = {e["name"]: e.get("value") for e in vllm.get("env", [])}
+        key_args: tuple[str, ...] = ()
+        if env.get("SLOFLEET_TAG_KEY_FILE"):
+            (volume,) = [v for v in spec["volumes"] if v["name"] == "tag-key"]
+            key_file = self.secret_file(volume["secret"]["secretName"], ns, f"{name}-engine-tag-key")
+            key_args = ("--tag-key-file", str(key_file))
         engine = self._child(
             f"{name}-engine",
             f"http://127.0.0.1:{engine_port}",
@@ -241,7 +248,7 @@ class Replay:
                 "--model", flags["--served-model-name"], "--policy", cm["data"]["engine-policy"],
                 "--policy-params", cm["data"]["engine-policy-params"],
                 "--objective", cm["data"]["engine-objective"],
-                "--analyzer", f"127.0.0.1:{self.ports['sidecar_grpc_port']}",
+                "--analyzer", f"127.0.0.1:{self.ports['sidecar_grpc_port']}", *key_args,
             ),
         )  # fmt: skip
         state = self.workdir / f"{name}-state"
@@ -252,10 +259,7 @@ class Replay:
         args = replace_arg(args, "--state-dir", str(state))
         for vol in spec["volumes"]:  # Secret volumes: the kubelet writes the Secret's keys as files
             if "secret" in vol and any(a.startswith("--tag-key-file=") for a in args):
-                secret = self.cluster.get("secret", vol["secret"]["secretName"], ns)
-                assert secret is not None, f"Secret {vol['secret']['secretName']} the pod mounts is missing"
-                key_file = self.workdir / f"{name}-tag-key"
-                key_file.write_bytes(base64.b64decode(secret["data"]["keys"]))
+                key_file = self.secret_file(vol["secret"]["secretName"], ns, f"{name}-tag-key")
                 args = replace_arg(args, "--tag-key-file", str(key_file))
         side = self._child(
             f"{name}-sidecar", f"http://127.0.0.1:{self.ports['sidecar_http_port']}", cmd(*args)
@@ -295,6 +299,14 @@ class Replay:
 
     # ------------------------------------------------------------------------- port-forward
 
+    def secret_file(self, secret_name: str, namespace: str, file_name: str) -> Path:
+        """What the kubelet does for a Secret volume: the Secret's ``keys`` as a file."""
+        secret = self.cluster.get("secret", secret_name, namespace)
+        assert secret is not None, f"Secret {secret_name} the pod mounts is missing"
+        key_file = self.workdir / file_name
+        key_file.write_bytes(base64.b64decode(secret["data"]["keys"]))
+        return key_file
+
     def port_forward(self, argv: list[str]) -> str:
         """``kubectl port-forward svc/<router> L:R``: run the router as its Deployment runs it, on L'."""
         target = next(a for a in argv if a.startswith("svc/"))
@@ -305,6 +317,9 @@ class Replay:
         assert args[1] == "router", args
         port = free_port()
         args = replace_arg(replace_arg(args, "--host", "127.0.0.1"), "--port", str(port))
+        if any(a.startswith("--tag-key-file=") for a in args):  # the router's gRPC calls need the key
+            key_file = self.secret_file(f"{self.release}-tag-key", self.namespace, "router-tag-key")
+            args = replace_arg(args, "--tag-key-file", str(key_file))
         user = f"system:serviceaccount:{self.namespace}:{self.release}-router"
         self.cluster.call(lambda: self.cluster.emulator.users.update({ROUTER_TOKEN: user}))
         env = {**self.env, "KUBECONFIG": str(self.cluster.kubeconfig(ROUTER_TOKEN, "qs-router"))}
@@ -343,6 +358,13 @@ def test_the_quickstart_followed_literally_answers_200(replay: Replay) -> None:
         out = replay.run(line)
     answer = json.loads(out)
     assert answer["choices"][0]["message"]["content"], answer
+    # the trust path held: the engine (engine-sim, verifying tags as the vLLM plugin does) believed the
+    # tags the sidecar signed, and no gRPC call to the sidecar (router state feed, analyzer) was refused
+    engine = next(c for c in replay.children if c.name.endswith("-engine"))
+    sidecar = next(c for c in replay.children if c.name.endswith("-sidecar"))
+    engine_metrics = httpx.get(f"{engine.url}/metrics", timeout=10).text
+    assert re.search(r"^slofleet_engine_sim_unsigned_tags_total\{[^}]*\} 0\.0$", engine_metrics, re.M)
+    assert "slofleet_sidecar_grpc_unauthenticated_total{" not in httpx.get(f"{sidecar.url}/metrics").text
     # what the chart printed is the same path: its NOTES name the router's policy for ModelDeployments
     release, _, namespace, values = helm_values(shlex.split(next(x for x in lines if x.startswith("helm"))))
     notes = helm.Chart.load(str(CHART)).render(values, name=release, namespace=namespace)

@@ -10,6 +10,7 @@ from repo_paths import ROOT
 
 from slo_core.policies.registry import make_engine_policy
 from slo_core.slo import RequestKind, SLOTargets
+from slo_core.wire.keyring import KeyRing
 from slo_core.wire.signing import sign
 from slo_core.wire.tags import EngineTags
 from slo_vllm_plugin.bridge import PolicyBridge
@@ -90,7 +91,7 @@ def test_the_sidecar_signs_the_tags_it_sends_and_drops_clients_slo_args() -> Non
     sys.modules["_sched_helpers"] = helpers
     spec.loader.exec_module(helpers)
     sc, _ = helpers._sidecar(mode="engine")
-    sc.tag_keys = [KEY]
+    sc.keys = lambda: KeyRing(KEY)
     body = {"model": "m", "prompt": "x", "vllm_xargs": {"slo_priority_weight": 99.0, "top_k": 5}}
     job = helpers._job(sc, "a", body)
     xargs = sc.upstream_body(job)["vllm_xargs"]
