@@ -1,8 +1,12 @@
-"""Background refresh of output-length bounds from the sidecar's gRPC analyzer.
+"""Background exchange with the sidecar's gRPC analyzer: bounds in, the engine view out (engine mode).
 
-An engine step never waits on the network: a daemon thread polls the analyzer and swaps in a new
-``{request_key: bound}`` map; the scheduler reads whatever is there. When no refresh has succeeded
-for ``stale_after_s`` the data counts as unreachable and the scheduler degrades to stock order.
+An engine step never waits on the network: a daemon thread talks to the analyzer and swaps in a new
+``{request_key: bound}`` map; the scheduler reads whatever is there. Once the scheduler publishes
+snapshots (:meth:`AnalyzerClient.publish`), each round trip is one ``Analyzer.Report`` (the newest
+snapshot and the requests that finished since, answered with the bounds of the live requests);
+before that it polls ``Analyzer.GetBounds``. When no exchange has succeeded for ``stale_after_s`` the
+data counts as unreachable and the scheduler degrades to stock order; in between, a slow analyzer
+means the last bounds it sent.
 """
 
 from __future__ import annotations
@@ -10,21 +14,32 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
+from typing import Any
+
+from slo_vllm_plugin.report import EngineSnapshot, Finished, to_report
 
 log = logging.getLogger(__name__)
 
 Fetch = Callable[[], dict[str, int]]
+Send = Callable[[Any], dict[str, int]]
+MAX_FINISHED = 100_000  # finished rows kept while the analyzer is away (oldest dropped first)
+
+
+def _channel(target: str) -> Any:
+    import grpc
+
+    from slo_proto import slofleet_pb2_grpc
+
+    return slofleet_pb2_grpc.AnalyzerStub(grpc.insecure_channel(target))
 
 
 def grpc_fetch(target: str, timeout_s: float = 2.0) -> Fetch:
     """A fetch function over the sidecar's ``Analyzer.GetBounds`` RPC (all live requests)."""
-    import grpc
+    from slo_proto import slofleet_pb2
 
-    from slo_proto import slofleet_pb2, slofleet_pb2_grpc
-
-    channel = grpc.insecure_channel(target)
-    stub = slofleet_pb2_grpc.AnalyzerStub(channel)
+    stub = _channel(target)
 
     def fetch() -> dict[str, int]:
         reply = stub.GetBounds(slofleet_pb2.BoundsRequest(), timeout=timeout_s)
@@ -33,25 +48,74 @@ def grpc_fetch(target: str, timeout_s: float = 2.0) -> Fetch:
     return fetch
 
 
+def grpc_send(target: str, timeout_s: float = 2.0) -> Send:
+    """A send function over ``Analyzer.Report``: the report out, the live requests' bounds back."""
+    stub = _channel(target)
+
+    def send(report: Any) -> dict[str, int]:
+        reply = stub.Report(report, timeout=timeout_s)
+        return {b.request_key: int(b.output_bound) for b in reply.bounds}
+
+    return send
+
+
 class AnalyzerClient:
-    def __init__(self, target: str, *, interval_s: float = 0.2, fetch: Fetch | None = None) -> None:
+    def __init__(
+        self,
+        target: str,
+        *,
+        interval_s: float = 0.2,
+        fetch: Fetch | None = None,
+        send: Send | None = None,
+    ) -> None:
         self.target = target
         self._interval_s = interval_s
         self._bounds: dict[str, int] = {}
         self._last_ok = float("-inf")
         self._stop = threading.Event()
         self._fetch = fetch
+        self._send = send
+        self._snapshot: EngineSnapshot | None = None
+        self._finished: deque[Finished] = deque(maxlen=MAX_FINISHED)
         self.failures = 0
+        self.reports = 0
         self._thread = threading.Thread(target=self._run, name="slofleet-analyzer", daemon=True)
         self._thread.start()
+
+    # ---- called from the engine step (cheap: a reference swap, a deque append) ---------------------
+    def publish(self, snapshot: EngineSnapshot) -> None:
+        """The newest engine view; the thread sends it with its next exchange."""
+        self._snapshot = snapshot
+
+    def finished(self, rows: list[Finished]) -> None:
+        self._finished.extend(rows)
+
+    @property
+    def publishing(self) -> bool:
+        return self._snapshot is not None
+
+    # ---- the thread --------------------------------------------------------------------------------
+    def _exchange(self) -> dict[str, int]:
+        snapshot = self._snapshot
+        if snapshot is None:
+            if self._fetch is None:
+                self._fetch = grpc_fetch(self.target)
+            return self._fetch()
+        if self._send is None:
+            self._send = grpc_send(self.target)
+        done = [self._finished.popleft() for _ in range(len(self._finished))]
+        try:
+            bounds = self._send(to_report(snapshot, done))
+        except Exception:
+            self._finished.extendleft(reversed(done))  # sent again with the next report
+            raise
+        self.reports += 1
+        return bounds
 
     def _run(self) -> None:
         while not self._stop.is_set():
             try:
-                if self._fetch is None:
-                    self._fetch = grpc_fetch(self.target)
-                bounds = self._fetch()
-                self._bounds = bounds
+                self._bounds = self._exchange()
                 self._last_ok = time.monotonic()
             except Exception as exc:  # any failure is "unreachable"; the scheduler degrades
                 self.failures += 1
