@@ -34,6 +34,7 @@ from slo_sidecar.front import CHAT, ParsedBody, parse_body
 from slo_sidecar.history import History
 from slo_sidecar.job import Job
 from slo_sidecar.metrics import SidecarMetrics
+from slo_sidecar.mirror import EngineMirror
 from slo_sidecar.scheduling import Scheduler
 from slo_sidecar.tracker import Tracker
 
@@ -84,6 +85,10 @@ class Sidecar:
         self._background: set[asyncio.Task[Any]] = set()
         self.calibration = make_hub(estimator, knobs)
         self.calibration_gauges = CalibrationGauges(self.metrics.registry) if self.calibration else None
+        # engine mode: what the engine's scheduler reports (the router streams from the engine directly)
+        self.mirror = EngineMirror(
+            knobs=knobs, estimator=estimator, metrics=self.metrics, calibration=self.calibration
+        )
 
     # ---- admission ---------------------------------------------------------------------------
     async def accept(self, headers: Mapping[str, str], body: Any, endpoint: str) -> Job:
