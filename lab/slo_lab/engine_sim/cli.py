@@ -29,6 +29,9 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-model-len", type=int, default=None, help="context length (default: profile's)")
     parser.add_argument("--analyzer", default=None, help="HOST:PORT of a sidecar's gRPC analyzer (bounds)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the policy's random generator")
+    parser.add_argument(
+        "--tag-key-file", default=None, help="keys SLO tags must be signed with (else: best effort)"
+    )
     parser.set_defaults(func=run)
 
 
@@ -60,6 +63,7 @@ def run(args: argparse.Namespace) -> int:
             max_model_len=args.max_model_len,
             analyzer=args.analyzer,
             seed=args.seed,
+            tag_key_file=args.tag_key_file,
         )
         app = create_app(settings)
     except ValidationError as exc:

@@ -36,6 +36,12 @@ class EngineSimSettings(BaseModel):
     analyzer_interval_s: float = Field(0.2, gt=0, description="analyzer refresh period (s)")
     stale_after_s: float = Field(5.0, gt=0, description="analyzer data older than this: stock order (s)")
     seed: int = Field(0, description="seed of the policy's random generator")
+    tag_key_file: str | None = Field(
+        None, description="keys (one a line) SLO tags must be signed with; unsigned or forged: best effort"
+    )
+    report_interval_s: float = Field(
+        0.05, gt=0, description="engine mode: at most one engine report to the analyzer per interval (s)"
+    )
 
 
 def resolve_profile(name: str) -> PerfProfile:
