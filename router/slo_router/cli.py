@@ -5,9 +5,11 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import logging
+from pathlib import Path
 from typing import Any
 
 from slo_core.wire.limits import RequestLimits
+from slo_core.wire.signing import parse_keys
 from slo_router.app import build_state, create_app, serve_metrics
 from slo_router.config import AFFINITIES, RouterConfig, from_policy
 from slo_router.discovery import apply_specs, load_endpoints_file, watch_static_file
@@ -35,6 +37,10 @@ def register(parser: argparse.ArgumentParser) -> None:
         help="with --kubernetes: follow this SLOPolicy object in --namespace (re-read as it changes)",
     )
     parser.add_argument("--keys-file", help="local API keys: 'tenants: {NAME: [KEY, ...]}'")
+    parser.add_argument(
+        "--tag-key-file",
+        help="engine mode: sign the SLO tags sent to engines with this file's first key (one a line)",
+    )
     parser.add_argument("--routing-policy", help="override the SLOPolicy's routing policy name")
     parser.add_argument(
         "--affinity",
@@ -174,8 +180,13 @@ def run(args: argparse.Namespace) -> int:
         state.limits = RequestLimits(
             args.max_body_bytes, args.max_header_bytes, args.max_json_depth, args.max_tokens_limit
         )
-    except ValueError as exc:  # e.g. an unknown routing policy or parameter or limit
+        if args.tag_key_file:
+            state.tag_keys = parse_keys(Path(args.tag_key_file).read_text(encoding="utf-8"))
+    except ValueError as exc:  # e.g. an unknown routing policy or parameter or limit, a short tag key
         log.error("%s", exc)
+        return 2
+    except OSError as exc:
+        log.error("cannot read --tag-key-file: %s", exc)
         return 2
     if args.metrics_port:
         metrics_host, metrics_port = args.host, args.metrics_port

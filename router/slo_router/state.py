@@ -46,6 +46,8 @@ class RouterState:
     policy_loaded: bool = True
     policy_source: str = ""
     limits: RequestLimits = field(default_factory=RequestLimits)
+    # engine mode: the first signs the SLO tags sent to engines (--tag-key-file); none: tags go unsigned
+    tag_keys: list[bytes] = field(default_factory=list)
     _pipeline: RoutingPipeline | None = field(default=None, repr=False)
 
     @property
