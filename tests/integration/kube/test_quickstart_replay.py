@@ -240,6 +240,7 @@ class Replay:
                 "--model", flags["--served-model-name"], "--policy", cm["data"]["engine-policy"],
                 "--policy-params", cm["data"]["engine-policy-params"],
                 "--analyzer", f"127.0.0.1:{self.ports['sidecar_grpc_port']}",
+                *self._engine_key_args(name, ns, vllm, spec),
             ),
         )  # fmt: skip
         state = self.workdir / f"{name}-state"
@@ -293,6 +294,18 @@ class Replay:
 
     # ------------------------------------------------------------------------- port-forward
 
+    def _engine_key_args(self, name: str, ns: str, vllm: dict[str, Any], spec: dict[str, Any]) -> list[str]:
+        """vLLM's SLOFLEET_TAG_KEY_FILE as engine-sim's --tag-key-file (the Secret volume written out)."""
+        env = {e["name"]: e.get("value") for e in vllm.get("env", [])}
+        if not env.get("SLOFLEET_TAG_KEY_FILE"):
+            return []
+        (volume,) = [v for v in spec["volumes"] if v["name"] == "tag-key"]
+        secret = self.cluster.get("secret", volume["secret"]["secretName"], ns)
+        assert secret is not None, "the engine mounts the tag-key Secret the chart creates"
+        key_file = self.workdir / f"{name}-engine-tag-key"
+        key_file.write_bytes(base64.b64decode(secret["data"]["keys"]))
+        return ["--tag-key-file", str(key_file)]
+
     def port_forward(self, argv: list[str]) -> str:
         """``kubectl port-forward svc/<router> L:R``: run the router as its Deployment runs it, on L'."""
         target = next(a for a in argv if a.startswith("svc/"))
@@ -303,6 +316,18 @@ class Replay:
         assert args[1] == "router", args
         port = free_port()
         args = replace_arg(replace_arg(args, "--host", "127.0.0.1"), "--port", str(port))
+        if any(a.startswith("--tag-key-file=") for a in args):  # the kubelet writes the Secret volume
+            (dep,) = [
+                d
+                for d in self.docs
+                if d["kind"] == "Deployment" and d["metadata"]["name"] == f"{self.release}-router"
+            ]
+            (volume,) = [v for v in dep["spec"]["template"]["spec"]["volumes"] if v["name"] == "tag-key"]
+            secret = self.cluster.get("secret", volume["secret"]["secretName"], self.namespace)
+            assert secret is not None, "the router mounts the tag-key Secret the chart creates"
+            key_file = self.workdir / "router-tag-key"
+            key_file.write_bytes(base64.b64decode(secret["data"]["keys"]))
+            args = replace_arg(args, "--tag-key-file", str(key_file))
         user = f"system:serviceaccount:{self.namespace}:{self.release}-router"
         self.cluster.call(lambda: self.cluster.emulator.users.update({ROUTER_TOKEN: user}))
         env = {**self.env, "KUBECONFIG": str(self.cluster.kubeconfig(ROUTER_TOKEN, "qs-router"))}

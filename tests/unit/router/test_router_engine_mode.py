@@ -4,6 +4,7 @@ gets carries the request's SLO as tags signed with the router's key (verified by
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 
@@ -80,3 +81,26 @@ def test_endpoints_file_and_pod_annotations_name_the_mode() -> None:
     del pod["metadata"]["annotations"]["slofleet.io/mode"]  # a pod rendered before engine mode
     old = pod_endpoint(pod)
     assert old is not None and old.mode == "proxy"
+
+
+async def test_the_endpoint_picker_hands_an_engine_mode_pod_the_signed_body() -> None:
+    from slo_core.slo import PriorityClass, SLOTier
+    from slo_router.app import build_state
+    from slo_router.config import RouterConfig
+    from slo_router.endpoints import EndpointSpec, EndpointState
+    from slo_router.extproc.pick import pick
+    from slo_router.tenants import KeyStore, Tenant
+
+    chat = SLOTier("chat", RequestKind.LATENCY, PriorityClass("high", 4.0), ttft_s=5.0, tbt_s=1.0)
+    config = RouterConfig(
+        tiers={"chat": chat}, default_tier="chat", tenants={"t": Tenant("t", ("chat",), "chat")}
+    )
+    ep = EndpointState(EndpointSpec("p", "http://10.0.0.5:8001", models=("m",), mode="engine"))
+    state = build_state(config, KeyStore({"sk": "t"}), {"p": ep})
+    state.tag_keys = [KEY]
+    body = json.dumps({"model": "m", "prompt": "hi", "vllm_xargs": {"slo_kind": "latency"}}).encode()
+    picked = await pick(state, "POST", "/v1/completions", {"authorization": "Bearer sk"}, body)
+    assert picked.address == "10.0.0.5:8001"
+    sent = json.loads(picked.body)
+    tags, why = trusted_tags(sent["vllm_xargs"], [KEY], time.time())
+    assert why is None and tags is not None and tags.tier == "chat" and tags.tenant == "t"
