@@ -121,7 +121,7 @@ def reported_state(sc: Sidecar, aggregate_only: bool = False) -> Any:
                 prompt_tokens=r.prompt_tokens,
                 generated_tokens=r.generated_tokens,
                 output_bound=bound,
-                deadline_unix_s=_reported_due_unix_s(r),
+                deadline_unix_s=mirror.deadline_of(r.request_key) or _reported_due_unix_s(r),
                 arrival_unix_s=r.arrival_unix_s,
                 ttft_s=max(0.0, ttft),
                 program_id=r.program_id,
@@ -179,7 +179,10 @@ class AnalyzerService(slofleet_pb2_grpc.AnalyzerServicer):
         sc = self.sc
         bounds = await sc.mirror.take(request)
         return slofleet_pb2.BoundsReply(
-            bounds=[slofleet_pb2.RequestBound(request_key=k, output_bound=b) for k, b in bounds],
+            bounds=[
+                slofleet_pb2.RequestBound(request_key=k, output_bound=b, deadline_unix_s=d)
+                for k, b, d in bounds
+            ],
             generated_unix_s=sc.tracker.unix(sc.now()),
         )
 

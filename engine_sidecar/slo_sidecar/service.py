@@ -24,6 +24,7 @@ from slo_core.wire.headers import TENANT_HEADER
 from slo_core.wire.request_slo import SLOParamError, SLORequest, parse_slo
 from slo_core.wire.signing import sign
 from slo_core.wire.tags import EngineTags
+from slo_sidecar.analyzer import CompoundAnalyzer
 from slo_sidecar.attempt import run_attempt
 from slo_sidecar.calibration import CalibrationGauges, CalibrationHub
 from slo_sidecar.config import PolicyConfig, SidecarKnobs
@@ -87,7 +88,12 @@ class Sidecar:
         self.calibration_gauges = CalibrationGauges(self.metrics.registry) if self.calibration else None
         # engine mode: what the engine's scheduler reports (the router streams from the engine directly)
         self.mirror = EngineMirror(
-            knobs=knobs, estimator=estimator, metrics=self.metrics, calibration=self.calibration
+            knobs=knobs,
+            estimator=estimator,
+            metrics=self.metrics,
+            calibration=self.calibration,
+            compound=CompoundAnalyzer(self.history.patterns),  # the patterns the proxy path learns too
+            tiers=lambda: self.config.tiers,
         )
 
     # ---- admission ---------------------------------------------------------------------------

@@ -23,7 +23,8 @@ from slo_vllm_plugin.report import EngineSnapshot, Finished, to_report
 log = logging.getLogger(__name__)
 
 Fetch = Callable[[], dict[str, int]]
-Send = Callable[[Any], dict[str, int]]
+# a report out; the live requests' bounds and (compound calls) stage sub-deadlines, unix seconds, back
+Send = Callable[[Any], tuple[dict[str, int], dict[str, float]]]
 MAX_FINISHED = 100_000  # finished rows kept while the analyzer is away (oldest dropped first)
 
 
@@ -52,9 +53,10 @@ def grpc_send(target: str, timeout_s: float = 2.0) -> Send:
     """A send function over ``Analyzer.Report``: the report out, the live requests' bounds back."""
     stub = _channel(target)
 
-    def send(report: Any) -> dict[str, int]:
+    def send(report: Any) -> tuple[dict[str, int], dict[str, float]]:
         reply = stub.Report(report, timeout=timeout_s)
-        return {b.request_key: int(b.output_bound) for b in reply.bounds}
+        bounds = {b.request_key: int(b.output_bound) for b in reply.bounds}
+        return bounds, {b.request_key: b.deadline_unix_s for b in reply.bounds if b.deadline_unix_s > 0}
 
     return send
 
@@ -71,6 +73,7 @@ class AnalyzerClient:
         self.target = target
         self._interval_s = interval_s
         self._bounds: dict[str, int] = {}
+        self._deadlines: dict[str, float] = {}
         self._last_ok = float("-inf")
         self._stop = threading.Event()
         self._fetch = fetch
@@ -105,7 +108,7 @@ class AnalyzerClient:
             self._send = grpc_send(self.target)
         done = [self._finished.popleft() for _ in range(len(self._finished))]
         try:
-            bounds = self._send(to_report(snapshot, done))
+            bounds, self._deadlines = self._send(to_report(snapshot, done))
         except Exception:
             self._finished.extendleft(reversed(done))  # sent again with the next report
             raise
@@ -127,6 +130,10 @@ class AnalyzerClient:
         if time.monotonic() - self._last_ok > stale_after_s:
             return None
         return self._bounds
+
+    def deadlines(self) -> dict[str, float]:
+        """Stage sub-deadlines of compound calls from the last report's answer (unix seconds)."""
+        return self._deadlines
 
     def close(self) -> None:
         self._stop.set()

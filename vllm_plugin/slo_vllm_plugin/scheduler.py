@@ -89,6 +89,7 @@ class SLOScheduler(Scheduler):  # type: ignore[misc]
         self.slo_bridge = PolicyBridge(
             policy,
             bounds=self._fresh_bounds,
+            deadlines=self._fresh_deadlines,
             tag_keys=_load_tag_keys(self.slo_settings),
             on_unsigned=self.slo_metrics.unsigned,
         )
@@ -233,6 +234,9 @@ class SLOScheduler(Scheduler):  # type: ignore[misc]
         if self.slo_analyzer is None:
             return {}
         return self.slo_analyzer.bounds_if_fresh(self.slo_settings.stale_after_s)
+
+    def _fresh_deadlines(self) -> dict[str, float]:
+        return self.slo_analyzer.deadlines() if self.slo_analyzer is not None else {}
 
     def _slo_key(self, request_id: str) -> str:
         """The sidecar's key of a request (its ``slo_request_key`` tag), else vLLM's id."""

@@ -457,6 +457,7 @@ class EngineRunner:
         if bounds is not self._bounds_seen:
             self._bounds_seen = bounds
             targets = list(self.live.values())
+        deadlines: dict[str, float] = getattr(self.analyzer, "deadlines", dict)()
         for h in targets:
             tags = h.sub.tags
             key = (tags.request_key if tags else "") or h.request_id
@@ -464,6 +465,10 @@ class EngineRunner:
             if bound is not None and bound != h.sim.output_bound:
                 h.sim.output_bound = int(bound)
                 h.sim.view_key = None  # the cached policy snapshot is stale now
+            sub = deadlines.get(key) if tags is not None else None
+            if sub is not None and sub != h.sim.deadline_at_s:  # a compound call's stage sub-deadline
+                h.sim.deadline_at_s = sub
+                h.sim.view_key = None
 
     # ---- state for metrics and tests --------------------------------------------------------------
 

@@ -31,12 +31,13 @@ class FakeSidecar:
         self.fail = False
         self.got = threading.Event()
 
-    def send(self, report: Any) -> dict[str, int]:
+    def send(self, report: Any) -> tuple[dict[str, int], dict[str, float]]:
         if self.fail:
             raise ConnectionError("down")
         self.reports.append(report)
         self.got.set()
-        return {r.request_key: 100 + r.generated_tokens for r in report.requests}
+        bounds = {r.request_key: 100 + r.generated_tokens for r in report.requests}
+        return bounds, {"k1": 123.5}
 
 
 def _wait(cond: Any, timeout_s: float = 5.0) -> None:
@@ -67,6 +68,7 @@ def test_reports_carry_the_snapshot_and_finishes_once_and_bring_bounds_back() ->
         )
         assert first.requests[1].kind == "" and first.kv_usage == 0.25 and first.policy == "edf"
         _wait(lambda: client.bounds_if_fresh(5.0) == {"k1": 103, "v-2": 100})
+        assert client.deadlines() == {"k1": 123.5}
         n = len(side.reports)
         _wait(lambda: len(side.reports) > n + 2)
         assert sum(len(r.finished) for r in side.reports) == 1, "a finish is reported once"
