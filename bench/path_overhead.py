@@ -4,7 +4,10 @@ Starts on loopback one engine-sim and, in front of it, each hop a request can cr
 
 - ``direct``          client -> engine-sim
 - ``lean``            client -> lean byte relay (bench/lean_relay.py, the floor) -> engine-sim
-- ``router``          client -> router -> engine-sim (engine mode: no sidecar in the token path)
+- ``router``          client -> router -> engine-sim (a plain relay: no tags, no state stream)
+- ``engine mode``     client -> router -> engine-sim, as deployed in engine mode: signed SLO tags, the
+                      engine reporting to its own sidecar (analyzer, state stream to the router); the
+                      sidecar is off the token path, its CPU is shown but is no relay hop
 - ``sidecar``         client -> sidecar (proxy mode, FCFS) -> engine-sim
 - ``router+sidecar``  client -> router -> sidecar -> engine-sim (proxy mode, stock vLLM)
 
@@ -37,7 +40,8 @@ from typing import Any
 import aiohttp
 
 ROOT = Path(__file__).resolve().parents[1]
-PATHS = ("direct", "lean", "router", "sidecar", "router+sidecar")
+PATHS = ("direct", "lean", "router", "engine mode", "sidecar", "router+sidecar")
+TAG_KEY = "bench-tag-key-0123456789abcdef"
 # one batch tier with a long deadline: nothing here is infeasible, every request is relayed
 POLICY = """\
 apiVersion: slofleet.io/v1alpha1
@@ -55,9 +59,13 @@ HOPS = {  # the processes each path crosses, client side first
     "direct": ("engine",),
     "lean": ("lean", "engine"),
     "router": ("router", "engine"),
+    "engine mode": ("router_em", "engine_em"),
     "sidecar": ("sidecar", "engine"),
     "router+sidecar": ("router_px", "sidecar", "engine"),
 }
+ENGINE_OF = {"engine mode": "engine_em"}  # the engine process of a path (default: "engine")
+ROUTER_OF = {"router": "router", "engine mode": "router_em", "router+sidecar": "router_px"}
+SIDECAR_OF = {"engine mode": "sidecar_em", "sidecar": "sidecar", "router+sidecar": "sidecar"}
 
 
 def _free_port() -> int:
@@ -149,12 +157,20 @@ async def _round(base: str, model: str, clients: int, requests: int, max_tokens:
 
 def _spawn(args: argparse.Namespace, work: Path) -> tuple[dict[str, subprocess.Popen[bytes]], dict[str, str]]:
     exe, py = _slofleet(), sys.executable
-    port = {k: _free_port() for k in ("engine", "lean", "router", "sidecar", "router_px")}
+    names = ("engine", "lean", "router", "sidecar", "router_px", "engine_em", "sidecar_em", "router_em")
+    port = {k: _free_port() for k in names}
+    grpc_em = _free_port()
     url = {k: f"http://127.0.0.1:{p}" for k, p in port.items()}
     for name, target in (("router", "engine"), ("router_px", "sidecar")):
         (work / f"{name}.yaml").write_text(
             f"endpoints:\n  - id: {target}\n    url: {url[target]}\n    models: [{args.model}]\n"
         )
+    (work / "router_em.yaml").write_text(
+        f"endpoints:\n  - id: pod\n    url: {url['engine_em']}\n    models: [{args.model}]\n"
+        f"    mode: engine\n    grpc: 127.0.0.1:{grpc_em}\n"
+    )
+    keys = work / "tag-keys"
+    keys.write_text(TAG_KEY + "\n")
     (work / "policy.yaml").write_text(POLICY)
     quiet = [exe, "--log-level", "WARNING"]
     policy = str(work / "policy.yaml")
@@ -170,6 +186,15 @@ def _spawn(args: argparse.Namespace, work: Path) -> tuple[dict[str, subprocess.P
                    "--endpoints", str(work / "router.yaml"), "--policy-file", policy],
         "router_px": [*quiet, "router", "--host", "127.0.0.1", "--port", str(port["router_px"]),
                       "--endpoints", str(work / "router_px.yaml"), "--policy-file", policy],
+        "engine_em": [*quiet, "engine-sim", "--host", "127.0.0.1", "--port", str(port["engine_em"]),
+                      "--speedup", str(args.speedup), "--model", args.model,
+                      "--analyzer", f"127.0.0.1:{grpc_em}", "--tag-key-file", str(keys)],
+        "sidecar_em": [*quiet, "sidecar", "--host", "127.0.0.1", "--port", str(port["sidecar_em"]),
+                       "--engine-url", url["engine_em"], "--predictor", "fallback", "--mode", "engine",
+                       "--grpc-port", str(grpc_em), "--policy-file", policy],
+        "router_em": [*quiet, "router", "--host", "127.0.0.1", "--port", str(port["router_em"]),
+                      "--endpoints", str(work / "router_em.yaml"), "--policy-file", policy,
+                      "--tag-key-file", str(keys)],
     }  # fmt: skip
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     logs = {k: (work / f"{k}.log").open("wb") for k in cmds}
@@ -178,7 +203,7 @@ def _spawn(args: argparse.Namespace, work: Path) -> tuple[dict[str, subprocess.P
     }
     bases = {
         "direct": url["engine"], "lean": url["lean"], "router": url["router"], "sidecar": url["sidecar"],
-        "router+sidecar": url["router_px"],
+        "router+sidecar": url["router_px"], "engine mode": url["router_em"],
     }  # fmt: skip
     return procs, bases
 
@@ -190,6 +215,7 @@ async def _bench(
     await _wait_ready(
         [bases["lean"] + "/health", bases["router"] + "/ready", bases["router+sidecar"] + "/ready"]
     )
+    await _wait_ready([bases["engine mode"] + "/ready"])
     for path in PATHS:  # warm every hop (connections, caches)
         await _round(bases[path], args.model, 4, 8, 8)
     pids = {k: p.pid for k, p in procs.items()}
@@ -232,17 +258,23 @@ def _table(res: dict[str, Any]) -> str:
         ]
         for path in PATHS:
             p = med[path]
-            router = p["router_cpu_us_per_token"] if path == "router" else p["router_px_cpu_us_per_token"]
-            hops = [h for h in HOPS[path] if h != "engine"]
+            router = p[f"{ROUTER_OF[path]}_cpu_us_per_token"] if path in ROUTER_OF else 0.0
+            sidecar = p[f"{SIDECAR_OF[path]}_cpu_us_per_token"] if path in SIDECAR_OF else 0.0
+            engine = p[f"{ENGINE_OF.get(path, 'engine')}_cpu_us_per_token"]
+            hops = [h for h in HOPS[path] if not h.startswith("engine")]
             hop_cpu = sum(p[f"{h}_cpu_us_per_token"] for h in hops)
             out.append(
                 f"| {path} | {p['tokens_per_s'] / d['tokens_per_s']:.3f} | {1000 * p['ttft_p50_s']:.1f} | "
-                f"{1000 * (p['ttft_p50_s'] - d['ttft_p50_s']):+.1f} | {p['engine_cpu_us_per_token']:.0f} | "
+                f"{1000 * (p['ttft_p50_s'] - d['ttft_p50_s']):+.1f} | {engine:.0f} | "
                 f"{p['lean_cpu_us_per_token'] if path == 'lean' else 0:.0f} | "
-                f"{router if 'router' in path else 0:.0f} | "
-                f"{p['sidecar_cpu_us_per_token'] if 'sidecar' in path else 0:.0f} | "
+                f"{router:.0f} | {sidecar:.0f} | "
                 f"{hop_cpu / floor if hops else 0:.2f} | {p['failed']} |"
             )
+        out += [
+            "",
+            "engine mode: the sidecar column is its analyzer and state work (engine reports, bounds, the "
+            "router's state stream), off the token path; the relay hop is the router alone.",
+        ]
         out.append("")
     return "\n".join(out)
 

@@ -128,6 +128,13 @@ async def watch_config(sc: Sidecar, path: Path, every_s: float = 1.0) -> None:
 
 
 # ---- drain ------------------------------------------------------------------------------------
+def _engine_busy(sc: Sidecar) -> bool:
+    """Engine mode: the engine still reports requests (the router streams them from it directly; the
+    engine's container waits for this sidecar to exit before it stops, so they finish first)."""
+    mirror = sc.mirror
+    return mirror.seen and mirror.fresh(5.0) and len(mirror.report.requests) > 0
+
+
 async def drain(sc: Sidecar, timeout_s: float) -> None:
     """Stop admitting; hand waiting requests back; let running ones finish within ``timeout_s``."""
     sc.draining = True
@@ -137,7 +144,7 @@ async def drain(sc: Sidecar, timeout_s: float) -> None:
                 overloaded("this pod is shutting down; send the request to another replica", "draining", 1)
             )
     deadline = time.monotonic() + timeout_s
-    while sc.jobs and time.monotonic() < deadline:
+    while (sc.jobs or _engine_busy(sc)) and time.monotonic() < deadline:
         await asyncio.sleep(0.05)
     for job in list(sc.jobs.values()):
         job.emit("error", overloaded("this pod shut down before the request finished", "draining", 1))

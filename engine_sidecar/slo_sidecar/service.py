@@ -25,6 +25,7 @@ from slo_core.wire.keyring import KeyRing
 from slo_core.wire.request_slo import SLOParamError, SLORequest, parse_slo
 from slo_core.wire.signing import sign
 from slo_core.wire.tags import EngineTags
+from slo_sidecar.analyzer import CompoundAnalyzer
 from slo_sidecar.attempt import run_attempt
 from slo_sidecar.calibration import CalibrationGauges, CalibrationHub
 from slo_sidecar.config import PolicyConfig, SidecarKnobs
@@ -35,6 +36,7 @@ from slo_sidecar.front import CHAT, ParsedBody, parse_body
 from slo_sidecar.history import History
 from slo_sidecar.job import Job
 from slo_sidecar.metrics import SidecarMetrics
+from slo_sidecar.mirror import EngineMirror
 from slo_sidecar.scheduling import Scheduler
 from slo_sidecar.tracker import Tracker
 
@@ -86,6 +88,15 @@ class Sidecar:
         self._background: set[asyncio.Task[Any]] = set()
         self.calibration = make_hub(estimator, knobs)
         self.calibration_gauges = CalibrationGauges(self.metrics.registry) if self.calibration else None
+        # engine mode: what the engine's scheduler reports (the router streams from the engine directly)
+        self.mirror = EngineMirror(
+            knobs=knobs,
+            estimator=estimator,
+            metrics=self.metrics,
+            calibration=self.calibration,
+            compound=CompoundAnalyzer(self.history.patterns),  # the patterns the proxy path learns too
+            tiers=lambda: self.config.tiers,
+        )
 
     # ---- admission ---------------------------------------------------------------------------
     async def accept(self, headers: Mapping[str, str], body: Any, endpoint: str) -> Job:

@@ -78,11 +78,15 @@ def config_map_name(md: ModelDeploymentView) -> str:
 
 
 def pod_annotations(md: ModelDeploymentView, settings: OperatorSettings) -> dict[str, str]:
-    """What the router reads about a pod besides its labels: ports, served model and capabilities."""
+    """What the router reads about a pod besides its labels: ports, served model and capabilities.
+
+    Engine mode: the router sends requests to vLLM's port (the plugin schedules them by the router's
+    signed SLO tags) and follows the sidecar's gRPC state stream; no sidecar relays tokens."""
     notes = {
         k8s.SERVED_MODEL_ANNOTATION: md.served_name,
-        k8s.HTTP_PORT_ANNOTATION: str(settings.sidecar_http_port),
+        k8s.HTTP_PORT_ANNOTATION: str(settings.engine_port),
         k8s.GRPC_PORT_ANNOTATION: str(settings.sidecar_grpc_port),
+        k8s.MODE_ANNOTATION: "engine",
     }
     context = md.context_length or md.max_model_len
     if context:

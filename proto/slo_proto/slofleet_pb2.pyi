@@ -32,6 +32,86 @@ class BoundsReply(_message.Message):
     generated_unix_s: float
     def __init__(self, bounds: _Optional[_Iterable[_Union[RequestBound, _Mapping]]] = ..., generated_unix_s: _Optional[float] = ...) -> None: ...
 
+class EngineRequest(_message.Message):
+    __slots__ = ("request_key", "phase", "prompt_tokens", "generated_tokens", "max_tokens", "arrival_unix_s", "kind", "tier", "priority_weight", "ttft_s", "tbt_s", "deadline_s", "deadline_unix_s", "tenant", "program_id", "stage", "output_bound", "first_token_unix_s")
+    REQUEST_KEY_FIELD_NUMBER: _ClassVar[int]
+    PHASE_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    GENERATED_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    MAX_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    ARRIVAL_UNIX_S_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    TIER_FIELD_NUMBER: _ClassVar[int]
+    PRIORITY_WEIGHT_FIELD_NUMBER: _ClassVar[int]
+    TTFT_S_FIELD_NUMBER: _ClassVar[int]
+    TBT_S_FIELD_NUMBER: _ClassVar[int]
+    DEADLINE_S_FIELD_NUMBER: _ClassVar[int]
+    DEADLINE_UNIX_S_FIELD_NUMBER: _ClassVar[int]
+    TENANT_FIELD_NUMBER: _ClassVar[int]
+    PROGRAM_ID_FIELD_NUMBER: _ClassVar[int]
+    STAGE_FIELD_NUMBER: _ClassVar[int]
+    OUTPUT_BOUND_FIELD_NUMBER: _ClassVar[int]
+    FIRST_TOKEN_UNIX_S_FIELD_NUMBER: _ClassVar[int]
+    request_key: str
+    phase: str
+    prompt_tokens: int
+    generated_tokens: int
+    max_tokens: int
+    arrival_unix_s: float
+    kind: str
+    tier: str
+    priority_weight: float
+    ttft_s: float
+    tbt_s: float
+    deadline_s: float
+    deadline_unix_s: float
+    tenant: str
+    program_id: str
+    stage: int
+    output_bound: int
+    first_token_unix_s: float
+    def __init__(self, request_key: _Optional[str] = ..., phase: _Optional[str] = ..., prompt_tokens: _Optional[int] = ..., generated_tokens: _Optional[int] = ..., max_tokens: _Optional[int] = ..., arrival_unix_s: _Optional[float] = ..., kind: _Optional[str] = ..., tier: _Optional[str] = ..., priority_weight: _Optional[float] = ..., ttft_s: _Optional[float] = ..., tbt_s: _Optional[float] = ..., deadline_s: _Optional[float] = ..., deadline_unix_s: _Optional[float] = ..., tenant: _Optional[str] = ..., program_id: _Optional[str] = ..., stage: _Optional[int] = ..., output_bound: _Optional[int] = ..., first_token_unix_s: _Optional[float] = ...) -> None: ...
+
+class FinishedRequest(_message.Message):
+    __slots__ = ("request_key", "generated_tokens", "finish_reason", "tier")
+    REQUEST_KEY_FIELD_NUMBER: _ClassVar[int]
+    GENERATED_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    FINISH_REASON_FIELD_NUMBER: _ClassVar[int]
+    TIER_FIELD_NUMBER: _ClassVar[int]
+    request_key: str
+    generated_tokens: int
+    finish_reason: str
+    tier: str
+    def __init__(self, request_key: _Optional[str] = ..., generated_tokens: _Optional[int] = ..., finish_reason: _Optional[str] = ..., tier: _Optional[str] = ...) -> None: ...
+
+class EngineReport(_message.Message):
+    __slots__ = ("snapshot_unix_s", "step", "waiting", "running", "kv_usage", "kv_cache_tokens", "requests", "finished", "policy", "degraded_reason", "max_model_len", "models")
+    SNAPSHOT_UNIX_S_FIELD_NUMBER: _ClassVar[int]
+    STEP_FIELD_NUMBER: _ClassVar[int]
+    WAITING_FIELD_NUMBER: _ClassVar[int]
+    RUNNING_FIELD_NUMBER: _ClassVar[int]
+    KV_USAGE_FIELD_NUMBER: _ClassVar[int]
+    KV_CACHE_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    REQUESTS_FIELD_NUMBER: _ClassVar[int]
+    FINISHED_FIELD_NUMBER: _ClassVar[int]
+    POLICY_FIELD_NUMBER: _ClassVar[int]
+    DEGRADED_REASON_FIELD_NUMBER: _ClassVar[int]
+    MAX_MODEL_LEN_FIELD_NUMBER: _ClassVar[int]
+    MODELS_FIELD_NUMBER: _ClassVar[int]
+    snapshot_unix_s: float
+    step: int
+    waiting: int
+    running: int
+    kv_usage: float
+    kv_cache_tokens: int
+    requests: _containers.RepeatedCompositeFieldContainer[EngineRequest]
+    finished: _containers.RepeatedCompositeFieldContainer[FinishedRequest]
+    policy: str
+    degraded_reason: str
+    max_model_len: int
+    models: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, snapshot_unix_s: _Optional[float] = ..., step: _Optional[int] = ..., waiting: _Optional[int] = ..., running: _Optional[int] = ..., kv_usage: _Optional[float] = ..., kv_cache_tokens: _Optional[int] = ..., requests: _Optional[_Iterable[_Union[EngineRequest, _Mapping]]] = ..., finished: _Optional[_Iterable[_Union[FinishedRequest, _Mapping]]] = ..., policy: _Optional[str] = ..., degraded_reason: _Optional[str] = ..., max_model_len: _Optional[int] = ..., models: _Optional[_Iterable[str]] = ...) -> None: ...
+
 class RequestState(_message.Message):
     __slots__ = ("request_id", "kind", "tier", "priority_weight", "phase", "prompt_tokens", "generated_tokens", "output_bound", "deadline_unix_s", "arrival_unix_s", "ttft_s", "tbt_s", "program_id", "stage")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]

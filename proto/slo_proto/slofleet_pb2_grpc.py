@@ -39,6 +39,11 @@ class AnalyzerStub:
                 request_serializer=slofleet__pb2.BoundsRequest.SerializeToString,
                 response_deserializer=slofleet__pb2.BoundsReply.FromString,
                 _registered_method=True)
+        self.Report = channel.unary_unary(
+                '/slofleet.v1.Analyzer/Report',
+                request_serializer=slofleet__pb2.EngineReport.SerializeToString,
+                response_deserializer=slofleet__pb2.BoundsReply.FromString,
+                _registered_method=True)
 
 
 class AnalyzerServicer:
@@ -50,12 +55,23 @@ class AnalyzerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Report(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AnalyzerServicer_to_server(servicer, server):
     rpc_method_handlers = {
             'GetBounds': grpc.unary_unary_rpc_method_handler(
                     servicer.GetBounds,
                     request_deserializer=slofleet__pb2.BoundsRequest.FromString,
+                    response_serializer=slofleet__pb2.BoundsReply.SerializeToString,
+            ),
+            'Report': grpc.unary_unary_rpc_method_handler(
+                    servicer.Report,
+                    request_deserializer=slofleet__pb2.EngineReport.FromString,
                     response_serializer=slofleet__pb2.BoundsReply.SerializeToString,
             ),
     }
@@ -85,6 +101,33 @@ class Analyzer:
             target,
             '/slofleet.v1.Analyzer/GetBounds',
             slofleet__pb2.BoundsRequest.SerializeToString,
+            slofleet__pb2.BoundsReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Report(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/slofleet.v1.Analyzer/Report',
+            slofleet__pb2.EngineReport.SerializeToString,
             slofleet__pb2.BoundsReply.FromString,
             options,
             channel_credentials,

@@ -36,6 +36,7 @@ from slo_core.wire.tags import strip_engine_tags
 from slo_router.accounting import respond
 from slo_router.config import RouterConfig
 from slo_router.endpoints import EndpointState
+from slo_router.enginetags import tagged_body
 from slo_router.errors import APIError, error_response, exception_handlers
 from slo_router.intake import (
     affinity_of,
@@ -90,7 +91,8 @@ async def _serve(state: RouterState, request: Request, labels: list[str]) -> Res
     adm = await admit(state, request, labels, id_prefix="rtr")
     body, model, tenant, slo, tier, view = adm.body, adm.model, adm.tenant, adm.slo, adm.tier, adm.view
     request_id = view.request_id
-    forward_body = json.dumps(body_to_forward(state, adm), separators=(",", ":")).encode()
+    forward = body_to_forward(state, adm)
+    forward_body = json.dumps(forward, separators=(",", ":")).encode()
     affinity = affinity_of(state, request, body, slo)
     tried: set[str] = set()
     last_reason = "no replica available"
@@ -135,11 +137,15 @@ async def _serve(state: RouterState, request: Request, labels: list[str]) -> Res
         tried.add(ep_id)
         ep.note_sent(view, state.clock())
         assert state.client is not None
+        if ep.spec.mode == "engine":  # straight to the engine: the SLO rides along as signed tags
+            body_bytes = tagged_body(forward, view, tier, state.tag_keys, clock=state.clock)
+        else:
+            body_bytes = forward_body
         try:
             opening = open_upstream(
                 state.client,
                 ep.spec.http_url + request.url.path,
-                forward_body,
+                body_bytes,
                 upstream_headers(slo, tier, tenant, request_id),
                 state.upstream_timeout_s,
             )

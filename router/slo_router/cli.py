@@ -70,7 +70,8 @@ def register(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--tag-key-file",
-        help="the tag-key Secret's file (followed live): authenticates the router's gRPC calls to sidecars",
+        help="the tag-key Secret's file (followed live, rotated by the operator): signs the SLO tags sent to "
+        "engine-mode pods and authenticates the router's gRPC calls to sidecars",
     )
     defaults = RequestLimits()
     parser.add_argument(
@@ -186,6 +187,7 @@ def run(args: argparse.Namespace) -> int:
         state.limits = RequestLimits(
             args.max_body_bytes, args.max_header_bytes, args.max_json_depth, args.max_tokens_limit
         )
+        state.tag_keys = keys
     except ValueError as exc:  # e.g. an unknown routing policy or parameter or limit
         log.error("%s", exc)
         return 2

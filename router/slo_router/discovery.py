@@ -4,8 +4,9 @@ File format::
 
     endpoints:
       - id: pod-a                        # unique
-        url: http://127.0.0.1:8101       # the pod's sidecar (OpenAI API)
+        url: http://127.0.0.1:8101       # the pod's sidecar (proxy mode) or engine (engine mode)
         grpc: 127.0.0.1:9101             # the sidecar's gRPC state stream (optional)
+        mode: proxy                      # proxy (default) | engine: see EndpointSpec
         models: [llama-3.1-8b]
         max_context_tokens: 8192
         gpu_class: h100
@@ -40,7 +41,9 @@ _FIELDS = {
     "lora_adapters",
     "profile",
     "deployment",
+    "mode",
 }
+MODES = ("proxy", "engine")
 
 
 def parse_endpoints(doc: Any, source: str) -> list[EndpointSpec]:
@@ -57,7 +60,10 @@ def parse_endpoints(doc: Any, source: str) -> list[EndpointSpec]:
             raise ValueError(f"{where}: unknown field(s) {sorted(unknown)}; known: {sorted(_FIELDS)}")
         url = item.get("url")
         if not isinstance(url, str) or not url.startswith(("http://", "https://")):
-            raise ValueError(f"{where}: 'url' must be an http(s) URL of the pod's sidecar")
+            raise ValueError(f"{where}: 'url' must be an http(s) URL of the pod's sidecar or engine")
+        mode = str(item.get("mode") or "proxy")
+        if mode not in MODES:
+            raise ValueError(f"{where}: 'mode' must be one of {list(MODES)}, got {mode!r}")
         ep_id = str(item.get("id") or url)
         if ep_id in seen:
             raise ValueError(f"{where}: duplicate endpoint id {ep_id!r}")
@@ -73,6 +79,7 @@ def parse_endpoints(doc: Any, source: str) -> list[EndpointSpec]:
                 lora_adapters=tuple(item.get("lora_adapters") or ()),
                 profile=item.get("profile"),
                 deployment=str(item.get("deployment") or ""),
+                mode=mode,
             )
         )
     return specs

@@ -12,7 +12,12 @@ from slo_core.policies.base import ReplicaCapabilities, ReplicaView, RequestView
 
 @dataclass(frozen=True, slots=True)
 class EndpointSpec:
-    """How to reach one pod's sidecar and what it declares it can serve."""
+    """How to reach one pod and what it declares it can serve.
+
+    ``mode``: ``proxy`` (``http_url`` is the pod's sidecar, which relays to a stock engine) or ``engine``
+    (``http_url`` is the engine itself, vLLM with the slofleet plugin or engine-sim; the request goes
+    there with signed SLO tags and no sidecar relays it). Either way ``grpc_target`` is the sidecar's
+    state stream."""
 
     endpoint_id: str
     http_url: str
@@ -23,6 +28,7 @@ class EndpointSpec:
     lora_adapters: tuple[str, ...] = ()
     profile: str | None = None
     deployment: str = ""
+    mode: str = "proxy"
 
     def capabilities(self) -> ReplicaCapabilities:
         return ReplicaCapabilities(

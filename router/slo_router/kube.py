@@ -54,6 +54,7 @@ def pod_endpoint(pod: dict[str, Any]) -> EndpointSpec | None:
     served = notes.get(NOTE + "served-model")
     lora = tuple(a for a in notes.get(NOTE + "lora-adapters", "").split(",") if a)
     context = notes.get(NOTE + "context-length")
+    mode = "engine" if notes.get(NOTE + "mode") == "engine" else "proxy"
     return EndpointSpec(
         endpoint_id=f"{meta.get('namespace', 'default')}/{meta['name']}",
         http_url=f"http://{ip}:{http_port}",
@@ -63,6 +64,7 @@ def pod_endpoint(pod: dict[str, Any]) -> EndpointSpec | None:
         gpu_class=notes.get(NOTE + "gpu-class", ""),
         lora_adapters=lora,
         deployment=(meta.get("labels") or {}).get(MD_LABEL, ""),
+        mode=mode,
     )
 
 

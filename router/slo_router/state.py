@@ -17,6 +17,7 @@ import aiohttp
 from slo_core.policies.base import RouterPolicy
 from slo_core.policies.registry import make_router_policy
 from slo_core.routing import RoutingPipeline, SessionTable
+from slo_core.wire.keyring import KeyRing
 from slo_core.wire.limits import RequestLimits
 from slo_router.config import RouterConfig
 from slo_router.endpoints import EndpointState
@@ -46,6 +47,8 @@ class RouterState:
     policy_loaded: bool = True
     policy_source: str = ""
     limits: RequestLimits = field(default_factory=RequestLimits)
+    # engine mode: the first signs the SLO tags sent to engines (--tag-key-file); none: tags go unsigned
+    tag_keys: Callable[[], KeyRing] | None = None
     _pipeline: RoutingPipeline | None = field(default=None, repr=False)
 
     @property

@@ -42,6 +42,7 @@ class PolicyBridge:
         policy: EnginePolicy,
         *,
         bounds: Callable[[], Mapping[str, int] | None] = lambda: {},
+        deadlines: Callable[[], Mapping[str, float]] = lambda: {},
         clock: Callable[[], float] = time.time,
         seed: int = 0,
         tag_keys: Sequence[bytes] | Callable[[], Sequence[bytes]] | None = None,
@@ -57,6 +58,8 @@ class PolicyBridge:
         self.on_unsigned = on_unsigned
         self.unsigned = 0
         self._bounds = bounds
+        self._deadlines = deadlines
+        self._deadline_now: Mapping[str, float] = {}
         self._clock = clock
         self._rng = random.Random(seed)
         self._tags: dict[str, EngineTags | None] = {}
@@ -110,10 +113,13 @@ class PolicyBridge:
         tags = self.tags(request)
         targets = tags.targets if tags else BEST_EFFORT
         arrival = float(request.arrival_time)
-        deadline_at = tags.deadline_at_s if tags else None
+        key = (tags.request_key if tags else "") or request.request_id
+        # a compound call's stage sub-deadline from the analyzer, else the deadline its tags carry
+        deadline_at = (self._deadline_now.get(key) if tags else None) or (
+            tags.deadline_at_s if tags else None
+        )
         if deadline_at is None and targets.kind is not RequestKind.LATENCY:
             deadline_at = arrival + targets.effective_deadline_s
-        key = (tags.request_key if tags else "") or request.request_id
         bound = bounds.get(key, tags.output_bound if tags else None)
         return RequestView(
             request_id=request.request_id,
@@ -138,6 +144,7 @@ class PolicyBridge:
 
         A policy error yields the stock decision (``guard.degraded_reason`` says why)."""
         bounds = self._bounds() or {}
+        self._deadline_now = self._deadlines() if bounds else {}
         now = self._clock()
         w = [self.view(r, bounds) for r in waiting]
         r = [self.view(x, bounds) for x in running]

@@ -16,6 +16,11 @@ vllm 0.32, whose scheduler interface is not public). Before each stock schedulin
 ``Decision.prefill_first`` (vLLM v0's order) has no equivalent in v1's running-first pass and is
 ignored here; the simulator and engine-sim honour it.
 
+Engine mode: at most once per ``SLOFLEET_REPORT_INTERVAL_S`` a step snapshots its requests (phase,
+token counts, verified SLO tags) and KV use for the analyzer client's thread, which reports them to the
+sidecar (``Analyzer.Report``: the engine view routers get) and brings back refined bounds; the step
+never waits on it. Requests leaving the engine are reported with their output length.
+
 Any policy error, or an analyzer that stopped answering, degrades to vLLM's stock order for that
 step: requests are never failed by the plugin. Requires ``--scheduling-policy fcfs`` (the default);
 under ``priority`` the waiting heap cannot be reordered, so only preemptions are applied.
@@ -36,6 +41,7 @@ from slo_core.policies.base import Decision, EngineView
 from slo_vllm_plugin.bridge import PolicyBridge
 from slo_vllm_plugin.engine_trace import EngineTrace
 from slo_vllm_plugin.metrics import PluginMetrics
+from slo_vllm_plugin.report import EngineSnapshot, Finished, RequestRow, Throttle
 from slo_vllm_plugin.settings import PluginSettings, load_policy
 
 # vLLM configures only its own "vllm" logger (handler, format, INFO): under it the plugin's start line
@@ -79,11 +85,14 @@ class SLOScheduler(Scheduler):  # type: ignore[misc]
         self.slo_bridge = PolicyBridge(
             policy,
             bounds=self._fresh_bounds,
+            deadlines=self._fresh_deadlines,
             tag_keys=_load_tag_keys(self.slo_settings),
             on_unsigned=self.slo_metrics.unsigned,
         )
         self._slo_profile = _load_profile(self.slo_settings.profile)
         self._slo_degraded_reason = ""
+        self._slo_report = Throttle(self.slo_settings.report_interval_s)
+        self._slo_finished: list[Finished] = []
         log.info(
             "slofleet scheduler: policy=%s analyzer=%s tags=%s",
             policy.name,
@@ -108,6 +117,7 @@ class SLOScheduler(Scheduler):  # type: ignore[misc]
     def add_request(self, request: Any) -> None:
         super().add_request(request)
         self.slo_bridge.note_event()
+        self._slo_publish(force=False)  # an arrival shows in the sidecar's state without waiting a step
         if self.slo_trace.enabled:
             rid = request.request_id
             self.slo_trace.event("arrive", request_id=rid, key=self._slo_key(rid))
@@ -137,6 +147,7 @@ class SLOScheduler(Scheduler):  # type: ignore[misc]
         if held:
             for req in held:
                 self.waiting.add_request(req)
+        self._slo_publish(force=False)
         for data in output.scheduled_new_reqs:
             self.slo_trace.event(
                 "admit",
@@ -158,7 +169,22 @@ class SLOScheduler(Scheduler):  # type: ignore[misc]
         if done:
             self.slo_bridge.note_event()
             self.slo_bridge.forget(done)
+            # an engine that just emptied is not stepped again: show it idle now
+            self._slo_publish(force=not self.waiting and not self.running)
         return outputs
+
+    def _free_request(self, request: Any, *args: Any, **kwargs: Any) -> Any:
+        if self.slo_analyzer is not None:
+            tags = self.slo_bridge.tags(request)
+            self._slo_finished.append(
+                Finished(
+                    (tags.request_key if tags else "") or request.request_id,
+                    int(request.num_output_tokens),
+                    str(request.get_finished_reason() or "abort"),
+                    (tags.tier if tags else None) or "",
+                )
+            )
+        return super()._free_request(request, *args, **kwargs)
 
     def shutdown(self) -> None:
         self.slo_trace.close()
@@ -166,12 +192,61 @@ class SLOScheduler(Scheduler):  # type: ignore[misc]
             self.slo_analyzer.close()
         super().shutdown()
 
+    # ---- engine mode: the engine view for the sidecar ---------------------------------------------
+
+    def _slo_row(self, req: Any, phase: str | None) -> RequestRow:
+        tags = self.slo_bridge.tags(req)
+        if phase is None:
+            phase = "prefill" if req.num_computed_tokens < req.num_prompt_tokens else "decode"
+        return RequestRow(
+            key=(tags.request_key if tags else "") or req.request_id,
+            phase=phase,
+            prompt_tokens=int(req.num_prompt_tokens),
+            generated_tokens=int(req.num_output_tokens),
+            max_tokens=int(req.max_tokens),
+            arrival_unix_s=float(req.arrival_time),
+            tags=tags,
+        )
+
+    def _slo_publish(self, *, force: bool) -> None:
+        """Hand the analyzer client a snapshot when one is due (its thread sends it; no I/O here)."""
+        analyzer = self.slo_analyzer
+        if analyzer is None:
+            return
+        now = time.time()
+        if not (self._slo_report.due(now) or force):
+            return
+        if self._slo_finished:
+            analyzer.finished(self._slo_finished)
+            self._slo_finished = []
+        rows = [self._slo_row(r, "waiting") for r in self.waiting]
+        rows += [self._slo_row(r, None) for r in self.running]
+        pool = self.kv_cache_manager.block_pool
+        total = max(1, int(pool.num_gpu_blocks))
+        analyzer.publish(
+            EngineSnapshot(
+                snapshot_unix_s=now,
+                step=self.slo_bridge.step,
+                waiting=len(self.waiting),
+                running=len(self.running),
+                kv_usage=1.0 - pool.get_num_free_blocks() / total,
+                kv_cache_tokens=total * int(self.block_size),
+                requests=tuple(rows),
+                policy=self.slo_bridge.policy.name,
+                degraded_reason=self._slo_degraded_reason,
+                max_model_len=int(getattr(self, "max_model_len", 0) or 0),
+            )
+        )
+
     # ---- policy application ----------------------------------------------------------------------
 
     def _fresh_bounds(self) -> dict[str, int] | None:
         if self.slo_analyzer is None:
             return {}
         return self.slo_analyzer.bounds_if_fresh(self.slo_settings.stale_after_s)
+
+    def _fresh_deadlines(self) -> dict[str, float]:
+        return self.slo_analyzer.deadlines() if self.slo_analyzer is not None else {}
 
     def _slo_key(self, request_id: str) -> str:
         """The sidecar's key of a request (its ``slo_request_key`` tag), else vLLM's id."""
@@ -298,4 +373,4 @@ def _start_analyzer(settings: PluginSettings) -> Any:
         # unusable: said by _load_tag_keys; calls go without a token, are refused, the plugin degrades
         with contextlib.suppress(OSError, ValueError):
             keys = KeyFile(settings.tag_key_file)
-    return AnalyzerClient(settings.analyzer, keys=keys)
+    return AnalyzerClient(settings.analyzer, interval_s=settings.report_interval_s, keys=keys)

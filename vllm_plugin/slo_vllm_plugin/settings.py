@@ -10,6 +10,8 @@
 ``SLOFLEET_PROFILE``         performance-model profile for policies that need one (e.g. h100/llama-3-8b)
 ``SLOFLEET_STALE_AFTER_S``   analyzer data older than this counts as unreachable (default 5 s)
 ``SLOFLEET_METRICS_PORT``    serve the plugin's Prometheus metrics on this port (optional)
+``SLOFLEET_REPORT_INTERVAL_S`` engine mode: at most one engine report to the analyzer per interval
+                             (default 0.05 s; each report is answered with the live requests' bounds)
 ``SLOFLEET_TAG_KEY_FILE``    keys (one a line) the sidecar signs SLO tags with; when set, a request whose
                            tags are unsigned, forged or stale is scheduled best-effort (and counted)
 """
@@ -41,6 +43,7 @@ class PluginSettings:
     stale_after_s: float = 5.0
     metrics_port: int | None = None
     tag_key_file: str | None = None
+    report_interval_s: float = 0.05
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> PluginSettings:
@@ -70,6 +73,7 @@ class PluginSettings:
             stale_after_s=float(env.get("SLOFLEET_STALE_AFTER_S", "5")),
             metrics_port=int(port) if port else None,
             tag_key_file=env.get("SLOFLEET_TAG_KEY_FILE") or None,
+            report_interval_s=float(env.get("SLOFLEET_REPORT_INTERVAL_S", "0.05")),
         )
 
 

@@ -18,6 +18,7 @@ METADATA_KEY = "x-slofleet-auth"
 STATE_WATCH = "/slofleet.v1.State/Watch"
 STATE_SNAPSHOT = "/slofleet.v1.State/Snapshot"
 ANALYZER_GET_BOUNDS = "/slofleet.v1.Analyzer/GetBounds"
+ANALYZER_REPORT = "/slofleet.v1.Analyzer/Report"
 MAX_AGE_S = 120.0  # a client makes a fresh token per call; this only bounds a replayed one
 MAX_SKEW_S = 30.0
 

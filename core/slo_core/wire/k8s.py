@@ -1,6 +1,7 @@
 """What the operator writes on Kubernetes objects and the router (and chart) read back.
 
-The operator labels engine pods and annotates their template with how to reach the sidecar; the router's
+The operator labels engine pods and annotates their template with how to reach them (engine mode: the
+router sends to the engine's port, the sidecar's gRPC port serves the state stream); the router's
 discovery selects pods by these labels and reads these annotations. Changing a value here changes both.
 """
 
@@ -24,3 +25,6 @@ GRPC_PORT_ANNOTATION = ANNOTATION_PREFIX + "grpc-port"
 CONTEXT_LENGTH_ANNOTATION = ANNOTATION_PREFIX + "context-length"
 GPU_CLASS_ANNOTATION = ANNOTATION_PREFIX + "gpu-class"
 LORA_ADAPTERS_ANNOTATION = ANNOTATION_PREFIX + "lora-adapters"
+# "engine": http-port is the engine's own port (vLLM with the slofleet plugin; requests carry signed SLO
+# tags); "proxy" (or absent, as on pods rendered before engine mode): http-port is the sidecar's
+MODE_ANNOTATION = ANNOTATION_PREFIX + "mode"

@@ -10,11 +10,12 @@ seconds (vLLM stamps ``arrival_time`` with ``time.time()``).
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from slo_core.slo import RequestKind, SLOTargets
+from slo_core.wire.signing import verify
 
 PREFIX = "slo_"
 
@@ -30,6 +31,7 @@ class EngineTags:
     output_bound: int | None = None
     program_id: str | None = None
     stage: int | None = None
+    tier: str | None = None  # the SLOPolicy tier name (reported back to routers with the request's state)
 
     def to_xargs(self) -> dict[str, str | int | float]:
         t = self.targets
@@ -48,6 +50,7 @@ class EngineTags:
             "slo_program_id": self.program_id,
             "slo_stage": self.stage,
             "slo_request_key": self.request_key or None,
+            "slo_tier": self.tier,
         }
         out.update({k: v for k, v in optional.items() if v is not None})
         return out
@@ -86,6 +89,7 @@ def decode_tags(raw: Mapping[str, Any] | None) -> EngineTags | None:
         output_bound=int(bound) if bound is not None else None,
         program_id=str(program) if program is not None else None,
         stage=int(stage) if stage is not None else None,
+        tier=str(raw["slo_tier"]) if raw.get("slo_tier") is not None else None,
     )
 
 
@@ -116,3 +120,18 @@ def client_xargs(value: Any) -> dict[str, Any]:
     if not isinstance(value, Mapping):
         raise ValueError("'vllm_xargs' must be a JSON object")
     return {str(k): v for k, v in value.items() if not str(k).startswith(PREFIX)}
+
+
+def trusted_tags(
+    raw: Mapping[str, Any] | None, keys: Sequence[bytes] | None, now_s: float
+) -> tuple[EngineTags | None, str | None]:
+    """The tags an engine may schedule by, and why a request's tags were not trusted (None: they were,
+    or it carried none). ``keys`` None: no key configured, tags are trusted as they come; otherwise
+    unsigned, forged or stale tags give best effort (``None`` tags). Malformed tags raise ValueError.
+
+    One rule for the vLLM plugin and engine-sim: a caller that skipped the router gets no priority."""
+    tags = decode_tags(raw)
+    if tags is None or keys is None:
+        return tags, None
+    why = verify(raw, keys, now_s)
+    return (tags, None) if why is None else (None, why)

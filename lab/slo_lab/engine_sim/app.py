@@ -130,7 +130,7 @@ async def _generate(request: Request, *, chat: bool) -> Response:
             prompt_tokens, key = prompt_tokens_of(body)
             wanted = body.max_tokens
         max_tokens, output_tokens = resolve_lengths(body, prompt_tokens, wanted, runner.max_model_len, key)
-        tags = runner.trusted(body.vllm_xargs, decode_xargs(body.vllm_xargs))
+        tags = runner.trusted(decode_xargs(body.vllm_xargs), body.vllm_xargs)
         tool_fn = tool_calls.named_function(body) if chat else None
         if body.stream_options is not None and not body.stream:
             raise ApiError("Stream options can only be defined when `stream=True`.", param="stream_options")

@@ -21,7 +21,7 @@ import logging
 import random
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -30,11 +30,11 @@ from slo_core.policies.registry import make_engine_policy
 from slo_core.sim.engine import SimEngine
 from slo_core.sim.engine_types import EngineConfig
 from slo_core.sim.outcomes import Feedback
-from slo_core.sim.request import REJECTED, ProgramState, SimRequest
+from slo_core.sim.request import REJECTED, RUNNING, ProgramState, SimRequest
 from slo_core.slo import RequestKind, SLOTargets
 from slo_core.wire.keyring import KeyFile
-from slo_core.wire.signing import verify
-from slo_core.wire.tags import EngineTags
+from slo_core.wire.tags import EngineTags, trusted_tags
+from slo_vllm_plugin.report import EngineSnapshot, Finished, RequestRow, Throttle
 
 from .policy_hook import GuardedPolicy, observes_feedback
 from .settings import EngineSimSettings, resolve_profile, sped_up
@@ -138,6 +138,21 @@ class EngineRunner:
         self.listeners: list[Any] = []
         self.aborted = 0
         self.rejected = 0
+        self._report = Throttle(settings.report_interval_s)
+        self._report_dirty = True
+        self._finished_rows: list[Finished] = []
+
+    def trusted(self, tags: EngineTags | None, raw: Any) -> EngineTags | None:
+        """The request's tags if the engine may schedule by them; unsigned or forged ones: best effort."""
+        if tags is None or self.keys is None:
+            return tags
+        _, why = trusted_tags(raw, self.keys().verify_keys, self.clock())
+        if why is None:
+            return tags
+        self.unsigned_tags += 1
+        if self.unsigned_tags == 1 or self.unsigned_tags % 1000 == 0:
+            log.warning("SLO tags %s: scheduled best-effort (%d so far)", why, self.unsigned_tags)
+        return None
 
     # ---- lifecycle --------------------------------------------------------------------------------
 
@@ -174,19 +189,6 @@ class EngineRunner:
             self.analyzer.close()
 
     # ---- requests in and out ----------------------------------------------------------------------
-
-    def trusted(self, raw_xargs: Mapping[str, Any] | None, tags: EngineTags | None) -> EngineTags | None:
-        """``tags`` when no key is configured or they carry a valid signature; else None (best-effort),
-        counted, as the vLLM plugin does (``slo_vllm_plugin.bridge``)."""
-        if self.keys is None or tags is None:
-            return tags
-        why = verify(raw_xargs, self.keys().verify_keys, self.clock())
-        if why is None:
-            return tags
-        self.unsigned_tags += 1
-        if self.unsigned_tags == 1 or self.unsigned_tags % 1000 == 0:
-            log.warning("SLO tags %s: scheduled best-effort (%d so far)", why, self.unsigned_tags)
-        return None
 
     def submit(self, sub: Submission) -> Handle:
         """Queue a request for the next step boundary; read its tokens from ``handle.events``."""
@@ -282,11 +284,13 @@ class EngineRunner:
             steps_before = engine.steps_run
             end = engine.plan(now)
             self._collect_rejected(now)
+            self._publish(now, force=False)
             if end is None or engine.steps_run == steps_before:
                 # nothing to run, or requests wait for blocks/slots: sleep until woken (or poll)
                 self._wake.clear()
                 if self._inbox or self._aborts:
                     continue
+                self._publish(now, force=True)  # the analyzer sees the idle engine as it is
                 timeout = None if end is None else max(0.0, end - self.clock())
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._wake.wait(), timeout)
@@ -358,7 +362,9 @@ class EngineRunner:
                 self._priority.pop(r.request_id, None)
                 for listener in self.listeners:
                     listener.on_finish(h, reason, t)
+                self._finished_rows.append(Finished(self._key(h), r.generated, reason, self._tier(h)))
             h.events.put_nowait((new, t, reason))
+        self._report_dirty = True
 
     def _finish(self, h: Handle, reason: str, now: float) -> None:
         if self.live.pop(h.request_id, None) is None:
@@ -368,6 +374,62 @@ class EngineRunner:
         h.events.put_nowait((0, now, reason))
         for listener in self.listeners:
             listener.on_finish(h, reason, now)
+        self._finished_rows.append(Finished(self._key(h), h.seen_tokens, reason, self._tier(h)))
+        self._report_dirty = True
+
+    # ---- engine mode: the engine view published to the sidecar ------------------------------------
+
+    @staticmethod
+    def _key(h: Handle) -> str:
+        tags = h.sub.tags
+        return (tags.request_key if tags else "") or h.request_id
+
+    @staticmethod
+    def _tier(h: Handle) -> str:
+        return (h.sub.tags.tier if h.sub.tags else None) or ""
+
+    def _publish(self, now: float, *, force: bool) -> None:
+        """Hand the analyzer client a snapshot (at most one per report interval; its thread sends it)."""
+        publish = getattr(self.analyzer, "publish", None)
+        if publish is None or not self._report_dirty or not (force or self._report.due(now)):
+            return
+        self._report_dirty = False
+        if self._finished_rows:
+            self.analyzer.finished(self._finished_rows)
+            self._finished_rows = []
+        publish(self.snapshot(now))
+
+    def snapshot(self, now: float) -> EngineSnapshot:
+        """The engine as its requests stand now (what the sidecar serves routers in engine mode)."""
+        rows = []
+        for h in self.live.values():
+            r = h.sim
+            phase = "waiting" if r.state != RUNNING else ("decode" if r.generated else "prefill")
+            rows.append(
+                RequestRow(
+                    key=self._key(h),
+                    phase=phase,
+                    prompt_tokens=r.prompt_tokens,
+                    generated_tokens=r.generated,
+                    max_tokens=r.max_tokens,
+                    arrival_unix_s=r.arrival_s,
+                    tags=h.sub.tags,
+                    first_token_unix_s=h.first_token_s or 0.0,
+                )
+            )
+        e = self.engine
+        return EngineSnapshot(
+            snapshot_unix_s=now,
+            step=e.steps_run,
+            waiting=self.num_waiting,
+            running=self.num_running,
+            kv_usage=self.kv_usage,
+            kv_cache_tokens=e.kv_blocks_total * self.settings.block_size,
+            requests=tuple(rows),
+            policy=self.policy.name,
+            max_model_len=self.max_model_len,
+            models=(self.model_name,),
+        )
 
     # ---- analyzer bounds --------------------------------------------------------------------------
 
@@ -387,6 +449,7 @@ class EngineRunner:
         if bounds is not self._bounds_seen:
             self._bounds_seen = bounds
             targets = list(self.live.values())
+        deadlines: dict[str, float] = getattr(self.analyzer, "deadlines", dict)()
         for h in targets:
             tags = h.sub.tags
             key = (tags.request_key if tags else "") or h.request_id
@@ -394,6 +457,10 @@ class EngineRunner:
             if bound is not None and bound != h.sim.output_bound:
                 h.sim.output_bound = int(bound)
                 h.sim.view_key = None  # the cached policy snapshot is stale now
+            sub = deadlines.get(key) if tags is not None else None
+            if sub is not None and sub != h.sim.deadline_at_s:  # a compound call's stage sub-deadline
+                h.sim.deadline_at_s = sub
+                h.sim.view_key = None
 
     # ---- state for metrics and tests --------------------------------------------------------------
 

@@ -45,6 +45,9 @@ class EngineSimSettings(BaseModel):
         description="the tag-key Secret's file (followed live), as the vLLM plugin's SLOFLEET_TAG_KEY_FILE: "
         "SLO tags not signed with it are scheduled best-effort (counted), analyzer calls carry a token",
     )
+    report_interval_s: float = Field(
+        0.05, gt=0, description="engine mode: at most one engine report to the analyzer per interval (s)"
+    )
 
 
 def resolve_profile(name: str) -> PerfProfile:

@@ -1,5 +1,11 @@
 """Start, watch and stop the processes of a local fleet: engines, one sidecar each, the router.
 
+Engine mode (the default): the router sends each request straight to its engine (engine-sim, which
+schedules like the vLLM plugin) with SLO tags signed by a key generated for this fleet; the engine
+reports its view to its sidecar (``--analyzer``), which answers with bounds and serves the router's
+state stream. Proxy mode: the router sends to the sidecar, which holds requests and relays to a stock
+engine. An engine given by URL (an existing vLLM) is reached through its sidecar in either mode.
+
 Every process is ``python -m slo_core.cli <command>`` (the same commands the Helm chart runs), its
 output in ``<workdir>/logs/<name>.log``. Start-up waits for each ``/health``; a process that exits
 or never gets healthy stops the whole fleet with the tail of its log. Stopping goes front to back:
@@ -11,6 +17,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import secrets
 import signal
 import socket
 import subprocess
@@ -101,6 +108,12 @@ class Pod:
     grpc_target: str
     profile: str
     model: str | None
+    direct: bool = False  # engine mode: the router sends to the engine, not through the sidecar
+
+    @property
+    def serving_url(self) -> str:
+        """Where the router sends this pod's requests."""
+        return self.engine_url if self.direct else self.sidecar_url
 
 
 class LocalFleet:
@@ -122,6 +135,11 @@ class LocalFleet:
         port = spec.port or free_port(spec.host)
         self.router_url = f"http://{spec.host}:{port}"
         self._router_port = port
+        self.tag_key_file: Path | None = None
+        if spec.mode == "engine":  # the router signs SLO tags with it, the engines verify them
+            self.tag_key_file = self.workdir / "tag-keys"
+            self.tag_key_file.write_text(secrets.token_hex(32) + "\n", encoding="utf-8")
+            self.tag_key_file.chmod(0o600)
 
     def _effective_policy(self, source: Path) -> tuple[SLOPolicy, Path]:
         """The policy file every process reads: the source, or a copy with the spec's overrides."""
@@ -158,8 +176,10 @@ class LocalFleet:
         args += ["--objective", runtime.objective.model_dump_json()]
         if group.model:
             args += ["--model", group.model]
-        if self.spec.mode == "engine" and policy != "fcfs":
+        if self.spec.mode == "engine":  # reports its view to the sidecar, gets bounds back
             args += ["--analyzer", analyzer]
+        if self.tag_key_file is not None:
+            args += ["--tag-key-file", str(self.tag_key_file)]
         url = f"http://127.0.0.1:{port}"
         return Child(name, url, self._cmd(*args), self.workdir / "logs" / f"{name}.log"), url
 
@@ -178,8 +198,9 @@ class LocalFleet:
             "endpoints": [
                 {
                     "id": pod.pod_id,
-                    "url": pod.sidecar_url,
+                    "url": pod.serving_url,
                     "grpc": pod.grpc_target,
+                    "mode": "engine" if pod.direct else "proxy",
                     **({"models": [pod.model]} if pod.model else {}),
                     "profile": pod.profile,
                 }
@@ -195,6 +216,8 @@ class LocalFleet:
         args += ["--endpoints", str(endpoints), "--policy-file", str(self.policy_file)]
         if self.spec.keys_file:
             args += ["--keys-file", str(self.spec.keys_file)]
+        if self.tag_key_file is not None:
+            args += ["--tag-key-file", str(self.tag_key_file)]
         return Child("router", self.router_url, self._cmd(*args), self.workdir / "logs" / "router.log")
 
     # ---- lifecycle -----------------------------------------------------------------------------
@@ -219,9 +242,10 @@ class LocalFleet:
                     )
                     sidecar.start(env)
                     self.children.append(sidecar)
+                    direct = self.spec.mode == "engine" and group.url is None
                     self.pods.append(
                         Pod(f"pod-{index}", engines[-1][1], sidecar.url, f"127.0.0.1:{grpc_port}",
-                            group.profile, group.model)
+                            group.profile, group.model, direct)
                     )  # fmt: skip
                     index += 1
             self._wait_healthy(self.children)

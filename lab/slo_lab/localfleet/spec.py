@@ -55,8 +55,9 @@ class FleetSpec(BaseModel):
     )
     mode: Literal["engine", "proxy"] = Field(
         "engine",
-        description="engine: the policy runs inside each engine with bounds from its sidecar (as the vLLM "
-        "plugin does); proxy: the sidecar holds and releases requests in front of a stock engine",
+        description="engine: the router sends straight to each engine (signed SLO tags), whose policy runs "
+        "inside it with bounds from its sidecar, as the vLLM plugin does; proxy: the sidecar holds and "
+        "releases requests in front of a stock engine",
     )
     keys_file: Path | None = Field(None, description="API keys per tenant; without it the router is open")
     workdir: Path | None = Field(

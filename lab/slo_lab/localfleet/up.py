@@ -85,7 +85,13 @@ def banner(fleet: LocalFleet) -> str:
         "choose one with the x-slo-tier header)",
     ]
     for pod in fleet.pods:
-        lines.append(f"  {pod.pod_id}: sidecar {pod.sidecar_url} -> engine {pod.engine_url} ({pod.profile})")
+        if pod.direct:
+            lines.append(
+                f"  {pod.pod_id}: router -> engine {pod.engine_url} ({pod.profile}); "
+                f"sidecar {pod.sidecar_url} (analyzer, state)"
+            )
+        else:
+            lines.append(f"  {pod.pod_id}: sidecar {pod.sidecar_url} -> engine {pod.engine_url}")
     lines += [f"  logs: {fleet.workdir / 'logs'}", "", "Paste into Python:", "", client_snippet(fleet), ""]
     lines.append("Ctrl-C drains and stops everything.")
     return "\n".join(lines)

@@ -20,6 +20,7 @@ from slo_core.policies.base import RequestView
 from slo_core.wire.headers import INTERNAL_PREFIX
 from slo_router import app as router_app
 from slo_router.endpoints import EndpointState
+from slo_router.enginetags import tagged_body
 from slo_router.errors import APIError
 from slo_router.intake import (
     affinity_of,
@@ -34,7 +35,7 @@ class Picked:
     """Where the gateway sends the request, and what it sends there."""
 
     endpoint: EndpointState
-    address: str  # <ip:port> of the pod's slofleet HTTP front (the sidecar)
+    address: str  # <ip:port> of the pod's HTTP front (the sidecar; engine mode: vLLM itself)
     view: RequestView
     tier: str
     tenant: str
@@ -131,6 +132,11 @@ async def pick(
         state.metrics.affinity_hits.labels(result.affinity).inc()
     ep.note_sent(view, state.clock())
     set_headers = upstream_headers(slo, tier, tenant, request_id)
+    forward = router_app.body_to_forward(state, adm)
+    if ep.spec.mode == "engine":  # the gateway sends to vLLM itself: the SLO rides as signed tags
+        out = tagged_body(forward, view, tier, state.tag_keys, clock=state.clock)
+    else:
+        out = _json_bytes(forward)
     return Picked(
         endpoint=ep,
         address=address_of(ep),
@@ -139,7 +145,7 @@ async def pick(
         tenant=tenant.name,
         model=model,
         set_headers=set_headers,
-        body=_json_bytes(router_app.body_to_forward(state, adm)),
+        body=out,
     )
 
 

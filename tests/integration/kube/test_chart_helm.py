@@ -186,8 +186,9 @@ def test_a_named_policy_is_followed_with_only_the_access_it_needs(chart: helm.Ch
     pod = router["spec"]["template"]["spec"]
     args = pod["containers"][0]["args"]
     assert "--policy-name=chat-agent" in args and not [a for a in args if a.startswith("--policy-file")]
-    # no policy ConfigMap to mount; the tag key authenticates its gRPC calls to the sidecars
+    # no policy ConfigMap to mount (the tag key signs engine SLO tags and authenticates gRPC calls)
     assert [v["name"] for v in pod["volumes"]] == ["tmp", "tag-key"], "no policy ConfigMap to mount"
+    assert "--tag-key-file=/etc/slofleet/tag-key/keys" in args
     (role,) = [d for d in docs if d["kind"] == "Role" and d["metadata"]["name"].endswith("-router")]
     rules = {rule["resources"][0]: rule for rule in role["rules"]}
     assert rules["slopolicies"]["resourceNames"] == ["chat-agent"] and rules["slopolicies"]["verbs"] == [

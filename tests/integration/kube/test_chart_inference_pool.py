@@ -92,7 +92,10 @@ def test_pool_selects_the_engine_pods_the_operator_renders(chart: helm.Chart) ->
     for values in (ON, {"inferencePool": {"enabled": True, "modelDeployment": body["metadata"]["name"]}}):
         (pool,) = of_kind(render_chart(chart, values), "InferencePool")
         assert pool["spec"]["selector"]["matchLabels"].items() <= pod_labels.items()
-        assert pool["spec"]["targetPorts"][0]["number"] == settings.sidecar_http_port in ports
+        # engine mode: the gateway sends to vLLM's port, where the router's discovery points too
+        notes = dep["spec"]["template"]["metadata"]["annotations"]
+        assert pool["spec"]["targetPorts"][0]["number"] == settings.engine_port in ports
+        assert notes["slofleet.io/http-port"] == str(settings.engine_port)
     other = {"inferencePool": {"enabled": True, "modelDeployment": "another-model"}}
     (pool,) = of_kind(render_chart(chart, other), "InferencePool")
     assert not pool["spec"]["selector"]["matchLabels"].items() <= pod_labels.items()

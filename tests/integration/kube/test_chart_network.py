@@ -104,9 +104,8 @@ def test_only_the_router_reaches_engine_pods_and_only_prometheus_their_metrics(
     for ns in values.get("operator", {}).get("watchNamespaces", [NS]):
         assert admitted(policies, pod, ns, router_labels, NS, http)
         assert admitted(policies, pod, ns, router_labels, NS, grpc)
-        assert not admitted(policies, pod, ns, router_labels, NS, engine), (
-            "vLLM is reached only via the sidecar"
-        )
+        # engine mode: the router sends requests to vLLM itself (signed SLO tags), no sidecar relays them
+        assert admitted(policies, pod, ns, router_labels, NS, engine)
         stranger = {"app": "curious"}
         for port in (http, grpc, engine, plugin, metrics):
             assert not admitted(policies, pod, ns, stranger, ns, port), f"any pod reaches port {port}"

@@ -1,5 +1,6 @@
 """The openai client's ``tools`` call through router and sidecar to engine-sim, streamed and not: the
-engine's tool call must arrive intact (issue 17)."""
+engine's tool call must arrive intact (issue 17); in engine mode (router -> engine, issue 14) also the
+non-streamed answer, which the proxy-mode sidecar still rebuilds from text."""
 
 from __future__ import annotations
 
@@ -57,12 +58,27 @@ async def urls() -> AsyncIterator[dict[str, str]]:
             )
             state = build_state(rconfig, KeyStore({"sk": "t"}), {"p0": ep})
             feed = StateFeed(state.endpoints, interval_ms=50)
-            async with ServedApp(create_app(state, background=[lambda s: feed.run(poll_s=0.05)])) as router:
+            # engine mode: a second router sends to the engine itself (the sidecar only serves state)
+            direct = EndpointState(
+                EndpointSpec("p0", sim.url, grpc_target=run.grpc_target, models=(sim.model,), mode="engine")
+            )
+            estate = build_state(rconfig, KeyStore({"sk": "t"}), {"p0": direct})
+            efeed = StateFeed(estate.endpoints, interval_ms=50)
+            async with (
+                ServedApp(create_app(state, background=[lambda s: feed.run(poll_s=0.05)])) as router,
+                ServedApp(create_app(estate, background=[lambda s: efeed.run(poll_s=0.05)])) as erouter,
+            ):
                 for _ in range(200):
-                    if ep.usable:
+                    if ep.usable and direct.usable:
                         break
                     await asyncio.sleep(0.05)
-                yield {"engine": sim.url, "sidecar": run.http_url, "router": router.url, "model": sim.model}
+                yield {
+                    "engine": sim.url,
+                    "sidecar": run.http_url,
+                    "router": router.url,
+                    "router-engine-mode": erouter.url,
+                    "model": sim.model,
+                }
 
 
 async def _tool_call(url: str, model: str, *, stream: bool) -> tuple[str, str, str]:
@@ -108,8 +124,18 @@ REBUILT = pytest.mark.xfail(
 )
 
 
-@pytest.mark.parametrize("door", ["sidecar", "router"])
-@pytest.mark.parametrize("stream", [pytest.param(False, marks=REBUILT), True])
+@pytest.mark.parametrize(
+    ("door", "stream"),
+    [
+        pytest.param("sidecar", False, marks=REBUILT),
+        pytest.param("router", False, marks=REBUILT),
+        ("sidecar", True),
+        ("router", True),
+        # engine mode: no sidecar rebuilds the answer, the engine's own response passes through
+        ("router-engine-mode", False),
+        ("router-engine-mode", True),
+    ],
+)
 async def test_the_tool_call_arrives_intact_through_the_front_doors(
     urls: dict[str, str], door: str, stream: bool
 ) -> None:

@@ -24,20 +24,20 @@ def test_only_signed_tags_count_and_a_rotated_key_is_followed(tmp_path: Path) ->
     runner = EngineRunner(EngineSimSettings(tag_key_file=str(key_file)))
     now = time.time()
     signed = sign(TAGS.to_xargs(), OLD, now)
-    assert runner.trusted(signed, TAGS) is TAGS
+    assert runner.trusted(TAGS, signed) is TAGS
     forged = {**TAGS.to_xargs(), "slo_sig": f"{int(now)}.{'0' * 64}"}
-    assert runner.trusted(forged, TAGS) is None
-    assert runner.trusted(TAGS.to_xargs(), TAGS) is None
+    assert runner.trusted(TAGS, forged) is None
+    assert runner.trusted(TAGS, TAGS.to_xargs()) is None
     assert runner.trusted(None, None) is None and runner.unsigned_tags == 2
     # the operator rotates the Secret: the new key verifies, the previous one still does
     tmp = tmp_path / "keys.new"
     tmp.write_text(render_keyring(KeyRing(NEW, OLD, now)))
     os.replace(tmp, key_file)
     time.sleep(1.1)  # the file is re-checked at most once a second
-    assert runner.trusted(sign(TAGS.to_xargs(), NEW, now), TAGS) is TAGS
-    assert runner.trusted(signed, TAGS) is TAGS
+    assert runner.trusted(TAGS, sign(TAGS.to_xargs(), NEW, now)) is TAGS
+    assert runner.trusted(TAGS, signed) is TAGS
 
 
 def test_without_a_key_tags_are_trusted_as_before() -> None:
     runner = EngineRunner(EngineSimSettings())
-    assert runner.trusted(TAGS.to_xargs(), TAGS) is TAGS and runner.unsigned_tags == 0
+    assert runner.trusted(TAGS, TAGS.to_xargs()) is TAGS and runner.unsigned_tags == 0

@@ -1,0 +1,190 @@
+"""Engine mode: the engine's own view of its requests, reported by its scheduler, and their bounds.
+
+The router streams straight from the engine, so the sidecar sees no token. The engine-side scheduler
+(vLLM plugin, engine-sim) reports at most once per interval (``Analyzer.Report``): load, KV use and each
+live request's phase, token counts and SLO tags. Each report is answered with the live requests'
+output-length bounds: a new request gets the analyzer's submission bound, a running one is refined
+every ``refine_every_tokens`` generated tokens (the predictor runs off the event loop, all of a report's
+requests in one call), and finished ones teach the online estimator and calibration. The same report
+is what the sidecar's state stream serves routers (:func:`slo_sidecar.grpc_service.pod_state`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from slo_core.slo import SLOTier
+from slo_sidecar.analyzer import CompoundAnalyzer
+from slo_sidecar.calibration import CalibrationHub
+from slo_sidecar.config import SidecarKnobs
+from slo_sidecar.estimators import LengthEstimator
+from slo_sidecar.metrics import SidecarMetrics
+
+MAX_TRACKED = 100_000  # requests the mirror remembers bounds for (an engine never runs this many)
+PROGRAM_IDLE_S = 600.0  # a compound program with no call for this long ends (a pattern if it completed)
+
+
+@dataclass
+class Tracked:
+    """The analyzer's state of one request the engine reported."""
+
+    bound: int
+    bound_at_arrival: int
+    refined_at_tokens: int
+    kind: str
+    tier: str
+    max_tokens: int
+    plan: Any = None
+    deadline_unix_s: float = 0.0  # a compound call's stage sub-deadline (0: the tags' own deadline)
+    program_id: str = ""
+    stage: int | None = None
+    prompt_tokens: int = 0
+
+
+class EngineMirror:
+    """The newest engine report and the bounds of its requests (see the module docstring)."""
+
+    def __init__(
+        self,
+        *,
+        knobs: SidecarKnobs,
+        estimator: LengthEstimator,
+        metrics: SidecarMetrics,
+        calibration: CalibrationHub | None = None,
+        compound: CompoundAnalyzer | None = None,
+        tiers: Callable[[], Mapping[str, SLOTier]] = dict,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.knobs, self.estimator, self.metrics = knobs, estimator, metrics
+        self.calibration = calibration
+        self.compound = compound or CompoundAnalyzer()  # times here are the engine's unix seconds
+        self.tiers = tiers
+        self.clock = clock
+        self.report: Any = None
+        self.received_s: float | None = None
+        self.tracked: dict[str, Tracked] = {}
+        self.reports = 0
+
+    def fresh(self, stale_after_s: float) -> bool:
+        return self.received_s is not None and self.clock() - self.received_s <= stale_after_s
+
+    @property
+    def seen(self) -> bool:
+        """An engine reported at least once: its view, not the sidecar's relayed jobs, is the pod's."""
+        return self.report is not None
+
+    def bound_of(self, key: str, fallback: int) -> int:
+        t = self.tracked.get(key)
+        return t.bound if t is not None else fallback
+
+    def deadline_of(self, key: str) -> float:
+        """A compound call's stage sub-deadline (unix seconds), 0 when it has none."""
+        t = self.tracked.get(key)
+        return t.deadline_unix_s if t is not None else 0.0
+
+    async def take(self, report: Any) -> list[tuple[str, int, float]]:
+        """Apply one report; returns (request key, bound, sub-deadline or 0) of every live request."""
+        self.report, self.received_s = report, self.clock()
+        self.reports += 1
+        self._finish(report.finished, report.snapshot_unix_s)
+        new = [r for r in report.requests if r.request_key not in self.tracked]
+        due = [
+            r
+            for r in report.requests
+            if (t := self.tracked.get(r.request_key)) is not None
+            and r.generated_tokens - t.refined_at_tokens >= self.knobs.refine_every_tokens
+        ]
+        if new or due:
+            if getattr(self.estimator, "cheap", False) and self.calibration is None:
+                self._estimate(new, due)
+            else:  # a forest pass per request: off the event loop, the whole batch in one call
+                await asyncio.to_thread(self._estimate, new, due)
+        for r in new:
+            if r.program_id and r.request_key in self.tracked:
+                self._place_in_program(r, self.tracked[r.request_key])
+        if self.reports % 100 == 0:
+            self._expire_programs(report.snapshot_unix_s)
+        return [
+            (r.request_key, self.bound_of(r.request_key, r.max_tokens), self.deadline_of(r.request_key))
+            for r in report.requests
+        ]
+
+    def _place_in_program(self, r: Any, t: Tracked) -> None:
+        """A compound call: its program (deadline from the tags) and its stage's sub-deadline φ(s)·D."""
+        tier = self.tiers().get(r.tier)
+        if tier is None or r.deadline_s <= 0:
+            return
+        now = float(r.arrival_unix_s)
+        prog = self.compound.program(r.program_id, now, float(r.deadline_s), None)
+        stage = int(r.stage) if r.stage else None
+        sub = self.compound.call_arrived(prog, stage, tier, now)
+        t.program_id, t.stage, t.prompt_tokens = r.program_id, stage, int(r.prompt_tokens)
+        if t.stage is None:
+            t.stage = prog.stage
+        if sub is not None:
+            t.deadline_unix_s = sub
+
+    def _expire_programs(self, now: float) -> None:
+        busy = {t.program_id for t in self.tracked.values() if t.program_id}
+        for pid, prog in list(self.compound.programs.items()):
+            if pid not in busy and now - prog.last_seen_s > PROGRAM_IDLE_S:
+                self.compound.finish(prog, now, store=not prog.failed)
+
+    def _estimate(self, new: list[Any], due: list[Any]) -> None:
+        hub, apply = self.calibration, self.knobs.calibration_apply
+        for r in new:
+            kind = r.kind or "best-effort"
+            max_tokens = max(1, int(r.max_tokens))
+            plan = None
+            if hub is not None:
+                plan = hub.plan(None, int(r.prompt_tokens), kind, max_tokens, self.knobs.model_name, r.tenant)
+                bound = hub.bound_at(plan, 0) if apply else hub.forest_bound(plan)
+            else:
+                bound = int(self.estimator.bound(None, int(r.prompt_tokens), kind, max_tokens))
+            if r.output_bound > 0:  # the router's bound (from the tags) when it is tighter
+                bound = min(bound, int(r.output_bound))
+            bound = max(bound, int(r.generated_tokens) + 1) if r.generated_tokens else max(1, bound)
+            self.tracked[r.request_key] = Tracked(
+                bound, bound, int(r.generated_tokens), kind, r.tier, max_tokens, plan
+            )
+        for r in due:
+            t = self.tracked[r.request_key]
+            generated = int(r.generated_tokens)
+            t.refined_at_tokens = generated
+            if hub is not None and t.plan is not None and apply:
+                value = hub.bound_at(t.plan, generated)
+            else:
+                value = self.estimator.refine(
+                    t.bound, None, int(r.prompt_tokens), generated, None, t.kind, t.max_tokens
+                )
+            t.bound = max(int(value), min(t.max_tokens, generated + 1))
+        while len(self.tracked) > MAX_TRACKED:  # rows whose finish never arrived (engine restarted)
+            self.tracked.pop(next(iter(self.tracked)))
+
+    def _finish(self, finished: Any, now: float) -> None:
+        learn = getattr(self.estimator, "observe", None)
+        for f in finished:
+            t = self.tracked.pop(f.request_key, None)
+            if t is not None and t.program_id and (prog := self.compound.programs.get(t.program_id)):
+                self.compound.call_ended(
+                    prog,
+                    t.stage,
+                    ok=f.finish_reason in ("stop", "length"),
+                    input_tokens=t.prompt_tokens,
+                    output_tokens=int(f.generated_tokens),
+                    now_s=now,
+                )
+            tier = f.tier or (t.tier if t is not None else "") or "-"
+            status = "ok" if f.finish_reason in ("stop", "length") else "aborted"
+            self.metrics.requests.labels(tier, "-", status).inc()
+            self.metrics.output_tokens.labels(tier, "-").inc(int(f.generated_tokens))
+            if f.finish_reason != "stop":  # only a natural end is a true length sample
+                continue
+            if learn is not None:
+                learn(int(f.generated_tokens))
+            if self.calibration is not None and t is not None and t.plan is not None:
+                self.calibration.observe(t.plan, int(f.generated_tokens), t.bound_at_arrival)

@@ -1,0 +1,53 @@
+"""Engine mode: the body a pod's engine gets straight from the router, with the request's signed SLO tags.
+
+In engine mode (an endpoint with ``mode: engine``) the router sends the OpenAI request to the engine's
+own port (vLLM with the slofleet plugin, or engine-sim) and no sidecar relays it. What the engine's
+scheduler needs (tier, SLO targets, absolute deadline, priority weight, tenant, program and stage, the
+router's request id as the key its sidecar knows it by) travels in ``vllm_xargs`` as slofleet's tags,
+HMAC-signed with the signing key of ``--tag-key-file`` (the rotating key ring): the engine schedules
+unsigned or forged tags best-effort, so a caller that skips the router gets no priority. The client's
+own ``vllm_xargs`` and ``priority`` were stripped at the front door (:func:`slo_router.app.body_to_forward`).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from typing import Any
+
+from slo_core.policies.base import RequestView
+from slo_core.wire.keyring import KeyRing
+from slo_core.wire.signing import sign
+from slo_core.wire.tags import EngineTags
+
+
+def engine_tags(view: RequestView, tier: str, *, now_s: float, wall_now_s: float) -> EngineTags:
+    """The tags of a routed request; its deadline moves from the router's clock to unix seconds."""
+    deadline = view.deadline_at_s + (wall_now_s - now_s) if view.deadline_at_s is not None else None
+    return EngineTags(
+        targets=view.slo,
+        request_key=view.request_id,
+        tenant=view.tenant,
+        deadline_at_s=deadline,
+        program_id=view.program_id,
+        stage=view.stage,
+        tier=tier,
+    )
+
+
+def tagged_body(
+    forward: dict[str, Any],
+    view: RequestView,
+    tier: str,
+    keys: Callable[[], KeyRing] | None,
+    *,
+    clock: Callable[[], float],
+    wall_clock: Callable[[], float] = time.time,
+) -> bytes:
+    """The JSON body for an engine-mode pod: ``forward`` plus the (signed, when a key is set) tags."""
+    wall = wall_clock()
+    xargs: dict[str, Any] = dict(engine_tags(view, tier, now_s=clock(), wall_now_s=wall).to_xargs())
+    if keys is not None:  # the ring's signing key: the previous one until the current has settled
+        xargs = sign(xargs, keys().signing_key(wall), wall)
+    return json.dumps({**forward, "vllm_xargs": xargs}, separators=(",", ":")).encode()
