@@ -13,7 +13,7 @@ from typing import Any
 import grpc
 import pytest
 
-from slo_core.wire.callauth import ANALYZER_GET_BOUNDS, METADATA_KEY, STATE_WATCH, call_token
+from slo_core.wire.callauth import ANALYZER_GET_BOUNDS, ANALYZER_REPORT, METADATA_KEY, STATE_WATCH, call_token
 from slo_core.wire.keyring import KeyRing
 from slo_lab.fake_engine import FakeEngine, serve_fake_engine
 from slo_proto import slofleet_pb2, slofleet_pb2_grpc
@@ -24,7 +24,8 @@ from slo_sidecar.config import PolicyConfig, SidecarKnobs
 from slo_sidecar.estimators import FallbackEstimator
 from slo_sidecar.runtime import running_sidecar
 from slo_sidecar.service import Sidecar
-from slo_vllm_plugin.analyzer_client import grpc_fetch
+from slo_vllm_plugin.analyzer_client import grpc_fetch, grpc_send
+from slo_vllm_plugin.report import EngineSnapshot, to_report
 
 OLDEST, PREVIOUS, CURRENT = b"o" * 32, b"p" * 32, b"c" * 32
 RING = KeyRing(CURRENT, PREVIOUS, rotated_at_s=time.time() - 3600)
@@ -155,3 +156,21 @@ async def test_the_routers_state_feed_follows_an_authenticated_sidecar_and_not_w
                 for t in tasks:
                     t.cancel()
                 await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def test_engine_reports_need_a_token_and_the_plugins_sender_brings_one() -> None:
+    """Engine mode: the plugin's (and engine-sim's) Analyzer.Report feeds the pod's scheduler and the
+    routers' state, so it is authenticated like every other call."""
+    snapshot = EngineSnapshot(
+        snapshot_unix_s=time.time(), step=1, waiting=0, running=0, kv_usage=0.0, kv_cache_tokens=1024,
+        requests=(),
+    )  # fmt: skip
+    async with serve_fake_engine(FakeEngine()) as url:
+        sc = sidecar(url)
+        async with running_sidecar(sc) as run:
+            good = grpc_send(run.grpc_target, keys=lambda: RING)
+            assert await asyncio.to_thread(good, to_report(snapshot, [])) == ({}, {})
+            with pytest.raises(grpc.RpcError) as err:
+                await asyncio.to_thread(grpc_send(run.grpc_target), to_report(snapshot, []))
+            assert err.value.code() is grpc.StatusCode.UNAUTHENTICATED  # type: ignore[attr-defined]
+            assert refused(sc) == {(ANALYZER_REPORT, "no token"): 1.0}
