@@ -56,7 +56,7 @@ def test_a_burst_is_split_into_a_feasible_admitted_set_and_a_best_effort_tier() 
     assert set(d.admit[:n]) == policy.admitted
     assert list(d.admit[n:]) == sorted(policy.best_effort)
     assert d.hold_unlisted and d.reject == ()
-    unit = dp_view(
+    view = dp_view(
         [],
         NOW,
         PROFILE,
@@ -64,22 +64,13 @@ def test_a_burst_is_split_into_a_feasible_admitted_set_and_a_best_effort_tier() 
         kv_tokens_total=160_000,
         max_num_seqs=128,
         max_num_batched_tokens=4096,
-    ).unit_tokens
+    )
     items = [
-        to_item(r, NOW, PROFILE, policy.params, unit, forced=False)
+        to_item(r, NOW, PROFILE, policy.params, view.unit_tokens, forced=False)
         for r in BURST
         if r.request_id in policy.admitted
     ]
-    cap = dp_view(
-        [],
-        NOW,
-        PROFILE,
-        policy.params,
-        kv_tokens_total=160_000,
-        max_num_seqs=128,
-        max_num_batched_tokens=4096,
-    ).capacity
-    assert schedule_feasible(items, NOW, cap)
+    assert schedule_feasible(items, NOW, view.capacity)
 
 
 def test_without_the_best_effort_tier_declined_requests_are_rejected() -> None:
