@@ -10,9 +10,9 @@ sub-deadline the simulator gave it, both where a stored pattern matched and wher
 from __future__ import annotations
 
 import pytest
+from builders import STEP_10MS
 
 from slo_core.gain import GainParams
-from slo_core.perf.model import PerfProfile
 from slo_core.predict import load_estimator
 from slo_core.sim.analyzer import SimAnalyzer
 from slo_core.sim.fleet import FleetSim, ReplicaSpec, SimConfig
@@ -22,7 +22,6 @@ from slo_core.workloads.jobs import Job
 from slo_sidecar.history import History
 from slo_sidecar.tracker import LiveRequest, Tracker
 
-PROFILE = PerfProfile("test", "test-gpu", "test-model", 1, 0.0, 10.0, 0.0, 0.0, 0.0, 1 << 20, 1 << 16)
 FLOW = SLOTier("flow", RequestKind.COMPOUND, PriorityClass("p", 1.0), deadline_s=40.0)
 
 
@@ -43,7 +42,7 @@ def programs() -> list[Job]:
 
 def simulate() -> tuple[list[SimRequest], SimAnalyzer]:
     analyzer = SimAnalyzer(load_estimator())
-    sim = FleetSim([ReplicaSpec(PROFILE)], "fcfs", analyzer=analyzer, config=SimConfig(drain="all"))
+    sim = FleetSim([ReplicaSpec(STEP_10MS)], "fcfs", analyzer=analyzer, config=SimConfig(drain="all"))
     result = sim.run(programs())
     calls = [r for r in result.requests if r.program is not None]
     assert all(r.state == FINISHED for r in calls)

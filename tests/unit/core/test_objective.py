@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 import pytest
 import yaml
+from builders import CP, DL, engine, request
 from repo_paths import ROOT
 
 from slo_core.crd.policy import SLOPolicy
@@ -19,7 +20,7 @@ from slo_core.metrics import job_outcomes, summarize
 from slo_core.metrics.ceiling import offline_bound
 from slo_core.objective import Objective
 from slo_core.perf import load_profile
-from slo_core.policies.base import EngineView, RequestView
+from slo_core.policies.base import RequestView
 from slo_core.policies.gmax import GMAX
 from slo_core.policies.gmax_params import GMAXParams
 from slo_core.policies.gmax_priority import SpeedModel, estimate, fit_probability, normal_cdf
@@ -31,8 +32,6 @@ from slo_core.slo import RequestKind, SLOTargets
 from slo_core.workloads.jobs import Job
 
 PROFILE = load_profile("h100-llama3-8b-tp1")
-DL = SLOTargets(RequestKind.DEADLINE, deadline_s=20.0)
-CP = SLOTargets(RequestKind.COMPOUND, deadline_s=60.0)
 
 
 def _spec() -> Any:
@@ -183,15 +182,14 @@ def test_fit_probability_reads_the_bound_as_its_quantile() -> None:
 
 
 def _cp_call(rid: str, bound: int, gen: int = 0) -> RequestView:
-    return RequestView(
-        request_id=rid,
-        slo=CP,
-        arrival_s=0.0,
-        prompt_tokens=100,
+    """A running call of stage 0 of program p (due at 60 s), its stage due at 5 s."""
+    return request(
+        rid,
+        CP,
         max_tokens=4096,
-        generated_tokens=gen,
-        computed_tokens=100 + gen,
-        output_bound=bound,
+        gen=gen,
+        prefilled=True,
+        bound=bound,
         program_id="p",
         stage=0,
         program_arrival_s=0.0,
@@ -220,23 +218,8 @@ def test_a_stage_whose_bound_misses_but_whose_median_fits_keeps_most_of_its_valu
 
 def test_gmax_serves_a_likely_feasible_stage_before_a_hopeless_one() -> None:
     likely = [_cp_call("a", 800), _cp_call("b", 800)]  # median ~380 tokens: fits 5 s at 10 ms
-    hopeless = RequestView(
-        request_id="h",
-        slo=DL,
-        arrival_s=-18.0,
-        prompt_tokens=100,
-        max_tokens=4096,
-        output_bound=2000,
-        waiting_since_s=-18.0,
-    )
-    eng = EngineView(
-        now_s=0.0,
-        step=0,
-        max_num_seqs=2,
-        max_num_batched_tokens=8192,
-        kv_blocks_total=1000,
-        kv_blocks_free=1000,
-    )
+    hopeless = request("h", DL, arrival_s=-18.0, max_tokens=4096, bound=2000, waiting_since_s=-18.0)
+    eng = engine(seqs=2, kv_total=1000)
     d = GMAX(feasibility="probabilistic", default_step_s=0.01).decide(
         [hopeless, *[r for r in likely]], [], eng, random.Random(0)
     )

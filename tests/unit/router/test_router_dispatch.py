@@ -8,11 +8,12 @@ from typing import Any
 
 import httpx
 import pytest
+from builders import BE, replica, request
 
-from slo_core.policies.base import ReplicaCapabilities, ReplicaView, RequestView
+from slo_core.policies.base import ReplicaView
 from slo_core.policies.go_routing import GoRouting
 from slo_core.policies.registry import make_router_policy
-from slo_core.slo import PriorityClass, RequestKind, SLOTargets, SLOTier
+from slo_core.slo import PriorityClass, RequestKind, SLOTier
 from slo_core.wire.tokens import approx_tokens
 from slo_lab.loopback_pods import LoopbackPods, close_all
 from slo_router.app import RouterState, create_app
@@ -40,14 +41,11 @@ def ok(req: httpx.Request) -> httpx.Response:
 
 
 def busy_view(ep_id: str, now_s: float, n: int = 3, prompt_tokens: int = 20_000) -> ReplicaView:
-    slo = SLOTargets(RequestKind.BEST_EFFORT, priority_weight=1.0)
-    waiting = tuple(
-        RequestView(f"{ep_id}-{i}", slo, arrival_s=now_s, prompt_tokens=prompt_tokens, max_tokens=10)
-        for i in range(n)
+    """Pod ``ep_id`` serving model m with ``n`` long best-effort prompts queued."""
+    waiting = (
+        request(f"{ep_id}-{i}", BE, arrival_s=now_s, prompt=prompt_tokens, max_tokens=10) for i in range(n)
     )
-    return ReplicaView(
-        ep_id, now_s, waiting, (), 1000, 1000, 256, 8192, capabilities=ReplicaCapabilities(("m",))
-    )
+    return replica(ep_id, snapshot_s=now_s, waiting=waiting, kv_total=1000, seqs=256, models=("m",))
 
 
 def make(
@@ -110,7 +108,7 @@ async def test_gpu_class_and_context_filters_leave_only_capable_pods() -> None:
 
 async def test_capabilities_reported_by_the_sidecar_override_discovery() -> None:
     a = ep("a")
-    a.view = ReplicaView("a", 0.0, (), (), 10, 10, 8, 8192, capabilities=ReplicaCapabilities(("other",)))
+    a.view = replica("a", kv_total=10, models=("other",))
     client, _, seen = make([a, ep("b")])
     r = await client.post("/v1/completions", json=BODY, headers=H)
     assert r.status_code == 200 and seen[0].url.host == "b.pod"

@@ -3,81 +3,19 @@
 from __future__ import annotations
 
 import asyncio
-import random
-from collections.abc import Sequence
 
 import pytest
+from sidecars import queued_job, scripted_sidecar
 
-from slo_core.policies.base import BaseEnginePolicy, Decision, EngineView, RequestView
-from slo_core.slo import PriorityClass, RequestKind, SLOTier
-from slo_sidecar.config import PolicyConfig, SidecarKnobs
+from slo_core.policies.base import Decision
 from slo_sidecar.estimators import FallbackEstimator
-from slo_sidecar.front import CHAT, COMPLETION, parse_body
+from slo_sidecar.front import CHAT, COMPLETION
 from slo_sidecar.job import Job
-from slo_sidecar.service import Sidecar
-
-TIER = SLOTier("t", RequestKind.DEADLINE, PriorityClass("p", 1.0), deadline_s=10.0)
-
-
-class Scripted(BaseEnginePolicy):
-    """Returns whatever the test put in ``next``; raises when told to."""
-
-    name = "scripted"
-
-    def __init__(self) -> None:
-        self.next = Decision()
-        self.fail = False
-        self.seen: list[tuple[list[str], list[str]]] = []
-
-    def decide(
-        self,
-        waiting: Sequence[RequestView],
-        running: Sequence[RequestView],
-        engine: EngineView,
-        rng: random.Random,
-    ) -> Decision:
-        self.seen.append(([r.request_id for r in waiting], [r.request_id for r in running]))
-        if self.fail:
-            raise RuntimeError("policy bug")
-        return self.next
-
-
-def _sidecar(**knobs: object) -> tuple[Sidecar, Scripted]:
-    sc = Sidecar(
-        knobs=SidecarKnobs(**knobs),  # type: ignore[arg-type]
-        config=PolicyConfig(tiers={"t": TIER}, default_tier="t"),
-        engine_url="http://engine.invalid",
-        estimator=FallbackEstimator(),
-    )
-    policy = Scripted()
-    sc.scheduler.set_policy(policy)
-    return sc, policy
-
-
-def _job(sc: Sidecar, rid: str, body: dict[str, object] | None = None, endpoint: str = COMPLETION) -> Job:
-    raw = body or {"model": "m", "prompt": f"prompt of {rid}", "max_tokens": 20}
-    parsed = parse_body(raw, endpoint, 16)
-    live = sc.tracker.new_request(
-        tier=TIER,
-        targets=TIER.targets(),
-        prompt_text=parsed.prompt_text,
-        prompt_tokens=parsed.prompt_tokens,
-        max_tokens=parsed.max_tokens,
-        max_wait_s=5,
-        bound=10,
-        program_id=None,
-        stage=None,
-        stated_stages=None,
-        request_id=rid,
-    )
-    job = Job(live, parsed)
-    sc.jobs[rid] = job
-    return job
 
 
 def test_release_follows_the_policy_order_up_to_max_running_with_vllm_priorities() -> None:
-    sc, policy = _sidecar(max_running=2, engine_priority=True)
-    jobs = {rid: _job(sc, rid) for rid in ("a", "b", "c")}
+    sc, policy = scripted_sidecar(max_running=2, engine_priority=True)
+    jobs = {rid: queued_job(sc, rid) for rid in ("a", "b", "c")}
     policy.next = Decision(admit=("c", "a", "b"))
     for job in jobs.values():
         sc.scheduler.waiting.append(job)
@@ -90,8 +28,8 @@ def test_release_follows_the_policy_order_up_to_max_running_with_vllm_priorities
 
 
 def test_rejected_requests_get_a_503_with_a_retry_hint() -> None:
-    sc, policy = _sidecar()
-    job = _job(sc, "a")
+    sc, policy = scripted_sidecar()
+    job = queued_job(sc, "a")
     sc.scheduler.waiting.append(job)
     policy.next = Decision(reject=("a",))
     sc.scheduler.frame()
@@ -101,30 +39,35 @@ def test_rejected_requests_get_a_503_with_a_retry_hint() -> None:
 
 
 def test_preemption_requeues_resumable_requests_only() -> None:
-    sc, policy = _sidecar(max_running=1)
-    text, ids = _job(sc, "text"), _job(sc, "ids", {"model": "m", "prompt": [5, 6, 7], "max_tokens": 9})
+    sc, policy = scripted_sidecar(max_running=1)
+    text, ids = (
+        queued_job(sc, "text"),
+        queued_job(sc, "ids", {"model": "m", "prompt": [5, 6, 7], "max_tokens": 9}),
+    )
     for job in (text, ids):
         job.release(None)
         sc.scheduler.running.append(job)
     policy.next = Decision(preempt=("text", "ids"))
-    sc.scheduler.waiting.append(_job(sc, "new"))
+    sc.scheduler.waiting.append(queued_job(sc, "new"))
     sc.scheduler.frame()
     assert text in sc.scheduler.waiting and not text.released.is_set() and text.live.preemptions == 1
     assert ids in sc.scheduler.running and ids.live.preemptions == 0  # token ids: nothing to resume from
 
 
 def test_a_failing_policy_falls_back_to_arrival_order() -> None:
-    sc, policy = _sidecar(max_running=1)
+    sc, policy = scripted_sidecar(max_running=1)
     policy.fail = True
-    first, second = _job(sc, "first"), _job(sc, "second")
+    first, second = queued_job(sc, "first"), queued_job(sc, "second")
     sc.scheduler.waiting += [first, second]
     sc.scheduler.frame()
     assert sc.scheduler.running == [first] and sc.scheduler.policy_errors == 1
 
 
 def test_a_resumed_completion_continues_from_the_generated_text() -> None:
-    sc, _ = _sidecar()
-    job = _job(sc, "a", {"model": "m", "prompt": "Once upon", "max_tokens": 20, "temperature": 0, "slo": {}})
+    sc, _ = scripted_sidecar()
+    job = queued_job(
+        sc, "a", {"model": "m", "prompt": "Once upon", "max_tokens": 20, "temperature": 0, "slo": {}}
+    )
     assert sc.upstream_body(job)["prompt"] == "Once upon"
     sc.tracker.record_tokens(job.live, 3, " a time there", 1.0)
     body = sc.upstream_body(job)
@@ -133,9 +76,9 @@ def test_a_resumed_completion_continues_from_the_generated_text() -> None:
 
 
 def test_a_resumed_chat_continues_the_assistant_message() -> None:
-    sc, _ = _sidecar()
+    sc, _ = scripted_sidecar()
     messages = [{"role": "user", "content": "hi"}]
-    job = _job(sc, "a", {"model": "m", "messages": messages, "max_tokens": 10}, endpoint=CHAT)
+    job = queued_job(sc, "a", {"model": "m", "messages": messages, "max_tokens": 10}, endpoint=CHAT)
     sc.tracker.record_tokens(job.live, 2, "Hello there", 1.0)
     body = sc.upstream_body(job)
     assert body["messages"] == [*messages, {"role": "assistant", "content": "Hello there"}]
@@ -144,8 +87,8 @@ def test_a_resumed_chat_continues_the_assistant_message() -> None:
 
 
 def test_engine_mode_carries_the_slo_as_vllm_xargs() -> None:
-    sc, _ = _sidecar(mode="engine")
-    job = _job(sc, "a", {"model": "m", "prompt": "x", "vllm_xargs": {"mine": 1}})
+    sc, _ = scripted_sidecar(mode="engine")
+    job = queued_job(sc, "a", {"model": "m", "prompt": "x", "vllm_xargs": {"mine": 1}})
     xargs = sc.upstream_body(job)["vllm_xargs"]
     assert xargs["mine"] == 1 and xargs["slo_request_key"] == "a" and xargs["slo_kind"] == "deadline"
     assert xargs["slo_deadline_at_s"] == pytest.approx(sc.tracker.unix(job.live.deadline_at_s))
@@ -153,12 +96,12 @@ def test_engine_mode_carries_the_slo_as_vllm_xargs() -> None:
 
 
 async def test_bounds_are_refined_every_n_tokens_and_never_below_what_was_generated() -> None:
-    sc, _ = _sidecar(refine_every_tokens=50)
+    sc, _ = scripted_sidecar(refine_every_tokens=50)
     est = sc.estimator
     assert isinstance(est, FallbackEstimator)
     for n in range(100):
         est.observe(20 + n % 10)  # this engine answers in 20-29 tokens
-    job = _job(sc, "a", {"model": "m", "prompt": "x", "max_tokens": 400})
+    job = queued_job(sc, "a", {"model": "m", "prompt": "x", "max_tokens": 400})
     job.live.bound = est.bound(None, 2, "deadline", 400)
     assert job.live.bound == 29
     sc.tracker.record_tokens(job.live, 49, "w " * 49, 1.0)
@@ -172,8 +115,8 @@ async def test_bounds_are_refined_every_n_tokens_and_never_below_what_was_genera
 
 
 def test_engine_mode_ranks_requests_by_the_policy_for_the_analyzer() -> None:
-    sc, policy = _sidecar(mode="engine")
-    jobs = [_job(sc, rid) for rid in ("a", "b", "c")]
+    sc, policy = scripted_sidecar(mode="engine")
+    jobs = [queued_job(sc, rid) for rid in ("a", "b", "c")]
     for job in jobs:
         sc.scheduler.submit(job)
     assert all(j.released.is_set() for j in jobs)  # engine mode never holds a request
@@ -186,7 +129,7 @@ def test_engine_mode_ranks_requests_by_the_policy_for_the_analyzer() -> None:
 
 def test_the_routers_tenant_header_reaches_the_engine_tags() -> None:
     async def accept() -> Job:
-        sc, _ = _sidecar(mode="engine")
+        sc, _ = scripted_sidecar(mode="engine")
         sc.engine.healthy = True
         job = await sc.accept({"x-slofleet-tenant": "acme"}, {"model": "m", "prompt": "x"}, COMPLETION)
         assert sc.upstream_body(job)["vllm_xargs"]["slo_tenant"] == "acme"
@@ -197,7 +140,7 @@ def test_the_routers_tenant_header_reaches_the_engine_tags() -> None:
 
 def test_the_routers_request_id_is_kept_when_safe_and_unused() -> None:
     async def ids() -> list[str]:
-        sc, _ = _sidecar()
+        sc, _ = scripted_sidecar()
         sc.engine.healthy = True
         body = {"model": "m", "prompt": "x"}
         out = []

@@ -78,22 +78,14 @@ def test_an_unreadable_key_file_fails_closed() -> None:
 
 
 def test_the_sidecar_signs_the_tags_it_sends_and_drops_clients_slo_args() -> None:
-    import importlib.util
-    import sys
-    from pathlib import Path
+    from sidecars import queued_job, scripted_sidecar
 
     from slo_core.wire.signing import verify
 
-    path = Path(__file__).parents[1] / "sidecar" / "test_sidecar_scheduling.py"
-    spec = importlib.util.spec_from_file_location("_sched_helpers", path)
-    assert spec and spec.loader
-    helpers = importlib.util.module_from_spec(spec)
-    sys.modules["_sched_helpers"] = helpers
-    spec.loader.exec_module(helpers)
-    sc, _ = helpers._sidecar(mode="engine")
+    sc, _ = scripted_sidecar(mode="engine")
     sc.keys = lambda: KeyRing(KEY)
     body = {"model": "m", "prompt": "x", "vllm_xargs": {"slo_priority_weight": 99.0, "top_k": 5}}
-    job = helpers._job(sc, "a", body)
+    job = queued_job(sc, "a", body)
     xargs = sc.upstream_body(job)["vllm_xargs"]
     import time
 

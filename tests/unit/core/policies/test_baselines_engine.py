@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import functools
 import math
 import random
+from typing import Any
 
+import builders
 import pytest
+from builders import DL, LAT, deadline, request
 from pydantic import ValidationError
 
 from slo_core.policies.apply import apply_decision
-from slo_core.policies.base import EnginePolicy, EngineView, RequestView
+from slo_core.policies.base import EnginePolicy, RequestView
 from slo_core.policies.baselines import (
     EDF,
     FCFS,
@@ -21,39 +25,25 @@ from slo_core.policies.baselines import (
     StrictPriority,
 )
 from slo_core.policies.registry import make_engine_policy
-from slo_core.slo import RequestKind, SLOTargets
+from slo_core.slo import SLOTargets
 
-LAT = SLOTargets(RequestKind.LATENCY, ttft_s=2.0, tbt_s=0.1)
-DL = SLOTargets(RequestKind.DEADLINE, deadline_s=20.0)
-HIGH = SLOTargets(RequestKind.DEADLINE, deadline_s=20.0, priority_class="high", priority_weight=2.0)
+HIGH = deadline(priority_class="high", weight=2.0)
 RNG = random.Random(0)
+engine = functools.partial(builders.engine, now_s=10.0, step=1, seqs=8, kv_total=1000)
 
 
-def req(rid: str, arrival_s: float = 0.0, slo: SLOTargets = DL, **kw: object) -> RequestView:
-    fields: dict[str, object] = {"prompt_tokens": 100, "max_tokens": 1000} | kw
-    if slo.kind is not RequestKind.LATENCY and "deadline_at_s" not in fields:
-        fields["deadline_at_s"] = arrival_s + (slo.deadline_s or 0.0)
-    return RequestView(request_id=rid, slo=slo, arrival_s=arrival_s, **fields)  # type: ignore[arg-type]
+def req(rid: str, arrival_s: float = 0.0, slo: SLOTargets = DL, **kw: Any) -> RequestView:
+    """A queued request, due (non-latency) at arrival + its SLO's deadline."""
+    return request(rid, slo, arrival_s=arrival_s, due=True, **kw)
 
 
-def decoding(rid: str, arrival_s: float = 0.0, **kw: object) -> RequestView:
+def decoding(rid: str, arrival_s: float = 0.0, **kw: Any) -> RequestView:
     """A running request past its prefill (prompt 100 computed, 5 tokens out)."""
-    return req(rid, arrival_s, generated_tokens=5, computed_tokens=105, **kw)
+    return req(rid, arrival_s, gen=5, prefilled=True, **kw)
 
 
-def prefilling(rid: str, arrival_s: float = 0.0, **kw: object) -> RequestView:
+def prefilling(rid: str, arrival_s: float = 0.0, **kw: Any) -> RequestView:
     return req(rid, arrival_s, computed_tokens=40, **kw)
-
-
-def engine(now_s: float = 10.0, seqs: int = 8, blocks_free: int = 1000) -> EngineView:
-    return EngineView(
-        now_s=now_s,
-        step=1,
-        max_num_seqs=seqs,
-        max_num_batched_tokens=8192,
-        kv_blocks_total=1000,
-        kv_blocks_free=blocks_free,
-    )
 
 
 def ids(*views: RequestView) -> tuple[str, ...]:
@@ -115,8 +105,8 @@ def test_edf_orders_by_the_next_due_token() -> None:
     waiting = [
         req("lat", 0.0, LAT),  # first token due at 0 + 2.0
         req("dl", 0.0, DL, deadline_at_s=1.5),  # due 1.5
-        req("lat-late", 0.5, LAT, generated_tokens=10),  # token 10 due at 0.5 + 2.0 + 10·0.1 = 3.5
-        req("lat-tie", 1.0, LAT, generated_tokens=0, computed_tokens=0, tenant="x"),  # due 3.0
+        req("lat-late", 0.5, LAT, gen=10),  # token 10 due at 0.5 + 2.0 + 10·0.1 = 3.5
+        req("lat-tie", 1.0, LAT, gen=0, computed_tokens=0, tenant="x"),  # due 3.0
         req("lat-tie2", 1.0, LAT),  # due 3.0, later in the queue
     ]
     d = EDF().decide(waiting, [], engine(), RNG)
@@ -127,7 +117,7 @@ def test_sjf_oracle_orders_by_true_remaining_output() -> None:
     waiting = [
         req("long", 0.0, true_output_tokens=900),
         req("short", 1.0, true_output_tokens=20),
-        req("requeued", 2.0, true_output_tokens=300, generated_tokens=290),  # 10 left
+        req("requeued", 2.0, true_output_tokens=300, gen=290),  # 10 left
         req("unknown", 3.0, max_tokens=50),  # no truth: its cap
     ]
     assert SJFOracle().decide(waiting, [], engine(), RNG).admit == ("requeued", "short", "unknown", "long")
@@ -155,7 +145,7 @@ def test_ltr_with_perfect_correlation_is_sjf_and_prefers_a_real_bound() -> None:
     waiting = [req(f"r{n}", float(i), true_output_tokens=n) for i, n in enumerate((500, 30, 2000, 120))]
     d = LTR(kendall_tau=1.0).decide(waiting, [], engine(), RNG)
     assert d.admit == ("r30", "r120", "r500", "r2000")
-    bounded = [*waiting, req("bounded", 9.0, true_output_tokens=5000, output_bound=10)]
+    bounded = [*waiting, req("bounded", 9.0, true_output_tokens=5000, bound=10)]
     assert LTR(kendall_tau=1.0).decide(bounded, [], engine(), RNG).admit[0] == "bounded"
     ignoring = LTR(kendall_tau=1.0, use_output_bound=False).decide(bounded, [], engine(), RNG)
     assert ignoring.admit[-1] == "bounded"
@@ -244,15 +234,15 @@ def test_plas_does_not_preempt_an_equal_or_better_queue_or_beyond_the_cap() -> N
 def test_plas_preempts_for_kv_blocks_too() -> None:
     policy = AutellixPLAS(base_quantum_tokens=1000)
     running = [decoding("hog", 0.0, program_attained_tokens=9000)]  # 105 tokens → 7 blocks of 16
-    waiting = [req("w", 1.0, prompt_tokens=160)]  # needs 10 blocks
-    d = policy.decide(waiting, running, engine(seqs=8, blocks_free=4), RNG)
+    waiting = [req("w", 1.0, prompt=160)]  # needs 10 blocks
+    d = policy.decide(waiting, running, engine(seqs=8, kv_free=4), RNG)
     assert d.preempt == ("hog",)
-    assert policy.decide(waiting, running, engine(seqs=8, blocks_free=10), RNG).preempt == ()
+    assert policy.decide(waiting, running, engine(seqs=8, kv_free=10), RNG).preempt == ()
 
 
 def test_ltr_ranks_a_requeued_request_by_its_remaining_output() -> None:
     waiting = [
         req("fresh", 0.0, true_output_tokens=100),
-        req("requeued", 1.0, true_output_tokens=500, generated_tokens=480),
+        req("requeued", 1.0, true_output_tokens=500, gen=480),
     ]
     assert LTR(kendall_tau=1.0).decide(waiting, [], engine(), RNG).admit == ("requeued", "fresh")

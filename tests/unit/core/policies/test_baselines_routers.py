@@ -4,47 +4,32 @@ from __future__ import annotations
 
 import random
 from collections import Counter
+from typing import Any
 
+import builders
 import pytest
+from builders import request
 
-from slo_core.policies.base import ReplicaCapabilities, ReplicaView, RequestView, RouterPolicy
+from slo_core.policies.base import ReplicaView, RequestView, RouterPolicy
 from slo_core.policies.registry import make_router_policy
 from slo_core.policies.routers import MinLoad, PowerOfTwo, RoundRobin
 from slo_core.routing import RoutingPipeline, SnapshotEndpoint
 from slo_core.runtime_policy import AdmissionRule
-from slo_core.slo import RequestKind, SLOTargets
-
-SLO = SLOTargets(RequestKind.DEADLINE, deadline_s=20.0)
 
 
-def req(rid: str = "q", prompt_tokens: int = 100, **kw: object) -> RequestView:
-    return RequestView(
-        request_id=rid, slo=SLO, arrival_s=0.0, prompt_tokens=prompt_tokens, max_tokens=200, **kw
-    )  # type: ignore[arg-type]
+def req(rid: str = "q", **kw: Any) -> RequestView:
+    return request(rid, max_tokens=200, **kw)
 
 
-def replica(
-    rid: str, load: int | None = None, healthy: bool = True, ctx: int = 1 << 30, **kw: object
-) -> ReplicaView:
-    return ReplicaView(
-        replica_id=rid,
-        snapshot_s=0.0,
-        waiting=kw.pop("waiting", ()),  # type: ignore[arg-type]
-        running=kw.pop("running", ()),  # type: ignore[arg-type]
-        kv_blocks_total=100,
-        kv_blocks_free=100,
-        max_num_seqs=8,
-        max_num_batched_tokens=8192,
-        healthy=healthy,
-        capabilities=ReplicaCapabilities(max_context_tokens=ctx),
-        reported_outstanding_tokens=load,
-    )
+def replica(rid: str, load: int | None = None, **kw: Any) -> ReplicaView:
+    """A replica reporting ``load`` outstanding tokens (None: summed from its queues)."""
+    return builders.replica(rid, load=load, kv_total=100, **kw)
 
 
-def routed(policy: RouterPolicy, request: RequestView, reps: list[ReplicaView]) -> str | None:
-    """The replica the core routing pipeline (its filters, then ``policy``) sends ``request`` to."""
+def routed(policy: RouterPolicy, view: RequestView, reps: list[ReplicaView]) -> str | None:
+    """The replica the core routing pipeline (its filters, then ``policy``) sends ``view`` to."""
     pipe = RoutingPipeline(policy, AdmissionRule("admit"), shuffle=False)
-    r = pipe.route(request, [SnapshotEndpoint(v) for v in reps], now_s=0.0, rng=random.Random(0))
+    r = pipe.route(view, [SnapshotEndpoint(v) for v in reps], now_s=0.0, rng=random.Random(0))
     return r.endpoint.endpoint_id if r.endpoint is not None else None
 
 
@@ -67,10 +52,10 @@ def test_routers_reject_when_no_replica_can_hold_the_prompt() -> None:
     # the one eligibility rule (slo_core.routing): the context must hold prompt + max output (200 here)
     reps = [replica("small", ctx=512), replica("down", healthy=False)]
     for policy in (RoundRobin(), MinLoad(), PowerOfTwo()):
-        assert routed(policy, req(prompt_tokens=400), reps) is None
+        assert routed(policy, req(prompt=400), reps) is None
         d = policy.route(req(), [], 0.0, random.Random(0))
         assert d.replica_id is None and d.retry_after_s is not None
-    assert routed(MinLoad(), req(prompt_tokens=312), reps) == "small"
+    assert routed(MinLoad(), req(prompt=312), reps) == "small"
 
 
 def test_min_load_picks_fewest_outstanding_tokens() -> None:
@@ -84,10 +69,10 @@ def test_min_load_picks_fewest_outstanding_tokens() -> None:
 def test_min_load_counts_tokens_from_snapshots() -> None:
     # x: 100 unprefilled prompt + 200 to generate; y: a running request with 150 tokens still to generate
     busy = replica("x", waiting=(req("w1"),))
-    other = replica("y", running=(req("r1", computed_tokens=100, generated_tokens=50),))
+    other = replica("y", running=(req("r1", computed_tokens=100, gen=50),))
     assert busy.outstanding_tokens == 300 and other.outstanding_tokens == 150
     assert MinLoad().route(req(), [busy, other], 0.0, random.Random(0)).replica_id == "y"
-    bounded = replica("z", running=(req("r2", computed_tokens=100, output_bound=120, generated_tokens=100),))
+    bounded = replica("z", running=(req("r2", computed_tokens=100, bound=120, gen=100),))
     assert bounded.outstanding_tokens == 20
 
 

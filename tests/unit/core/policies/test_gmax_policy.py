@@ -5,45 +5,28 @@ from __future__ import annotations
 import random
 from typing import Any
 
+import builders
 import pytest
+from builders import BE, CP, DL, LAT, request
 
 from slo_core.policies.base import Decision, EngineView, FinishedView, RequestView
 from slo_core.policies.gmax import GMAX, GMAXNoAnalyzer, GMAXNoGMAX, GMAXOracle
 from slo_core.policies.registry import make_engine_policy, make_router_policy
-from slo_core.slo import RequestKind, SLOTargets
-
-LAT = SLOTargets(RequestKind.LATENCY, ttft_s=2.0, tbt_s=0.1)
-DL = SLOTargets(RequestKind.DEADLINE, deadline_s=20.0)
-CP = SLOTargets(RequestKind.COMPOUND, deadline_s=60.0)
-BE = SLOTargets(RequestKind.BEST_EFFORT)
+from slo_core.slo import SLOTargets
 
 
 def req(
-    rid: str, slo: SLOTargets, *, prompt: int = 100, gen: int = 0, running: bool = False, **kw: Any
+    rid: str, slo: SLOTargets, *, running: bool = False, arrival_s: float = 0.0, **kw: Any
 ) -> RequestView:
-    kw.setdefault("output_bound", 100)
-    kw.setdefault("waiting_since_s", None if running else kw.get("arrival_s", 0.0))
-    return RequestView(
-        request_id=rid,
-        slo=slo,
-        arrival_s=kw.pop("arrival_s", 0.0),
-        prompt_tokens=prompt,
-        max_tokens=kw.pop("max_tokens", 100_000),
-        generated_tokens=gen,
-        computed_tokens=prompt + gen if running else 0,
-        **kw,
-    )
+    """Bounded at 100 output tokens (capped at 100k): queued since arrival, or running with all computed."""
+    kw.setdefault("bound", 100)
+    kw.setdefault("max_tokens", 100_000)
+    kw.setdefault("waiting_since_s", None if running else arrival_s)
+    return request(rid, slo, arrival_s=arrival_s, prefilled=running, **kw)
 
 
 def engine(now_s: float = 0.0, step: int = 0, seqs: int = 64, kv_free: int = 100_000) -> EngineView:
-    return EngineView(
-        now_s=now_s,
-        step=step,
-        max_num_seqs=seqs,
-        max_num_batched_tokens=8192,
-        kv_blocks_total=200_000,
-        kv_blocks_free=kv_free,
-    )
+    return builders.engine(now_s, step=step, seqs=seqs, kv_total=200_000, kv_free=kv_free)
 
 
 def decide(policy: GMAX, waiting: list[RequestView], running: list[RequestView], eng: EngineView) -> Decision:
@@ -53,7 +36,7 @@ def decide(policy: GMAX, waiting: list[RequestView], running: list[RequestView],
 def test_admits_by_goodput_per_generation_time() -> None:
     short_deadline = req("d", DL)  # 200 tokens of goodput over ~3 s
     stream = req("l", LAT)  # 100 on-time tokens over ~3 s
-    hopeless = req("h", DL, output_bound=1000, arrival_s=-15.0)  # needs 30 s, has 5 s
+    hopeless = req("h", DL, bound=1000, arrival_s=-15.0)  # needs 30 s, has 5 s
     d = decide(GMAX(), [hopeless, stream, short_deadline], [], engine())
     assert d.admit == ("d", "l", "h")
     assert d.preempt == () and d.reject == ()
@@ -78,7 +61,7 @@ def test_max_wait_drops_requests_not_started_in_time() -> None:
 
 
 def test_preemption_happens_only_at_frame_boundaries_and_when_it_pays() -> None:
-    long_be = req("be", BE, output_bound=1000, gen=10, running=True)
+    long_be = req("be", BE, bound=1000, gen=10, running=True)
     urgent = req("d", DL)
     policy = GMAX(tune_p=False)
     first = decide(policy, [urgent], [long_be], engine(step=0, seqs=1))
@@ -94,8 +77,8 @@ def test_preemption_happens_only_at_frame_boundaries_and_when_it_pays() -> None:
 def test_preemption_is_refused_when_recomputing_the_victim_stalls_a_valuable_batch() -> None:
     # V is far behind its stream (pays nothing) but holds 5,100 KV tokens: recomputing them stalls
     # the batch ~0.67 s, and A earns ~66,700 goodput/s, so the stall costs more than W would gain.
-    victim = req("v", LAT, gen=5000, output_bound=6000, arrival_s=-1000.0, running=True)
-    valuable = req("a", DL, prompt=20_000, output_bound=10, running=True)
+    victim = req("v", LAT, gen=5000, bound=6000, arrival_s=-1000.0, running=True)
+    valuable = req("a", DL, prompt=20_000, bound=10, running=True)
     waiting = req("w", DL)
     d = decide(GMAX(tune_p=False), [waiting], [valuable, victim], engine(seqs=2))
     assert d.preempt == ()
@@ -104,15 +87,15 @@ def test_preemption_is_refused_when_recomputing_the_victim_stalls_a_valuable_bat
 
 
 def test_running_order_follows_priority_and_omits_preempted() -> None:
-    a = req("a", DL, running=True, output_bound=50)
-    b = req("b", DL, running=True, output_bound=500)
+    a = req("a", DL, running=True, bound=50)
+    b = req("b", DL, running=True, bound=500)
     d = decide(GMAX(), [], [b, a], engine())
     assert d.running_order == ("a", "b")
 
 
 def test_oracle_and_ablations_differ_where_they_should() -> None:
-    overestimated = req("x", DL, output_bound=1000, true_output_tokens=10)
-    accurate = req("y", DL, output_bound=100, true_output_tokens=100)
+    overestimated = req("x", DL, bound=1000, true_output_tokens=10)
+    accurate = req("y", DL, bound=100, true_output_tokens=100)
     assert decide(GMAX(), [overestimated, accurate], [], engine()).admit == ("y", "x")
     assert decide(GMAXOracle(), [overestimated, accurate], [], engine()).admit == ("x", "y")
 
@@ -121,8 +104,8 @@ def test_oracle_and_ablations_differ_where_they_should() -> None:
     assert mean.last_estimates is not None
     assert mean.last_estimates.bound_tokens.tolist() == [250.0, 250.0]
 
-    short_stream = req("s", LAT, output_bound=50)
-    deadline = req("d", DL, output_bound=100)
+    short_stream = req("s", LAT, bound=50)
+    deadline = req("d", DL, bound=100)
     assert decide(GMAX(), [short_stream, deadline], [], engine()).admit == ("d", "s")
     assert decide(GMAXNoGMAX(), [short_stream, deadline], [], engine()).admit == ("s", "d")
 
@@ -157,7 +140,7 @@ def test_fairness_favours_the_tenant_with_less_attained_service() -> None:
 
 def test_measured_step_time_corrects_the_model() -> None:
     policy = GMAX()
-    running = [req("r", DL, running=True, output_bound=1000)]
+    running = [req("r", DL, running=True, bound=1000)]
     decide(policy, [], running, engine(now_s=0.0, step=0))
     before = policy.last_estimates
     decide(policy, [], running, engine(now_s=10.0, step=100))  # 0.1 s per step, model says 0.03

@@ -6,36 +6,22 @@ from typing import Any
 
 import numpy as np
 import pytest
+from builders import BE, CP, DL, LAT, deadline, request
 
 from slo_core.policies.base import RequestView
 from slo_core.policies.gmax_params import GMAXParams
 from slo_core.policies.gmax_priority import Estimates, SpeedModel, estimate
 from slo_core.policies.gmax_snapshot import SnapshotTable
-from slo_core.slo import RequestKind, SLOTargets
+from slo_core.slo import SLOTargets
 
-LAT = SLOTargets(RequestKind.LATENCY, ttft_s=2.0, tbt_s=0.1)
-DL = SLOTargets(RequestKind.DEADLINE, deadline_s=20.0)
-CP = SLOTargets(RequestKind.COMPOUND, deadline_s=60.0)
-BE = SLOTargets(RequestKind.BEST_EFFORT)
 SPEED = SpeedModel(step_s=0.01, prefill_s_per_token=0.001)
 
 
-def req(
-    rid: str, slo: SLOTargets, *, prompt: int = 100, gen: int = 0, done: bool = True, **kw: Any
-) -> RequestView:
-    """A request whose prompt (and generated tokens) are already computed unless done=False."""
-    computed = prompt + gen if done else 0
-    kw.setdefault("output_bound", 100)
-    return RequestView(
-        request_id=rid,
-        slo=slo,
-        arrival_s=kw.pop("arrival_s", 0.0),
-        prompt_tokens=prompt,
-        max_tokens=kw.pop("max_tokens", 2048),
-        generated_tokens=gen,
-        computed_tokens=computed,
-        **kw,
-    )
+def req(rid: str, slo: SLOTargets, *, done: bool = True, **kw: Any) -> RequestView:
+    """Bounded at 100 output tokens (capped at 2048), prompt and generated tokens computed unless not done."""
+    kw.setdefault("bound", 100)
+    kw.setdefault("max_tokens", 2048)
+    return request(rid, slo, prefilled=done, **kw)
 
 
 def run(
@@ -110,13 +96,9 @@ def test_best_effort_gets_the_default_deadline() -> None:
 
 def test_compound_stage_calls_aggregate_length_bandwidth_and_goodput() -> None:
     # program p attained 500 tokens: 300 in stage 0 plus the two live calls' computed prompts
-    a = req(
-        "a", CP, program_id="p", stage=1, program_attained_tokens=500, deadline_at_s=30.0, output_bound=50
-    )
-    b = req(
-        "b", CP, program_id="p", stage=1, program_attained_tokens=500, deadline_at_s=30.0, output_bound=150
-    )
-    other = req("c", CP, program_id="q", stage=0, deadline_at_s=30.0, output_bound=100)
+    a = req("a", CP, program_id="p", stage=1, program_attained_tokens=500, deadline_at_s=30.0, bound=50)
+    b = req("b", CP, program_id="p", stage=1, program_attained_tokens=500, deadline_at_s=30.0, bound=150)
+    other = req("c", CP, program_id="q", stage=0, deadline_at_s=30.0, bound=100)
     e = run([a, b, other], now_s=10.0)
     # stage p/1: len_rem 50 + 150, t_gen 0.5 + 1.5 = 2 s; goodput = 300 earlier + (100+50) + (100+150)
     assert e.len_rem_tokens[:2].tolist() == [200.0, 200.0]
@@ -138,12 +120,12 @@ def test_compound_sub_deadline_never_exceeds_the_program_deadline() -> None:
 @pytest.mark.parametrize(
     ("kwargs", "params", "expected"),
     [
-        ({"output_bound": 300}, {}, 300.0),
-        ({"output_bound": None}, {}, 1024.0),  # analyzer gave no bound: the fallback
-        ({"output_bound": None, "max_tokens": 200}, {}, 200.0),  # ... capped by max_tokens
-        ({"output_bound": 100, "gen": 120}, {}, 170.0),  # passed bound relaxes by one 50-token step
-        ({"output_bound": 300, "true_output_tokens": 42}, {"length_source": "oracle"}, 42.0),
-        ({"output_bound": 300}, {"length_source": "mean", "mean_output_tokens": 250.0}, 250.0),
+        ({"bound": 300}, {}, 300.0),
+        ({"bound": None}, {}, 1024.0),  # analyzer gave no bound: the fallback
+        ({"bound": None, "max_tokens": 200}, {}, 200.0),  # ... capped by max_tokens
+        ({"bound": 100, "gen": 120}, {}, 170.0),  # passed bound relaxes by one 50-token step
+        ({"bound": 300, "true_output_tokens": 42}, {"length_source": "oracle"}, 42.0),
+        ({"bound": 300}, {"length_source": "mean", "mean_output_tokens": 250.0}, 250.0),
     ],
 )
 def test_output_bound_sources(kwargs: dict[str, Any], params: dict[str, Any], expected: float) -> None:
@@ -159,7 +141,7 @@ def test_request_goodput_counts_one_per_feasible_request() -> None:
 
 
 def test_priority_weight_scales_goodput() -> None:
-    heavy = SLOTargets(RequestKind.DEADLINE, deadline_s=20.0, priority_weight=3.0)
+    heavy = deadline(weight=3.0)
     e = run([req("d", DL), req("h", heavy)], now_s=0.0)
     assert e.priority[1] == pytest.approx(3.0 * e.priority[0])
 

@@ -7,6 +7,7 @@ from dataclasses import replace
 from typing import Any
 
 import numpy as np
+from builders import request
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -39,7 +40,7 @@ def requests(draw: st.DrawFn, prefix: str, running: bool) -> list[RequestView]:
         max_tokens = draw(st.integers(1, 4096))
         compound = slo.kind is RequestKind.COMPOUND
         kw: dict[str, Any] = {
-            "output_bound": draw(st.none() | st.integers(1, 5000)),
+            "bound": draw(st.none() | st.integers(1, 5000)),
             "true_output_tokens": draw(st.none() | st.integers(1, 5000)),
             "deadline_at_s": draw(st.none() | st.floats(-100, 200)),
             "program_deadline_at_s": draw(st.none() | st.floats(-100, 200)) if compound else None,
@@ -49,15 +50,17 @@ def requests(draw: st.DrawFn, prefix: str, running: bool) -> list[RequestView]:
             "tenant": draw(st.sampled_from(["a", "b"])),
             "waiting_since_s": None if running else draw(st.none() | st.floats(-100, 10)),
         }
+        arrival_s = draw(st.floats(-100, 10))  # drawn before the computed tokens, as ever
+        computed = prompt + gen if running else draw(st.integers(0, prompt))
         out.append(
-            RequestView(
-                request_id=f"{prefix}{i}",
-                slo=slo,
-                arrival_s=draw(st.floats(-100, 10)),
-                prompt_tokens=prompt,
+            request(
+                f"{prefix}{i}",
+                slo,
+                arrival_s=arrival_s,
+                prompt=prompt,
                 max_tokens=max_tokens,
-                generated_tokens=gen,
-                computed_tokens=prompt + gen if running else draw(st.integers(0, prompt)),
+                gen=gen,
+                computed_tokens=computed,
                 **kw,
             )
         )
@@ -150,16 +153,7 @@ def test_window_is_the_best_contiguous_group_of_the_cutoff_candidates(
 def test_a_latency_request_never_gains_by_starting_later(
     now_s: float, later_s: float, gen: int, extra: int
 ) -> None:
-    r = RequestView(
-        request_id="l",
-        slo=SLOS[0],
-        arrival_s=0.0,
-        prompt_tokens=50,
-        max_tokens=10_000,
-        generated_tokens=gen,
-        computed_tokens=50 + gen,
-        output_bound=gen + extra,
-    )
+    r = request("l", SLOS[0], prompt=50, max_tokens=10_000, gen=gen, prefilled=True, bound=gen + extra)
     cols = SnapshotTable().columns([], [r])
     early = estimate(cols, now_s, SPEED, GMAXParams(), 1.5).goodput[0]
     late = estimate(cols, now_s + later_s, SPEED, GMAXParams(), 1.5).goodput[0]

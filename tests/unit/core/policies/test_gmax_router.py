@@ -3,51 +3,26 @@
 from __future__ import annotations
 
 import random
-from typing import Any
 
-from slo_core.perf.model import PerfProfile
+import builders
+from builders import profile, request
+
 from slo_core.policies.base import ReplicaView, RequestView
 from slo_core.policies.power_of_k import PowerOfK
 from slo_core.routing import RoutingPipeline, SnapshotEndpoint
 from slo_core.runtime_policy import AdmissionRule
-from slo_core.slo import RequestKind, SLOTargets
-
-DL = SLOTargets(RequestKind.DEADLINE, deadline_s=20.0)
 
 
-def profile(step_ms: float) -> PerfProfile:
-    return PerfProfile(
-        name=f"p{step_ms}",
-        gpu="g",
-        model="m",
-        tensor_parallel=1,
-        t_c_ms=step_ms,
-        floor_ms=0.0,
-        a_ms_per_token=0.0,
-        b_ms_per_token_ctx=0.0,
-        d_ms_per_kv_token=0.0,
-        kv_cache_tokens=1 << 20,
-        max_model_len=1 << 16,
-    )
-
-
-def req(rid: str, bound: int = 100, **kw: Any) -> RequestView:
-    return RequestView(
-        request_id=rid, slo=DL, arrival_s=0.0, prompt_tokens=100, max_tokens=4096, output_bound=bound, **kw
-    )
+def req(rid: str, bound: int = 100) -> RequestView:
+    return request(rid, max_tokens=4096, bound=bound)
 
 
 def replica(rid: str, *, step_ms: float = 20.0, waiting: int = 0, healthy: bool = True) -> ReplicaView:
-    return ReplicaView(
-        replica_id=rid,
-        snapshot_s=0.0,
-        waiting=tuple(req(f"{rid}-w{i}", bound=1000) for i in range(waiting)),
-        running=(),
-        kv_blocks_total=10_000,
-        kv_blocks_free=10_000,
-        max_num_seqs=8,
-        max_num_batched_tokens=8192,
-        profile=profile(step_ms),
+    """A replica whose every step takes ``step_ms``, with ``waiting`` queued 1000-token requests."""
+    return builders.replica(
+        rid,
+        waiting=(req(f"{rid}-w{i}", bound=1000) for i in range(waiting)),
+        profile=profile(t_c_ms=step_ms, floor_ms=0.0),
         healthy=healthy,
     )
 

@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import random
 
+import builders
 import numpy as np
-from hypothesis import given, settings
+from builders import FAST_GPU, deadline, request
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from slo_core.perf.model import PerfProfile
 from slo_core.policies.annealing import (
     Annealing,
     AnnealingParams,
@@ -18,8 +20,7 @@ from slo_core.policies.annealing import (
     evaluate,
     map_priorities,
 )
-from slo_core.policies.base import EngineView, FinishedView, RequestView
-from slo_core.slo import RequestKind, SLOTargets
+from slo_core.policies.base import FinishedView, RequestView
 
 INF = math.inf
 # t_exec = 0.1 s per 100 prompt tokens, independent of batch size; no decode time.
@@ -71,6 +72,8 @@ def test_early_exit_when_the_e2e_order_meets_every_slo() -> None:
 
 
 @settings(max_examples=40, deadline=None)
+# both starts meet every SLO here and score the same up to float summation order (1 ulp apart)
+@example(tokens=[280, 938, 50], slos=[2.0, 2.0, 1.0] + [1.0] * 9, cap=3, seed=0)
 @given(
     tokens=st.lists(st.integers(50, 2000), min_size=2, max_size=12),
     slos=st.lists(st.floats(0.1, 6.0), min_size=12, max_size=12),
@@ -84,25 +87,14 @@ def test_never_worse_than_the_better_starting_solution(
     best, start_a, start_e = map_priorities(
         jobs, CROWDED, PARAMS, random.Random(seed), first_cap=cap, max_b=cap
     )
-    assert best.g >= max(start_a.g, start_e.g)
+    better = max(start_a.g, start_e.g)
+    assert best.g >= better - 1e-9 * abs(better)  # equal goodput summed in another order may differ by an ulp
     assert sorted(best.order) == list(range(len(tokens))) and sum(best.sizes) == len(tokens)
     assert all(0 < s <= cap for s in best.sizes)
     assert evaluate(jobs, CROWDED, best.order, best.sizes) == (best.g, best.met)
 
 
-PROFILE = PerfProfile(
-    "t",
-    "g",
-    "m",
-    1,
-    t_c_ms=2.0,
-    floor_ms=8.0,
-    a_ms_per_token=0.1,
-    b_ms_per_token_ctx=1e-6,
-    d_ms_per_kv_token=1e-5,
-    kv_cache_tokens=100_000,
-    max_model_len=8192,
-)
+PROFILE = dataclasses.replace(FAST_GPU, kv_cache_tokens=100_000)
 
 
 def test_predictor_fit_tracks_the_profile() -> None:
@@ -113,18 +105,8 @@ def test_predictor_fit_tracks_the_profile() -> None:
 
 
 def req(rid: str, tenant: str, out_bound: int | None = None, gen: int = 0) -> RequestView:
-    slo = SLOTargets(RequestKind.DEADLINE, deadline_s=30.0)
-    return RequestView(
-        rid,
-        slo,
-        0.0,
-        200,
-        1000,
-        tenant=tenant,
-        output_bound=out_bound,
-        generated_tokens=gen,
-        deadline_at_s=30.0,
-    )
+    """A queued 200-token deadline request of ``tenant``'s task, due 30 s after it came at 0."""
+    return request(rid, deadline(30.0), prompt=200, gen=gen, bound=out_bound, due=True, tenant=tenant)
 
 
 def test_output_lengths_are_learned_per_task_online() -> None:
@@ -141,15 +123,7 @@ def test_output_lengths_are_learned_per_task_online() -> None:
 def test_decide_orders_the_waiting_queue_and_keeps_overflow_fcfs() -> None:
     policy = Annealing(max_jobs=3)
     waiting = [req(f"w{i}", "t", out_bound=50 * (5 - i)) for i in range(5)]
-    engine = EngineView(
-        now_s=0.5,
-        step=0,
-        max_num_seqs=8,
-        max_num_batched_tokens=2048,
-        kv_blocks_total=1000,
-        kv_blocks_free=1000,
-        profile=PROFILE,
-    )
+    engine = builders.engine(0.5, seqs=8, batched=2048, kv_total=1000, profile=PROFILE)
     d = policy.decide(waiting, [], engine, random.Random(0))
     assert sorted(d.admit[:3]) == ["w0", "w1", "w2"] and d.admit[3:] == ("w3", "w4")
     assert not d.hold_unlisted

@@ -4,44 +4,30 @@ from __future__ import annotations
 
 import random
 
+import builders
 import pytest
+from builders import SMALL_GPU, latency, request
 
-from slo_core.perf.model import PerfProfile
 from slo_core.policies.base import EngineView, RequestView
 from slo_core.policies.seed_estimates import prefill_core_s
 from slo_core.policies.slide_batching import SlideBatching, SlideBatchingParams
-from slo_core.slo import RequestKind, SLOTargets
 
-PROFILE = PerfProfile(
-    name="t",
-    gpu="g",
-    model="m",
-    tensor_parallel=1,
-    t_c_ms=5.0,
-    floor_ms=10.0,
-    a_ms_per_token=0.1,
-    b_ms_per_token_ctx=1e-5,
-    d_ms_per_kv_token=1e-4,
-    kv_cache_tokens=100_000,
-    max_model_len=8192,
-)
+PROFILE = SMALL_GPU
 NOW = 100.0
 
 
 def req(
     rid: str, *, ttft_s: float, prompt: int = 500, weight: float = 1.0, arrival: float = NOW, gen: int = 0
 ) -> RequestView:
-    slo = SLOTargets(RequestKind.LATENCY, ttft_s=ttft_s, tbt_s=0.1, priority_weight=weight)
-    computed = prompt + gen if gen else 0
-    return RequestView(
-        rid, slo, arrival, prompt, 200, generated_tokens=gen, computed_tokens=computed, output_bound=200
+    """A streaming request bounded at 200 tokens; one that has generated is running (all computed)."""
+    slo = latency(ttft_s, weight=weight)
+    return request(
+        rid, slo, arrival_s=arrival, prompt=prompt, max_tokens=200, gen=gen, prefilled=gen > 0, bound=200
     )
 
 
-def engine(**kw: int) -> EngineView:
-    base = dict(max_num_seqs=256, max_num_batched_tokens=8192, kv_blocks_total=6000, kv_blocks_free=6000)
-    base.update(kw)
-    return EngineView(now_s=NOW, step=0, profile=PROFILE, **base)  # type: ignore[arg-type]
+def engine(*, seqs: int = 256, kv_free: int | None = None) -> EngineView:
+    return builders.engine(NOW, seqs=seqs, kv_total=6000, kv_free=kv_free, profile=PROFILE)
 
 
 # A: tight deadline but low value (long prompt, low priority) -> low density.
@@ -114,8 +100,8 @@ def test_running_decodes_are_ordered_before_running_requests_outside_the_batch()
 
 def test_kv_and_sequence_limits_bound_the_batch() -> None:
     queue = [req(f"s{i}", ttft_s=2.0, prompt=20) for i in range(10)]
-    assert len(SlideBatching().plan(queue, [], engine(max_num_seqs=4)).batch) == 4
-    plan = SlideBatching().plan([req("k", ttft_s=2.0, prompt=3000)], [], engine(kv_blocks_free=10))
+    assert len(SlideBatching().plan(queue, [], engine(seqs=4)).batch) == 4
+    plan = SlideBatching().plan([req("k", ttft_s=2.0, prompt=3000)], [], engine(kv_free=10))
     assert plan.chunks["k"] <= 160
 
 

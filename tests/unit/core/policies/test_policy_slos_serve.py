@@ -4,25 +4,14 @@ from __future__ import annotations
 
 import random
 
-from slo_core.perf.model import PerfProfile
+import builders
+from builders import BE, FAST_GPU, latency, request
+
 from slo_core.policies.base import EngineView, RequestView
 from slo_core.policies.slos_serve import SLOsServe, SLOsServeParams, dp_view, to_item
 from slo_core.policies.slos_serve_dp import schedule_feasible
-from slo_core.slo import RequestKind, SLOTargets
 
-PROFILE = PerfProfile(
-    name="t",
-    gpu="g",
-    model="m",
-    tensor_parallel=1,
-    t_c_ms=2.0,
-    floor_ms=8.0,
-    a_ms_per_token=0.1,
-    b_ms_per_token_ctx=1e-6,
-    d_ms_per_kv_token=1e-5,
-    kv_cache_tokens=200_000,
-    max_model_len=8192,
-)
+PROFILE = FAST_GPU
 NOW = 20.0
 RNG = random.Random(0)
 
@@ -36,21 +25,22 @@ def lat(
     gen: int = 0,
     weight: float = 1.0,
 ) -> RequestView:
-    slo = SLOTargets(RequestKind.LATENCY, ttft_s=ttft_s, tbt_s=0.05, priority_weight=weight)
-    computed = prompt + gen if gen else 0
-    return RequestView(
-        rid, slo, arrival, prompt, 200, output_bound=200, generated_tokens=gen, computed_tokens=computed
+    """A streaming request bounded at 200 tokens; one that has generated is running (all computed)."""
+    slo = latency(ttft_s, 0.05, weight=weight)
+    return request(
+        rid, slo, arrival_s=arrival, prompt=prompt, max_tokens=200, gen=gen, prefilled=gen > 0, bound=200
     )
 
 
-def be(rid: str, arrival: float = NOW) -> RequestView:
-    return RequestView(rid, SLOTargets(RequestKind.BEST_EFFORT), arrival, 300, 100, output_bound=100)
+def be(rid: str, arrival: float = NOW, gen: int = 0) -> RequestView:
+    """A best-effort request of 300 tokens in, bounded at 100 out; running once it has generated."""
+    return request(
+        rid, BE, arrival_s=arrival, prompt=300, max_tokens=100, gen=gen, prefilled=gen > 0, bound=100
+    )
 
 
-def engine(**kw: int) -> EngineView:
-    base = dict(max_num_seqs=128, max_num_batched_tokens=4096, kv_blocks_total=10_000, kv_blocks_free=10_000)
-    base.update(kw)
-    return EngineView(now_s=NOW, step=0, profile=PROFILE, **base)  # type: ignore[arg-type]
+def engine(*, seqs: int = 128) -> EngineView:
+    return builders.engine(NOW, seqs=seqs, batched=4096, kv_total=10_000, profile=PROFILE)
 
 
 BURST = [lat(f"b{i:02d}", arrival=NOW - 0.001 * (50 - i)) for i in range(50)]
@@ -66,7 +56,7 @@ def test_a_burst_is_split_into_a_feasible_admitted_set_and_a_best_effort_tier() 
     assert set(d.admit[:n]) == policy.admitted
     assert list(d.admit[n:]) == sorted(policy.best_effort)
     assert d.hold_unlisted and d.reject == ()
-    unit = dp_view(
+    view = dp_view(
         [],
         NOW,
         PROFILE,
@@ -74,22 +64,13 @@ def test_a_burst_is_split_into_a_feasible_admitted_set_and_a_best_effort_tier() 
         kv_tokens_total=160_000,
         max_num_seqs=128,
         max_num_batched_tokens=4096,
-    ).unit_tokens
+    )
     items = [
-        to_item(r, NOW, PROFILE, policy.params, unit, forced=False)
+        to_item(r, NOW, PROFILE, policy.params, view.unit_tokens, forced=False)
         for r in BURST
         if r.request_id in policy.admitted
     ]
-    cap = dp_view(
-        [],
-        NOW,
-        PROFILE,
-        policy.params,
-        kv_tokens_total=160_000,
-        max_num_seqs=128,
-        max_num_batched_tokens=4096,
-    ).capacity
-    assert schedule_feasible(items, NOW, cap)
+    assert schedule_feasible(items, NOW, view.capacity)
 
 
 def test_without_the_best_effort_tier_declined_requests_are_rejected() -> None:
@@ -111,20 +92,8 @@ def test_admitted_requests_stay_guaranteed_and_block_infeasible_newcomers() -> N
 
 def test_best_effort_running_requests_are_preempted_for_admitted_ones() -> None:
     policy = SLOsServe()
-    running = [
-        RequestView(
-            f"be{i}",
-            SLOTargets(RequestKind.BEST_EFFORT),
-            NOW - 5 + i,
-            300,
-            100,
-            generated_tokens=10,
-            computed_tokens=310,
-            output_bound=100,
-        )
-        for i in range(4)
-    ]
-    d = policy.decide([lat("slo")], running, engine(max_num_seqs=4), RNG)
+    running = [be(f"be{i}", NOW - 5 + i, gen=10) for i in range(4)]
+    d = policy.decide([lat("slo")], running, engine(seqs=4), RNG)
     assert d.preempt == ("be3",)
     assert "slo" in d.admit and policy.best_effort >= {"be0", "be1", "be2"}
     assert set(d.running_order or ()) == {"be0", "be1", "be2"}

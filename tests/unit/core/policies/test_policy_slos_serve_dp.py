@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import itertools
 
+from builders import profile
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from slo_core.perf.model import PerfProfile
 from slo_core.policies.slos_serve_dp import (
     Capacity,
     DPItem,
@@ -19,19 +19,7 @@ from slo_core.policies.slos_serve_dp import (
 )
 
 # 1 ms overhead + 0.5 ms/token, no KV term: 198 tokens per 100 ms batch (1980 tokens/s) when idle.
-PROFILE = PerfProfile(
-    name="t",
-    gpu="g",
-    model="m",
-    tensor_parallel=1,
-    t_c_ms=1.0,
-    floor_ms=2.0,
-    a_ms_per_token=0.5,
-    b_ms_per_token_ctx=0.0,
-    d_ms_per_kv_token=0.0,
-    kv_cache_tokens=100_000,
-    max_model_len=8192,
-)
+PROFILE = profile(t_c_ms=1.0, floor_ms=2.0, a_ms_per_token=0.5, kv_cache_tokens=100_000, max_model_len=8192)
 CAP = Capacity(PROFILE, max_batch_tokens=100_000, memory_units=100, max_seqs=64, idle_batch_s=0.1)
 
 

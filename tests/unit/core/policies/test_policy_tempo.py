@@ -4,24 +4,13 @@ from __future__ import annotations
 
 import random
 
-from slo_core.perf.model import PerfProfile
+import builders
+from builders import BE, SMALL_GPU, deadline, latency, request
+
 from slo_core.policies.base import EngineView, RequestView
 from slo_core.policies.tempo import Tempo, TempoParams, service_densities
-from slo_core.slo import RequestKind, SLOTargets
 
-PROFILE = PerfProfile(
-    name="t",
-    gpu="g",
-    model="m",
-    tensor_parallel=1,
-    t_c_ms=5.0,
-    floor_ms=10.0,
-    a_ms_per_token=0.1,
-    b_ms_per_token_ctx=1e-5,
-    d_ms_per_kv_token=1e-4,
-    kv_cache_tokens=100_000,
-    max_model_len=8192,
-)
+PROFILE = SMALL_GPU
 NOW = 10.0
 RNG = random.Random(0)
 
@@ -34,40 +23,40 @@ def dl(
     prompt: int = 200,
     weight: float = 1.0,
     arrival: float = NOW,
+    gen: int = 0,
     program: str | None = None,
     stage: int | None = None,
 ) -> RequestView:
-    kind = RequestKind.COMPOUND if program else RequestKind.DEADLINE
-    slo = SLOTargets(kind, deadline_s=deadline_s, priority_weight=weight)
-    return RequestView(
+    """A deadline request (a stage of ``program``: compound) of ``out`` tokens, due at arrival + deadline."""
+    slo = deadline(deadline_s, weight=weight, compound=program is not None)
+    return request(
         rid,
         slo,
-        arrival,
-        prompt,
-        out,
-        output_bound=out,
-        deadline_at_s=arrival + deadline_s,
+        arrival_s=arrival,
+        prompt=prompt,
+        max_tokens=out,
+        gen=gen,
+        prefilled=gen > 0,
+        bound=out,
+        due=True,
         program_id=program,
         stage=stage,
     )
 
 
 def lat(rid: str, *, gen: int = 0, arrival: float = NOW, tbt_s: float = 0.1) -> RequestView:
-    slo = SLOTargets(RequestKind.LATENCY, ttft_s=1.0, tbt_s=tbt_s)
-    computed = 200 + gen if gen else 0
-    return RequestView(
-        rid, slo, arrival, 200, 300, generated_tokens=gen, computed_tokens=computed, output_bound=300
+    slo = latency(1.0, tbt_s)
+    return request(
+        rid, slo, arrival_s=arrival, prompt=200, max_tokens=300, gen=gen, prefilled=gen > 0, bound=300
     )
 
 
 def be(rid: str, arrival: float) -> RequestView:
-    return RequestView(rid, SLOTargets(RequestKind.BEST_EFFORT), arrival, 100, 50, output_bound=50)
+    return request(rid, BE, arrival_s=arrival, prompt=100, max_tokens=50, bound=50)
 
 
-def engine(step: int = 0, **kw: int) -> EngineView:
-    base = dict(max_num_seqs=64, max_num_batched_tokens=4096, kv_blocks_total=4000, kv_blocks_free=4000)
-    base.update(kw)
-    return EngineView(now_s=NOW, step=step, profile=PROFILE, **base)  # type: ignore[arg-type]
+def engine(step: int = 0, *, seqs: int = 64) -> EngineView:
+    return builders.engine(NOW, step=step, seqs=seqs, batched=4096, kv_total=4000, profile=PROFILE)
 
 
 def order_of(
@@ -109,45 +98,23 @@ def test_best_effort_gets_its_reserved_slots_fcfs() -> None:
     slo = [dl(f"s{i}", weight=1.0 + i / 10) for i in range(30)]
     order = (
         Tempo(reserve_fraction=0.1)
-        .decide([be("be2", 2.0), *slo, be("be1", 1.0)], [], engine(max_num_seqs=20), RNG)
+        .decide([be("be2", 2.0), *slo, be("be1", 1.0)], [], engine(seqs=20), RNG)
         .admit
     )
     assert order.index("be1") < 20 and order.index("be2") < 20
     assert order.index("be1") < order.index("be2")
-    no_reserve = (
-        Tempo(reserve_fraction=0.0).decide([be("be1", 1.0), *slo], [], engine(max_num_seqs=20), RNG).admit
-    )
+    no_reserve = Tempo(reserve_fraction=0.0).decide([be("be1", 1.0), *slo], [], engine(seqs=20), RNG).admit
     assert no_reserve.index("be1") == 30
 
 
 def _full_engine(step: int) -> EngineView:
-    return engine(step=step, max_num_seqs=2)
+    return engine(step=step, seqs=2)
 
 
 def test_preempts_only_when_the_gain_beats_the_recompute_loss_and_only_per_quantum() -> None:
     running = [
-        RequestView(
-            "slow",
-            SLOTargets(RequestKind.DEADLINE, deadline_s=500.0),
-            NOW - 1,
-            100,
-            4000,
-            generated_tokens=10,
-            computed_tokens=110,
-            output_bound=4000,
-            deadline_at_s=NOW + 499,
-        ),
-        RequestView(
-            "busy",
-            SLOTargets(RequestKind.DEADLINE, deadline_s=5.0, priority_weight=3.0),
-            NOW - 1,
-            100,
-            50,
-            generated_tokens=10,
-            computed_tokens=110,
-            output_bound=50,
-            deadline_at_s=NOW + 4,
-        ),
+        dl("slow", deadline_s=500.0, out=4000, prompt=100, arrival=NOW - 1, gen=10),
+        dl("busy", deadline_s=5.0, out=50, prompt=100, weight=3.0, arrival=NOW - 1, gen=10),
     ]
     urgent = dl("urgent", deadline_s=3.0, out=20, weight=5.0)
     policy = Tempo(quantum_steps=20)

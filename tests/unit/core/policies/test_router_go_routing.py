@@ -5,26 +5,14 @@ from __future__ import annotations
 import dataclasses
 import random
 
-from slo_core.perf.model import PerfProfile
+import builders
+from builders import SMALL_GPU, latency, request
+
 from slo_core.policies.base import ReplicaView, RequestView
 from slo_core.policies.go_routing import GoRouting
 from slo_core.routing import RoutingPipeline, SnapshotEndpoint
 from slo_core.runtime_policy import AdmissionRule
-from slo_core.slo import RequestKind, SLOTargets
 
-PROFILE = PerfProfile(
-    name="t",
-    gpu="g",
-    model="m",
-    tensor_parallel=1,
-    t_c_ms=5.0,
-    floor_ms=10.0,
-    a_ms_per_token=0.1,
-    b_ms_per_token_ctx=1e-5,
-    d_ms_per_kv_token=1e-4,
-    kv_cache_tokens=100_000,
-    max_model_len=8192,
-)
 NOW = 50.0
 RNG = random.Random(0)
 
@@ -32,26 +20,24 @@ RNG = random.Random(0)
 def req(
     rid: str, *, ttft_s: float = 5.0, prompt: int = 1000, gen: int = 0, weight: float = 1.0
 ) -> RequestView:
-    slo = SLOTargets(RequestKind.LATENCY, ttft_s=ttft_s, tbt_s=0.1, priority_weight=weight)
-    computed = prompt + gen if gen else 0
-    return RequestView(rid, slo, NOW, prompt, 100, generated_tokens=gen, computed_tokens=computed)
+    """A streaming request of at most 100 tokens; one that has generated is running (all computed)."""
+    slo = latency(ttft_s, weight=weight)
+    return request(rid, slo, arrival_s=NOW, prompt=prompt, max_tokens=100, gen=gen, prefilled=gen > 0)
 
 
 def replica(
     rid: str, queued: int, *, decoding: int = 0, snapshot_s: float = NOW, ttft_s: float = 5.0
 ) -> ReplicaView:
-    waiting = tuple(req(f"{rid}-w{i}", ttft_s=ttft_s) for i in range(queued))
-    running = tuple(req(f"{rid}-d{i}", gen=5, prompt=500) for i in range(decoding))
-    return ReplicaView(
+    """A SlideBatching replica with ``queued`` waiting 1000-token prompts and ``decoding`` running."""
+    return builders.replica(
         rid,
         snapshot_s=snapshot_s,
-        waiting=waiting,
-        running=running,
-        kv_blocks_total=6000,
-        kv_blocks_free=5000,
-        max_num_seqs=256,
-        max_num_batched_tokens=8192,
-        profile=PROFILE,
+        waiting=(req(f"{rid}-w{i}", ttft_s=ttft_s) for i in range(queued)),
+        running=(req(f"{rid}-d{i}", gen=5, prompt=500) for i in range(decoding)),
+        kv_total=6000,
+        kv_free=5000,
+        seqs=256,
+        profile=SMALL_GPU,
         engine_policy="slide-batching",
     )
 

@@ -4,45 +4,30 @@ from __future__ import annotations
 
 import random
 
-from slo_core.perf.model import PerfProfile
+import builders
+from builders import FAST_GPU, latency, request
+
 from slo_core.policies.base import ReplicaView, RequestView
 from slo_core.policies.registry import make_router_policy
 from slo_core.policies.slos_serve_router import SLOsServeReroute
-from slo_core.slo import RequestKind, SLOTargets
 
-PROFILE = PerfProfile(
-    name="t",
-    gpu="g",
-    model="m",
-    tensor_parallel=1,
-    t_c_ms=2.0,
-    floor_ms=8.0,
-    a_ms_per_token=0.1,
-    b_ms_per_token_ctx=1e-6,
-    d_ms_per_kv_token=1e-5,
-    kv_cache_tokens=200_000,
-    max_model_len=8192,
-)
 NOW = 5.0
 RNG = random.Random(0)
 
 
 def lat(rid: str, prompt: int = 1000) -> RequestView:
-    slo = SLOTargets(RequestKind.LATENCY, ttft_s=1.0, tbt_s=0.05)
-    return RequestView(rid, slo, NOW, prompt, 200, output_bound=200)
+    return request(rid, latency(1.0, 0.05), arrival_s=NOW, prompt=prompt, max_tokens=200, bound=200)
 
 
 def replica(rid: str, queued: int) -> ReplicaView:
-    return ReplicaView(
+    """An SLOs-Serve replica with ``queued`` waiting 2500-token prompts."""
+    return builders.replica(
         rid,
         snapshot_s=NOW,
-        waiting=tuple(lat(f"{rid}-{i}", prompt=2500) for i in range(queued)),
-        running=(),
-        kv_blocks_total=10_000,
-        kv_blocks_free=10_000,
-        max_num_seqs=128,
-        max_num_batched_tokens=4096,
-        profile=PROFILE,
+        waiting=(lat(f"{rid}-{i}", prompt=2500) for i in range(queued)),
+        seqs=128,
+        batched=4096,
+        profile=FAST_GPU,
         engine_policy="slos-serve",
     )
 

@@ -6,8 +6,8 @@ import random
 from collections.abc import Sequence
 
 import pytest
+from builders import STEP_10MS
 
-from slo_core.perf.model import PerfProfile
 from slo_core.policies.base import BaseEnginePolicy, Decision, EngineView, RequestView
 from slo_core.predict import load_estimator
 from slo_core.sim.analyzer import SimAnalyzer
@@ -15,8 +15,6 @@ from slo_core.sim.fleet import FleetSim, ReplicaSpec
 from slo_core.sim.request import FINISHED
 from slo_core.slo import RequestKind, SLOTargets
 from slo_core.workloads.jobs import Job
-
-PROFILE = PerfProfile("test", "test-gpu", "test-model", 1, 0.0, 10.0, 0.0, 0.0, 0.0, 1 << 20, 1 << 16)
 
 
 @pytest.fixture(scope="module")
@@ -47,7 +45,7 @@ class Recorder(BaseEnginePolicy):
 def run(jobs: list[Job], analyzer: SimAnalyzer | None, policy: str = "fcfs") -> tuple[FleetSim, Recorder]:
     recorder = Recorder()
     sim = FleetSim(
-        [ReplicaSpec(PROFILE)],
+        [ReplicaSpec(STEP_10MS)],
         (lambda: recorder) if policy == "recorder" else policy,
         analyzer=analyzer,
     )

@@ -5,6 +5,7 @@ from __future__ import annotations
 import random
 from collections.abc import Sequence
 
+import builders
 import pytest
 
 from slo_core.perf.model import PerfProfile
@@ -20,9 +21,7 @@ SLO = SLOTargets(RequestKind.DEADLINE, deadline_s=100.0)
 
 def profile(*, step_ms: float = 10.0, per_token_ms: float = 0.0) -> PerfProfile:
     """Each step takes max(step_ms, per_token_ms · tokens)."""
-    return PerfProfile(
-        "test", "test-gpu", "test-model", 1, 0.0, step_ms, per_token_ms, 0.0, 0.0, 1 << 20, 1 << 16
-    )
+    return builders.profile(floor_ms=step_ms, a_ms_per_token=per_token_ms)
 
 
 def engine(policy: object = None, **cfg: int) -> SimEngine:

@@ -6,11 +6,11 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from builders import STEP_10MS
 
 from slo_core.gain import Delivery, GainParams, ideal_gain
 from slo_core.metrics import summarize
 from slo_core.metrics.summary import instant_gain
-from slo_core.perf.model import PerfProfile
 from slo_core.sim.engine_types import EngineConfig
 from slo_core.sim.fleet import FleetSim, ReplicaSpec, SimConfig
 from slo_core.sim.request import FINISHED
@@ -18,13 +18,12 @@ from slo_core.slo import RequestKind, SLOTargets
 from slo_core.workloads import WorkloadSpec, build_workload
 from slo_core.workloads.jobs import Job, read_jobs_jsonl, write_jobs_jsonl
 
-PROFILE = PerfProfile("test", "test-gpu", "test-model", 1, 0.0, 10.0, 0.0, 0.0, 0.0, 1 << 20, 1 << 16)
 LAT = SLOTargets(RequestKind.LATENCY, ttft_s=0.05, tbt_s=0.01)
 DEAD = SLOTargets(RequestKind.DEADLINE, deadline_s=0.025)
 
 
 def fleet(n: int = 2, policy: str = "fcfs", router: str = "round-robin", **cfg: float) -> FleetSim:
-    return FleetSim([ReplicaSpec(PROFILE, EngineConfig())] * n, policy, router, config=SimConfig(**cfg))
+    return FleetSim([ReplicaSpec(STEP_10MS, EngineConfig())] * n, policy, router, config=SimConfig(**cfg))
 
 
 def test_a_stage_is_released_only_when_every_call_of_the_previous_stage_finished() -> None:

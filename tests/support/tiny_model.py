@@ -58,7 +58,7 @@ def build(out_dir: Path, vocab_size: int = 4096) -> Path:
         torch_dtype="float32",
     )
     LlamaForCausalLM(config).save_pretrained(out_dir)
-    (out_dir / "slofleet-tiny.json").write_text(json.dumps({"built_by": "tests/vllm/tiny_model.py"}))
+    (out_dir / "slofleet-tiny.json").write_text(json.dumps({"built_by": "tests/support/tiny_model.py"}))
     return out_dir
 
 
