@@ -71,6 +71,11 @@ class SidecarKnobs(BaseModel):
     calibration: bool = Field(
         True, description="learn an online calibration of the QRF bounds from served traffic (and export it)"
     )
+    signed_requests: bool = Field(
+        False,
+        description="take a request's SLO, tier and tenant only from the router: requests without its "
+        "signature (made with --tag-key-file) get 403 (the operator turns this on with tag signing)",
+    )
     calibration_apply: bool = Field(
         False,
         description="issue the calibrated bounds (they may tighten as tokens stream); off: the forest's "

@@ -103,6 +103,12 @@ class SidecarMetrics:
         self.config_reloads = Counter(
             p + "config_reloads_total", "policy file reloads by result", ["result"], registry=r
         )
+        self.unsigned_requests = Counter(
+            p + "unsigned_requests_total",
+            "HTTP requests refused (403) for headers the router did not sign, by reason",
+            ["reason"],
+            registry=r,
+        )
         self.grpc_unauthenticated = Counter(
             p + "grpc_unauthenticated_total",
             "gRPC calls refused for a missing, stale or wrong token, by method and reason",

@@ -20,7 +20,7 @@ from typing import Any
 import httpx
 
 from slo_core.slo import SLOTargets, SLOTier
-from slo_core.wire.headers import TENANT_HEADER
+from slo_core.wire.headers import TENANT_HEADER, verify_headers
 from slo_core.wire.keyring import KeyRing
 from slo_core.wire.request_slo import SLOParamError, SLORequest, parse_slo
 from slo_core.wire.signing import sign
@@ -101,9 +101,11 @@ class Sidecar:
     # ---- admission ---------------------------------------------------------------------------
     async def accept(self, headers: Mapping[str, str], body: Any, endpoint: str) -> Job:
         cfg = self.config
+        self._check_signed(headers)
         parsed = parse_body(body, endpoint, max_tokens_limit=self.context_tokens())
         try:
-            slo = parse_slo(headers, body)
+            # a signed request's SLO is the one the router signed: only its headers count
+            slo = parse_slo(headers, {} if self.knobs.signed_requests else body)
         except SLOParamError as exc:
             raise APIError(400, str(exc), param=exc.param, code="invalid_slo") from None
         tier_name = slo.tier or cfg.default_tier
@@ -185,6 +187,25 @@ class Sidecar:
         self.tier_inflight[tier_name] += 1
         self.metrics.prompt_tokens.labels(tier_name, targets.priority_class).inc(parsed.prompt_tokens)
         return job
+
+    def _check_signed(self, headers: Mapping[str, str]) -> None:
+        """With ``signed_requests``: 403 unless the router signed the SLO, tier, tenant and request id
+        (a caller that reaches this pod without the router cannot choose its tier or tenant)."""
+        if not self.knobs.signed_requests:
+            return
+        why = (
+            "no tag key"
+            if self.keys is None
+            else verify_headers(headers, self.keys().verify_keys, time.time())
+        )
+        if why is None:
+            return
+        self.metrics.unsigned_requests.labels(why).inc()
+        raise APIError(
+            403,
+            f"this pod takes requests only from the slofleet router ({why} headers)",
+            code="unsigned_request",
+        )
 
     def _request_id(self, given: str | None) -> str | None:
         """Keep the router's request id (for tracing across hops) when it is safe and not in use."""

@@ -203,7 +203,7 @@ def sidecar_args(md: ModelDeploymentView, settings: OperatorSettings) -> list[st
     if md.context_length:
         args.append(f"--max-context-tokens={md.context_length}")
     if settings.tag_key_secret:
-        args.append(f"--tag-key-file={TAG_KEY_FILE}")
+        args += [f"--tag-key-file={TAG_KEY_FILE}", "--signed-requests"]  # SLO headers only from the router
     if md.predictor is not None:  # a retrained artefact, pinned by its digest
         args += [f"--predictor={PREDICTOR_DIR}/predictor.npz", f"--predictor-sha256={md.predictor[1]}"]
     return args

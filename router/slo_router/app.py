@@ -146,7 +146,7 @@ async def _serve(state: RouterState, request: Request, labels: list[str]) -> Res
                 state.client,
                 ep.spec.http_url + request.url.path,
                 body_bytes,
-                upstream_headers(slo, tier, tenant, request_id),
+                upstream_headers(slo, tier, tenant, request_id, state.tag_keys),
                 state.upstream_timeout_s,
             )
             # a client that hangs up while the pod has not answered yet aborts the upstream request

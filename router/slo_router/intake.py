@@ -11,6 +11,8 @@ key (401 without reading the body), then the body within its size and nesting li
 from __future__ import annotations
 
 import json
+import time
+from collections.abc import Callable
 from typing import Any
 
 from starlette.requests import Request
@@ -18,7 +20,8 @@ from starlette.requests import Request
 from slo_core.policies.base import RequestView
 from slo_core.routing import Affinity
 from slo_core.slo import RequestKind, SLOTargets
-from slo_core.wire.headers import INTERNAL_PREFIX, REQUEST_ID_HEADER
+from slo_core.wire.headers import INTERNAL_PREFIX, REQUEST_ID_HEADER, sign_headers
+from slo_core.wire.keyring import KeyRing
 from slo_core.wire.limits import SAFE_TOKEN, check_headers, parse_json_object, read_capped, token_count
 from slo_core.wire.request_slo import SLOParamError, SLORequest, parse_slo, to_headers
 from slo_core.wire.tokens import approx_tokens
@@ -131,8 +134,15 @@ def authenticate(state: RouterState, request: Request) -> Tenant:
     return tenant
 
 
-def upstream_headers(slo: SLORequest, tier: str, tenant: Tenant, request_id: str) -> dict[str, str]:
-    """The SLO as headers with the bound tier; the body's SLO fields are stripped before forwarding."""
+def upstream_headers(
+    slo: SLORequest,
+    tier: str,
+    tenant: Tenant,
+    request_id: str,
+    keys: Callable[[], KeyRing] | None = None,
+) -> dict[str, str]:
+    """The SLO as headers with the bound tier; the body's SLO fields are stripped before forwarding.
+    With the tag key ring they are signed (the sidecar believes only signed ones)."""
     headers = to_headers(slo.model_copy(update={"tier": tier}))
     headers.update(
         {
@@ -141,6 +151,9 @@ def upstream_headers(slo: SLORequest, tier: str, tenant: Tenant, request_id: str
             f"{INTERNAL_PREFIX}tenant": tenant.name,
         }
     )
+    if keys is not None:
+        now_s = time.time()
+        headers = sign_headers(headers, keys().signing_key(now_s), now_s)
     return headers
 
 

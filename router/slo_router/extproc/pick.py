@@ -131,7 +131,7 @@ async def pick(
     if result.affinity:
         state.metrics.affinity_hits.labels(result.affinity).inc()
     ep.note_sent(view, state.clock())
-    set_headers = upstream_headers(slo, tier, tenant, request_id)
+    set_headers = upstream_headers(slo, tier, tenant, request_id, state.tag_keys)
     forward = router_app.body_to_forward(state, adm)
     if ep.spec.mode == "engine":  # the gateway sends to vLLM itself: the SLO rides as signed tags
         out = tagged_body(forward, view, tier, state.tag_keys, clock=state.clock)
