@@ -17,7 +17,7 @@ import httpx
 
 from slo_core.wire import openai
 from slo_sidecar.config import SidecarKnobs
-from slo_sidecar.engine_client import stream_chunks
+from slo_sidecar.engine_client import EngineStatus, stream_chunks
 from slo_sidecar.front import CHAT
 from slo_sidecar.job import Job
 from slo_sidecar.streaming import sse
@@ -28,6 +28,7 @@ class AttemptHost(Protocol):
     """The sidecar as an attempt sees it."""
 
     client: httpx.AsyncClient | None
+    engine: EngineStatus
     engine_url: str
     knobs: SidecarKnobs
     tracker: Tracker
@@ -56,7 +57,7 @@ async def run_attempt(sc: AttemptHost, job: Job, body: dict[str, Any]) -> str:
     async for chunk, raw in stream_chunks(
         client, sc.engine_url + path, body, headers, sc.knobs.upstream_read_timeout_s
     ):
-        now = sc.now()
+        now = sc.engine.last_heard_s = sc.now()  # a streaming engine is alive, whatever probes see
         choices = chunk.get("choices") or []
         running_usage = chunk.get("usage")
         if isinstance(running_usage, dict):

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import AsyncIterator
+import time
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -96,9 +97,20 @@ async def stream_chunks(
     raise EngineUnavailable("engine closed the stream before it finished")
 
 
+# a probe that times out means a busy engine (or a starved host), not a dead one: the engine counts as
+# down only when nothing (probe or streamed token) has been heard from it for this long
+SLOW_DOWN_AFTER_S = 10.0
+
+
 @dataclass
 class EngineStatus:
-    """The last probe of the engine (health, load, served models)."""
+    """The last probe of the engine (health, load, served models).
+
+    ``last_heard_s``: when the engine last answered a probe or streamed a token (monotonic seconds).
+    A refused connection or a failing ``/health`` marks the engine down at once; probes that time out
+    do so only after ``SLOW_DOWN_AFTER_S`` of silence, so a loaded engine that is still serving is not
+    taken out of routing (the simulator has no such outage, and live admission must match it).
+    """
 
     healthy: bool = False
     waiting: int = 0
@@ -107,6 +119,8 @@ class EngineStatus:
     models: list[str] = field(default_factory=list)
     max_model_len: int = 0
     error: str = "not probed yet"
+    last_heard_s: float | None = None
+    slow_probes: int = 0  # probes that timed out while the engine still counted as up
 
 
 _GAUGES = {
@@ -117,11 +131,16 @@ _GAUGES = {
 
 
 async def probe(
-    client: httpx.AsyncClient, base_url: str, status: EngineStatus, timeout_s: float = 2.0
+    client: httpx.AsyncClient,
+    base_url: str,
+    status: EngineStatus,
+    timeout_s: float = 2.0,
+    clock: Callable[[], float] = time.monotonic,
 ) -> None:
     """Refresh ``status`` from ``/health``, ``/metrics`` and (once) ``/v1/models``."""
     try:
         resp = await client.get(base_url + "/health", timeout=timeout_s)
+        status.last_heard_s = clock()
         status.healthy = resp.status_code == 200
         status.error = "" if status.healthy else f"engine /health answered {resp.status_code}"
         if not status.healthy:
@@ -135,6 +154,13 @@ async def probe(
         metrics = await client.get(base_url + "/metrics", timeout=timeout_s)
         if metrics.status_code == 200:
             _read_load(metrics.text, status)
+    except httpx.TimeoutException as exc:
+        heard = status.last_heard_s
+        if status.healthy and heard is not None and clock() - heard < SLOW_DOWN_AFTER_S:
+            status.slow_probes += 1  # busy, not gone: keep routing to it
+            return
+        status.healthy = False
+        status.error = f"engine silent ({type(exc).__name__}) for over {SLOW_DOWN_AFTER_S:g} s"
     except (httpx.HTTPError, ValueError) as exc:
         status.healthy = False
         status.error = f"engine unreachable ({type(exc).__name__})"
