@@ -91,9 +91,12 @@ async def test_completions_and_chat_stream_and_not_with_slo_fields(stack: Stack)
     pieces = [ch.choices[0].delta.content or "" async for ch in chat_stream if ch.choices]
     assert "".join(pieces).split() == [f"w{i}" for i in range(6)]
 
-    # the SLO fields never reach the engine; the engine always streams with usage for the tracker
+    # the SLO fields never reach the engine; streamed calls stream with usage for the tracker, and
+    # non-streamed ones are sent non-streamed (the engine's body is passed through)
     assert all("slo" not in b and "target_ttft" not in b for b in stack.eng.bodies)
-    assert all(b["stream"] and b["stream_options"]["include_usage"] is True for b in stack.eng.bodies)
+    streamed = [b for b in stack.eng.bodies if b["stream"]]
+    assert streamed and all(b["stream_options"]["include_usage"] is True for b in streamed)
+    assert any(not b["stream"] and "stream_options" not in b for b in stack.eng.bodies)
 
     assert await stack.metric("slofleet_sidecar_requests_total", tier="batch", outcome="ok") == 2
     assert await stack.metric("slofleet_sidecar_requests_total", tier="gold", outcome="ok") == 2

@@ -55,7 +55,7 @@ def _sidecar(**knobs: object) -> tuple[Sidecar, Scripted]:
 
 
 def _job(sc: Sidecar, rid: str, body: dict[str, object] | None = None, endpoint: str = COMPLETION) -> Job:
-    raw = body or {"model": "m", "prompt": f"prompt of {rid}", "max_tokens": 20}
+    raw = body or {"model": "m", "prompt": f"prompt of {rid}", "max_tokens": 20, "stream": True}
     parsed = parse_body(raw, endpoint, 16)
     live = sc.tracker.new_request(
         tier=TIER,
@@ -102,15 +102,18 @@ def test_rejected_requests_get_a_503_with_a_retry_hint() -> None:
 
 def test_preemption_requeues_resumable_requests_only() -> None:
     sc, policy = _sidecar(max_running=1)
-    text, ids = _job(sc, "text"), _job(sc, "ids", {"model": "m", "prompt": [5, 6, 7], "max_tokens": 9})
-    for job in (text, ids):
+    text = _job(sc, "text")
+    ids = _job(sc, "ids", {"model": "m", "prompt": [5, 6, 7], "max_tokens": 9, "stream": True})
+    whole = _job(sc, "whole", {"model": "m", "prompt": "p", "max_tokens": 9})  # the engine's body, as sent
+    for job in (text, ids, whole):
         job.release(None)
         sc.scheduler.running.append(job)
-    policy.next = Decision(preempt=("text", "ids"))
+    policy.next = Decision(preempt=("text", "ids", "whole"))
     sc.scheduler.waiting.append(_job(sc, "new"))
     sc.scheduler.frame()
     assert text in sc.scheduler.waiting and not text.released.is_set() and text.live.preemptions == 1
     assert ids in sc.scheduler.running and ids.live.preemptions == 0  # token ids: nothing to resume from
+    assert whole in sc.scheduler.running and whole.live.preemptions == 0  # non-streamed: never spliced
 
 
 def test_a_failing_policy_falls_back_to_arrival_order() -> None:
@@ -124,7 +127,11 @@ def test_a_failing_policy_falls_back_to_arrival_order() -> None:
 
 def test_a_resumed_completion_continues_from_the_generated_text() -> None:
     sc, _ = _sidecar()
-    job = _job(sc, "a", {"model": "m", "prompt": "Once upon", "max_tokens": 20, "temperature": 0, "slo": {}})
+    job = _job(
+        sc,
+        "a",
+        {"model": "m", "prompt": "Once upon", "max_tokens": 20, "temperature": 0, "slo": {}, "stream": True},
+    )
     assert sc.upstream_body(job)["prompt"] == "Once upon"
     sc.tracker.record_tokens(job.live, 3, " a time there", 1.0)
     body = sc.upstream_body(job)
