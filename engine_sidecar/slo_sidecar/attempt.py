@@ -185,7 +185,7 @@ async def _whole(sc: AttemptHost, job: Job, url: str, body: dict[str, Any], head
     session = sc.session
     assert session is not None
     job.emit("chunk", b"")  # released into the engine: the wait for a seat is over
-    raw = await complete(session, url, body, headers, sc.knobs.upstream_read_timeout_s)
+    raw = await complete(session, url, body, headers)  # the request's own time limit bounds it
     now = sc.engine.last_heard_s = sc.now()
     try:
         doc = json.loads(raw)

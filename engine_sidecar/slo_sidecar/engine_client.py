@@ -71,13 +71,15 @@ async def _sse_data(resp: aiohttp.ClientResponse) -> AsyncIterator[bytes]:
 def new_session() -> aiohttp.ClientSession:
     """The generation client: aiohttp (a fraction of httpx's CPU per streamed chunk: path_overhead.py)."""
     return aiohttp.ClientSession(
-        connector=aiohttp.TCPConnector(limit=4096, limit_per_host=0, keepalive_timeout=30.0),
+        # idle connections go before the engine's server closes them (uvicorn: 5 s), or a reused one
+        # fails with ServerDisconnectedError (seen live: one 503 per race)
+        connector=aiohttp.TCPConnector(limit=4096, limit_per_host=0, keepalive_timeout=2.0),
         auto_decompress=False,
         skip_auto_headers=("User-Agent",),
     )
 
 
-def _timeout(read_timeout_s: float) -> aiohttp.ClientTimeout:
+def _timeout(read_timeout_s: float | None) -> aiohttp.ClientTimeout:
     return aiohttp.ClientTimeout(total=None, connect=5.0, sock_read=read_timeout_s)
 
 
@@ -91,7 +93,7 @@ async def _check_status(resp: aiohttp.ClientResponse) -> None:
 
 def _failed(exc: BaseException) -> EngineUnavailable:
     if isinstance(exc, TimeoutError):
-        return EngineUnavailable("engine timed out (no answer within the read timeout)")
+        return EngineUnavailable("engine timed out (connect, or silent past the read timeout)")
     return EngineUnavailable(f"engine connection failed ({type(exc).__name__})")
 
 
@@ -135,17 +137,17 @@ def _raise_if_error(payload: bytes) -> None:
 
 
 async def complete(
-    session: aiohttp.ClientSession,
-    url: str,
-    body: dict[str, Any],
-    headers: dict[str, str],
-    read_timeout_s: float,
+    session: aiohttp.ClientSession, url: str, body: dict[str, Any], headers: dict[str, str]
 ) -> bytes:
-    """One non-streamed generation: the engine's response body as sent (the caller passes it through)."""
+    """One non-streamed generation: the engine's response body as sent (the caller passes it through).
+
+    The engine is silent until the whole answer is ready, so no read timeout applies here: the
+    request's own time limit (``request_timeout_s``, the caller's) bounds it.
+    """
     data = json.dumps(body, separators=(",", ":")).encode()
     hdrs = {**headers, "content-type": "application/json"}
     try:
-        async with session.post(url, data=data, headers=hdrs, timeout=_timeout(read_timeout_s)) as resp:
+        async with session.post(url, data=data, headers=hdrs, timeout=_timeout(None)) as resp:
             await _check_status(resp)
             return await resp.read()
     except (TimeoutError, aiohttp.ClientError) as exc:

@@ -207,3 +207,19 @@ async def test_engine_down_means_503_with_retry_after_and_not_ready(stack: Stack
     )
     assert r.status_code == 503 and int(r.headers["retry-after"]) >= 1
     assert r.json()["error"]["code"] == "engine_unavailable"
+
+
+async def test_a_non_streamed_answer_may_take_longer_than_the_silence_timeout() -> None:
+    """The engine says nothing until a non-streamed answer is whole: the read timeout (silence between
+    streamed chunks) must not cut it (it did, live: 503s the simulator never gives)."""
+    eng = FakeEngine(ttft_s=0.3, tbt_s=0.1)
+    async with serve_fake_engine(eng) as url:
+        knobs = SidecarKnobs(upstream_read_timeout_s=0.5)
+        sc = Sidecar(knobs=knobs, config=CONFIG, engine_url=url, estimator=FallbackEstimator())
+        async with running_sidecar(sc, grpc_port=None) as run:
+            client = AsyncOpenAI(base_url=run.http_url + "/v1", api_key="unused", max_retries=0, timeout=30)
+            done = await client.completions.create(
+                model=eng.model, prompt="x", max_tokens=8, extra_body={"ignore_eos": True}
+            )
+            await client.close()
+    assert done.usage is not None and done.usage.completion_tokens == 8
