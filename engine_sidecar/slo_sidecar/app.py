@@ -125,9 +125,12 @@ async def _serve(sc: Sidecar, request: Request, job: Job) -> Response:
             )
             return error_response(err)
         if event[0] == "error":
-            status, err = "error", event[1]
+            err = event[1]
+            status = "rejected" if err.status in (429, 503) and not job.live.started else "error"
             return error_response(err)
         status = "ok"
+        if job.response_body is not None:  # the engine's own answer, byte for byte
+            return Response(job.response_body, media_type="application/json")
         return JSONResponse(full_response(job))
     except _ClientGone:
         return Response(status_code=499)

@@ -1,18 +1,23 @@
 """Talking to the engine (vLLM's OpenAI API or engine-sim): streamed generation, health and load probes.
 
-Every call has a timeout. Generation always streams upstream (``stream_options.include_usage``) so the
-sidecar sees each token's time, whatever the client asked for. Leaving :func:`stream_chunks` early
-(cancellation, preemption) closes the connection, which makes the engine abort the request.
+Every call has a timeout. Generation goes over aiohttp (probes over httpx). A streamed request streams
+upstream with continuous usage stats, and its chunks are relayed as bytes: the token count and finish
+reason are read off the bytes (:func:`completion_tokens`, :func:`finish_reason`), never by parsing
+the JSON. A non-streamed request is sent non-streamed and the engine's body is passed through
+(:func:`complete`). Leaving :func:`stream_events` early (cancellation, preemption) closes the
+connection, which makes the engine abort the request.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-from collections.abc import AsyncIterator
+import time
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import aiohttp
 import httpx
 
 from slo_core.wire import openai
@@ -45,60 +50,168 @@ def _error_message(raw: bytes) -> str:
     return str(err or doc)[:200]
 
 
-async def _sse_data(resp: httpx.Response) -> AsyncIterator[bytes]:
+async def _sse_data(resp: aiohttp.ClientResponse) -> AsyncIterator[bytes]:
     """The ``data:`` payloads of an SSE byte stream (events end with a blank line; chunks split anywhere)."""
     buf = b""
-    async for data in resp.aiter_bytes():
+    async for data in resp.content.iter_any():
         piece = data.replace(b"\r\n", b"\n") if b"\r" in data else data
         buf = buf + piece if buf else piece
-        while True:
-            end = buf.find(b"\n\n")
-            if end < 0:
-                break
-            event, buf = buf[:end], buf[end + 2 :]
+        if b"\n\n" not in buf:
+            continue
+        *events, buf = buf.split(b"\n\n")
+        for event in events:
+            if event.startswith(b"data:") and b"\n" not in event:  # the usual shape: one data line
+                yield event[5:].strip()
+                continue
             for line in event.split(b"\n"):
                 if line.startswith(b"data:"):
                     yield line[5:].strip()
 
 
-async def stream_chunks(
-    client: httpx.AsyncClient,
+def new_session() -> aiohttp.ClientSession:
+    """The generation client: aiohttp (a fraction of httpx's CPU per streamed chunk: path_overhead.py)."""
+    return aiohttp.ClientSession(
+        # idle connections go before the engine's server closes them (uvicorn: 5 s), or a reused one
+        # fails with ServerDisconnectedError (seen live: one 503 per race)
+        connector=aiohttp.TCPConnector(limit=4096, limit_per_host=0, keepalive_timeout=2.0),
+        auto_decompress=False,
+        skip_auto_headers=("User-Agent",),
+    )
+
+
+def _timeout(read_timeout_s: float | None) -> aiohttp.ClientTimeout:
+    return aiohttp.ClientTimeout(total=None, connect=5.0, sock_read=read_timeout_s)
+
+
+async def _check_status(resp: aiohttp.ClientResponse) -> None:
+    if resp.status != 200:
+        message = _error_message(await resp.read())
+        if 400 <= resp.status < 500 and resp.status not in (408, 429):
+            raise EngineRejected(resp.status, message)
+        raise EngineUnavailable(f"engine answered {resp.status}: {message}")
+
+
+def _failed(exc: BaseException) -> EngineUnavailable:
+    if isinstance(exc, TimeoutError):
+        return EngineUnavailable("engine timed out (connect, or silent past the read timeout)")
+    return EngineUnavailable(f"engine connection failed ({type(exc).__name__})")
+
+
+async def stream_events(
+    session: aiohttp.ClientSession,
     url: str,
     body: dict[str, Any],
     headers: dict[str, str],
     read_timeout_s: float,
-) -> AsyncIterator[tuple[dict[str, Any], bytes]]:
-    """Yield the engine's SSE chunks (parsed, and as sent) until ``[DONE]``; failures raise, never hang."""
-    timeout = httpx.Timeout(read_timeout_s, connect=5.0, write=10.0, pool=10.0)  # SYN retries: 1 s, 3 s
+) -> AsyncIterator[bytes]:
+    """Yield the engine's SSE payloads as sent (unparsed) until ``[DONE]``; failures raise, never hang.
+
+    A payload carrying an ``error`` object raises :class:`EngineUnavailable`; everything else is the
+    caller's to read (cheaply: :func:`completion_tokens`, :func:`finish_reason`).
+    """
+    data = json.dumps(body, separators=(",", ":")).encode()
+    hdrs = {**headers, "content-type": "application/json"}
     try:
-        async with client.stream("POST", url, json=body, headers=headers, timeout=timeout) as resp:
-            if resp.status_code != 200:
-                message = _error_message(await resp.aread())
-                if 400 <= resp.status_code < 500 and resp.status_code not in (408, 429):
-                    raise EngineRejected(resp.status_code, message)
-                raise EngineUnavailable(f"engine answered {resp.status_code}: {message}")
+        async with session.post(url, data=data, headers=hdrs, timeout=_timeout(read_timeout_s)) as resp:
+            await _check_status(resp)
             async for payload in _sse_data(resp):
                 if payload == openai.DONE_PAYLOAD:
                     return
-                try:
-                    chunk = json.loads(payload)
-                except ValueError:
-                    raise EngineUnavailable("engine sent a malformed stream event") from None
-                if not isinstance(chunk, dict):
-                    raise EngineUnavailable("engine sent a malformed stream event")
-                if "error" in chunk:
-                    raise EngineUnavailable(f"engine failed: {_error_message(payload)}")
-                yield chunk, payload
-    except httpx.TimeoutException as exc:
-        raise EngineUnavailable(f"engine timed out ({type(exc).__name__})") from None
-    except httpx.HTTPError as exc:
-        raise EngineUnavailable(f"engine connection failed ({type(exc).__name__})") from None
+                if b'"error"' in payload:  # rare: only then is the event parsed here
+                    _raise_if_error(payload)
+                yield payload
+    except (TimeoutError, aiohttp.ClientError) as exc:
+        raise _failed(exc) from None
     raise EngineUnavailable("engine closed the stream before it finished")
+
+
+def _raise_if_error(payload: bytes) -> None:
+    try:
+        chunk = json.loads(payload)
+    except ValueError:
+        raise EngineUnavailable("engine sent a malformed stream event") from None
+    if not isinstance(chunk, dict):
+        raise EngineUnavailable("engine sent a malformed stream event")
+    if "error" in chunk:
+        raise EngineUnavailable(f"engine failed: {_error_message(payload)}")
+
+
+async def complete(
+    session: aiohttp.ClientSession, url: str, body: dict[str, Any], headers: dict[str, str]
+) -> bytes:
+    """One non-streamed generation: the engine's response body as sent (the caller passes it through).
+
+    The engine is silent until the whole answer is ready, so no read timeout applies here: the
+    request's own time limit (``request_timeout_s``, the caller's) bounds it.
+    """
+    data = json.dumps(body, separators=(",", ":")).encode()
+    hdrs = {**headers, "content-type": "application/json"}
+    try:
+        async with session.post(url, data=data, headers=hdrs, timeout=_timeout(None)) as resp:
+            await _check_status(resp)
+            return await resp.read()
+    except (TimeoutError, aiohttp.ClientError) as exc:
+        raise _failed(exc) from None
+
+
+# ---- reading a chunk without parsing it ----------------------------------------------------------
+_TOKENS_KEY = b'"completion_tokens":'
+_FINISH_KEY = b'"finish_reason":'
+
+
+def completion_tokens(payload: bytes) -> int | None:
+    """``usage.completion_tokens`` of a chunk (continuous usage stats), read off the bytes; None: absent."""
+    i = payload.rfind(_TOKENS_KEY)
+    if i < 0:
+        return None
+    i += len(_TOKENS_KEY)
+    j = i
+    n = len(payload)
+    while j < n and payload[j] in b" \t":
+        j += 1
+    k = j
+    while k < n and 48 <= payload[k] <= 57:
+        k += 1
+    return int(payload[j:k]) if k > j else None
+
+
+def finish_reason(payload: bytes) -> str | None:
+    """The first choice's ``finish_reason`` read off the bytes (None: null or absent)."""
+    i = payload.find(_FINISH_KEY)
+    if i < 0:
+        return None
+    i += len(_FINISH_KEY)
+    while i < len(payload) and payload[i] in b" \t":
+        i += 1
+    if payload[i : i + 1] != b'"':
+        return None
+    j = payload.find(b'"', i + 1)
+    return payload[i + 1 : j].decode("ascii", "replace") if j > i else None
+
+
+def strip_usage(payload: bytes) -> bytes | None:
+    """The chunk without its trailing ``"usage"`` object (vLLM and engine-sim write it last), or None
+    when the bytes do not have that shape (the caller re-encodes then)."""
+    i = payload.rfind(b',"usage":{')
+    if i < 0 or not payload.endswith(b"}}") or b"{" in payload[i + 10 :]:
+        return None
+    return payload[:i] + b"}"
+
+
+# a probe that times out means a busy engine (or a starved host), not a dead one: the engine counts as
+# down only when nothing (probe or streamed token) has been heard from it for this long
+SLOW_DOWN_AFTER_S = 10.0
 
 
 @dataclass
 class EngineStatus:
-    """The last probe of the engine (health, load, served models)."""
+    """The last probe of the engine (health, load, served models).
+
+    ``last_heard_s``: when the engine last answered a probe or streamed a token (monotonic seconds).
+    A refused connection or a failing ``/health`` marks the engine down at once; probes that time out
+    do so only after ``SLOW_DOWN_AFTER_S`` of silence, so a loaded engine that is still serving is not
+    taken out of routing (the simulator has no such outage, and live admission must match it).
+    """
 
     healthy: bool = False
     waiting: int = 0
@@ -107,12 +220,8 @@ class EngineStatus:
     models: list[str] = field(default_factory=list)
     max_model_len: int = 0
     error: str = "not probed yet"
-    unreachable: int = 0  # probes in a row that got no answer
-
-
-# An engine that answers "unhealthy" is down at once; one that does not answer is down only after this
-# many probes in a row (one slow /health on a busy host must not turn every request into a 503).
-UNREACHABLE_PROBES = 3
+    last_heard_s: float | None = None
+    slow_probes: int = 0  # probes that timed out while the engine still counted as up
 
 
 _GAUGES = {
@@ -123,12 +232,16 @@ _GAUGES = {
 
 
 async def probe(
-    client: httpx.AsyncClient, base_url: str, status: EngineStatus, timeout_s: float = 2.0
+    client: httpx.AsyncClient,
+    base_url: str,
+    status: EngineStatus,
+    timeout_s: float = 2.0,
+    clock: Callable[[], float] = time.monotonic,
 ) -> None:
     """Refresh ``status`` from ``/health``, ``/metrics`` and (once) ``/v1/models``."""
     try:
         resp = await client.get(base_url + "/health", timeout=timeout_s)
-        status.unreachable = 0
+        status.last_heard_s = clock()
         status.healthy = resp.status_code == 200
         status.error = "" if status.healthy else f"engine /health answered {resp.status_code}"
         if not status.healthy:
@@ -142,11 +255,16 @@ async def probe(
         metrics = await client.get(base_url + "/metrics", timeout=timeout_s)
         if metrics.status_code == 200:
             _read_load(metrics.text, status)
+    except httpx.TimeoutException as exc:
+        heard = status.last_heard_s
+        if status.healthy and heard is not None and clock() - heard < SLOW_DOWN_AFTER_S:
+            status.slow_probes += 1  # busy, not gone: keep routing to it
+            return
+        status.healthy = False
+        status.error = f"engine silent ({type(exc).__name__}) for over {SLOW_DOWN_AFTER_S:g} s"
     except (httpx.HTTPError, ValueError) as exc:
-        status.unreachable += 1
-        if status.unreachable >= UNREACHABLE_PROBES or not status.models:
-            status.healthy = False
-            status.error = f"engine unreachable ({type(exc).__name__}, {status.unreachable} probes in a row)"
+        status.healthy = False
+        status.error = f"engine unreachable ({type(exc).__name__})"
 
 
 def _read_load(text: str, status: EngineStatus) -> None:

@@ -114,6 +114,7 @@ def parse_body(
         resumable = True
     else:
         text, tokens, resumable = _completion_prompt(body)
+    resumable = resumable and stream  # a non-streamed answer is the engine's own body: never spliced
     max_tokens = token_count(body, "max_tokens", max_tokens_limit)
     if max_tokens is None:
         max_tokens = token_count(body, "max_completion_tokens", max_tokens_limit)

@@ -37,6 +37,8 @@ class Job:
     engine_prompt_tokens: int | None = None
     terminal: bool = False
     stream_id: str | None = None
+    raw_chunks: list[bytes] = field(default_factory=list)  # streamed chunks whose text is not decoded yet
+    response_body: bytes | None = None  # non-streamed: the engine's answer, passed through as sent
 
     @property
     def request_id(self) -> str:

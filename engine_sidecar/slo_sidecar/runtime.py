@@ -22,7 +22,7 @@ import uvicorn
 
 from slo_sidecar import calibration, lifecycle
 from slo_sidecar.app import create_app, create_metrics_app
-from slo_sidecar.engine_client import probe
+from slo_sidecar.engine_client import new_session, probe
 from slo_sidecar.grpc_service import start_grpc
 from slo_sidecar.service import Sidecar
 
@@ -92,6 +92,7 @@ async def running_sidecar(
     if not sc.knobs.pod:
         sc.knobs = sc.knobs.model_copy(update={"pod": f"{host}:{http_port}"})
     sc.client = httpx.AsyncClient(limits=httpx.Limits(max_connections=4096, max_keepalive_connections=512))
+    sc.session = new_session()
     await probe(sc.client, sc.engine_url, sc.engine)
     jobs: list[Coroutine[Any, Any, None]] = [sc.scheduler.run(), lifecycle.probe_loop(sc)]
     if state_dir is not None:
@@ -119,7 +120,7 @@ async def running_sidecar(
         lifespan="off",
         timeout_graceful_shutdown=5,
         access_log=False,
-        http="h11",
+        http="httptools",  # measured: h11 was a large share of the relay's CPU per chunk
     )
     server = _Server(config, sc, sc.knobs.drain_timeout_s)
     serve_task = asyncio.create_task(server._serve(sockets=[sock]))
@@ -152,6 +153,9 @@ async def _stop(
     if sc.client is not None:
         await sc.client.aclose()
         sc.client = None
+    if sc.session is not None:
+        await sc.session.close()
+        sc.session = None
 
 
 async def serve_forever(

@@ -17,6 +17,7 @@ from collections import Counter
 from collections.abc import Callable, Mapping
 from typing import Any
 
+import aiohttp
 import httpx
 
 from slo_core.slo import SLOTargets, SLOTier
@@ -26,7 +27,7 @@ from slo_core.wire.request_slo import SLOParamError, SLORequest, parse_slo
 from slo_core.wire.signing import sign
 from slo_core.wire.tags import EngineTags
 from slo_sidecar.analyzer import CompoundAnalyzer
-from slo_sidecar.attempt import run_attempt
+from slo_sidecar.attempt import generated_text, run_attempt
 from slo_sidecar.calibration import CalibrationGauges, CalibrationHub
 from slo_sidecar.config import PolicyConfig, SidecarKnobs
 from slo_sidecar.engine_client import EngineRejected, EngineStatus, EngineUnavailable
@@ -80,7 +81,8 @@ class Sidecar:
             engine_priority=knobs.engine_priority,
         )
         self.engine = EngineStatus()
-        self.client: httpx.AsyncClient | None = None
+        self.client: httpx.AsyncClient | None = None  # probes
+        self.session: aiohttp.ClientSession | None = None  # generation (engine_client.new_session)
         self.jobs: dict[str, Job] = {}
         self.tier_inflight: Counter[str] = Counter()
         self.draining = False
@@ -269,14 +271,15 @@ class Sidecar:
         """The body of the next attempt: a continuation (prompt + generated text) after a preemption."""
         live, parsed = job.live, job.parsed
         body = dict(parsed.forward)
-        body["stream"] = True
-        body["stream_options"] = {"include_usage": True, "continuous_usage_stats": True}
+        body["stream"] = parsed.stream
+        if parsed.stream:  # counted off each chunk's usage; a non-streamed answer is passed through
+            body["stream_options"] = {"include_usage": True, "continuous_usage_stats": True}
         done = live.generated_tokens
         if done or parsed.max_tokens is not None or self.knobs.default_max_tokens is not None:
             body["max_tokens"] = max(1, live.max_tokens - done)
         # else: the engine applies its own default (the context left), exactly as vLLM alone would
         if done:
-            text = "".join(live.generated_text)
+            text = generated_text(job)
             if parsed.endpoint == CHAT:
                 body["messages"] = [*parsed.forward["messages"], {"role": "assistant", "content": text}]
                 body["add_generation_prompt"] = False
@@ -384,7 +387,7 @@ class Sidecar:
                 live.prompt_text or None,
                 live.prompt_tokens,
                 live.generated_tokens,
-                "".join(live.generated_text),
+                generated_text(job),
                 live.targets.kind.value,
                 live.max_tokens,
             )

@@ -133,11 +133,24 @@ def create_fake_engine_app(eng: FakeEngine) -> Starlette:
         chat = request.url.path.endswith("chat/completions")
         if body.get("model") != eng.model:
             return JSONResponse({"error": {"message": f"model {body.get('model')!r} does not exist"}}, 404)
-        if not body.get("stream"):
-            text = []
+        if not body.get("stream"):  # the streamed events, assembled as vLLM answers a non-streamed call
+            text, finish, usage = [], None, None
             async for raw in _generate(eng, body, chat):
-                text.append(raw)
-            return JSONResponse({"id": "fake", "choices": [], "joined": len(text)})
+                if raw.startswith(b"data: {"):
+                    event = json.loads(raw[6:])
+                    usage = event.get("usage") or usage
+                    for c in event["choices"]:
+                        text.append(c["delta"]["content"] if chat else c["text"])
+                        finish = c["finish_reason"] or finish
+            content = "".join(text)
+            choice: dict[str, Any] = (
+                {"index": 0, "message": {"role": "assistant", "content": content}, "finish_reason": finish}
+                if chat
+                else {"index": 0, "text": content, "logprobs": None, "finish_reason": finish}
+            )
+            kind = "chat.completion" if chat else "text_completion"
+            answer = {"id": "fake", "object": kind, "created": 0, "model": eng.model, "choices": [choice]}
+            return JSONResponse({**answer, "usage": usage})
         return StreamingResponse(_generate(eng, body, chat), media_type="text/event-stream")
 
     async def health(request: Request) -> Response:

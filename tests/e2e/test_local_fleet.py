@@ -108,5 +108,14 @@ def test_demo_replays_both_fleets_and_writes_the_report(tmp_path: Path) -> None:
         assert sum(counts.values()) == jobs, counts
         assert runs[label]["jobs"] == jobs
         assert runs[label]["completed"] > 0
+    # the same workload through the simulator, side by side, with the verdict and the host's lag
+    assert "Live vs simulated" in run.stdout and "sim" in run.stdout
+    verdict = results["meta"]["versus_simulator"]
+    assert {"tiers_within", "worst_tier_gap_pts", "ratio_same_way"} <= set(verdict)
+    assert set(results["meta"]["simulated"]) == {"slofleet", "stock"}
+    for label in runs:
+        host = runs[label]["host"]
+        assert host["behind_s"] and all(b is not None and b >= 0 for b in host["behind_s"]), host
+        assert host["send_lag_p99_s"] >= 0
     for name in ("report.md", "goodput_over_time.png", "attainment_by_tier.png", "latency_cdfs.png"):
         assert (out / name).stat().st_size > 0

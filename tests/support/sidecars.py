@@ -59,8 +59,8 @@ def scripted_sidecar(**knobs: object) -> tuple[Sidecar, Scripted]:
 def queued_job(
     sc: Sidecar, rid: str, body: dict[str, object] | None = None, endpoint: str = COMPLETION
 ) -> Job:
-    """Parse ``body`` (default: a 20-token completion) as the front does and register it as ``rid``."""
-    raw = body or {"model": "m", "prompt": f"prompt of {rid}", "max_tokens": 20}
+    """Parse ``body`` (default: a streamed 20-token completion) as the front does; register it as ``rid``."""
+    raw = body or {"model": "m", "prompt": f"prompt of {rid}", "max_tokens": 20, "stream": True}
     parsed = parse_body(raw, endpoint, 16)
     live = sc.tracker.new_request(
         tier=TIER,

@@ -43,6 +43,10 @@ class _EngineGauges(Collector):
             "vllm:num_requests_waiting": ("Number of requests waiting to be processed.", r.num_waiting),
             "vllm:kv_cache_usage_perc": ("KV-cache usage. 1 means 100 percent usage.", r.kv_usage),
             "vllm:gpu_cache_usage_perc": ("GPU KV-cache usage (older name).", r.kv_usage),
+            "slofleet_engine_sim_behind_seconds": (
+                "Total time the simulated GPU fell behind its modelled schedule (host too slow)",
+                r.behind_s,
+            ),
             "slofleet_engine_sim_policy_degraded": (
                 "1 while the policy hook falls back to stock order",
                 1.0 if r.policy.degraded_reason else 0.0,

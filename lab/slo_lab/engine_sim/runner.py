@@ -134,6 +134,7 @@ class EngineRunner:
         self._wake: asyncio.Event | None = None
         self._task: asyncio.Task[None] | None = None
         self.error: str | None = None
+        self.behind_s = 0.0  # total time the engine's steps ran late against the model (wall seconds)
         # objects with on_tokens(h, n, t) (called before h is updated) and on_finish(h, reason, t)
         self.listeners: list[Any] = []
         self.aborted = 0
@@ -277,6 +278,8 @@ class EngineRunner:
             # the wall clock (timer jitter is caught up; a loop that cannot keep up falls behind)
             wall = self.clock()
             now = sim_now if wall - MAX_LAG_S <= sim_now else wall
+            if 0.0 < sim_now < now:  # GPU time the host could not run in real time (lost for good)
+                self.behind_s += now - sim_now
             self._refresh_bounds(self._apply_inbox(now))
             if self.settings.scheduling_policy == "priority" and len(engine.waiting) > 1:
                 prio = self._priority

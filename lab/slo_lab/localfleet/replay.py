@@ -52,6 +52,7 @@ class JobRecord:
     job: Job
     calls: list[CallRecord] = field(default_factory=list)
     completed: bool = False
+    send_lag_s: float = 0.0  # how late the client sent the job against its trace arrival (host load)
 
     @property
     def status(self) -> str:
@@ -129,7 +130,7 @@ class Replayer:
                 rec.status, rec.error = "error", f"stream ended after {len(rec.token_times_s)} tokens"
         except (openai.RateLimitError, openai.InternalServerError) as exc:
             rec.status = "rejected" if getattr(exc, "status_code", 0) in (429, 503) else "error"
-            rec.error = f"{type(exc).__name__}: {exc.status_code}"
+            rec.error = f"{exc.status_code} {exc.code or type(exc).__name__}: {exc.message[:300]}"
         except (openai.APIError, httpx.HTTPError) as exc:
             rec.status, rec.error = "error", type(exc).__name__
         return rec
@@ -138,7 +139,7 @@ class Replayer:
         delay = start_s + job.arrival_s - self.clock()
         if delay > 0:
             await asyncio.sleep(delay)
-        record = JobRecord(job)
+        record = JobRecord(job, send_lag_s=max(0.0, self.clock() - start_s - job.arrival_s))
         if job.stages is None:
             rec = await self._call(job, job.prompt_tokens, job.output_tokens, None)
             record.calls.append(rec)
@@ -234,3 +235,15 @@ def describe(records: Sequence[JobRecord]) -> dict[str, Any]:
     for r in records:
         counts[r.status] += 1
     return counts
+
+
+def failure_reasons(records: Sequence[JobRecord]) -> dict[str, int]:
+    """Failed calls by status, error code and message: the code and message name the component that
+    refused (the router's ``no_capacity`` says why no pod was taken; a pod's own 503 shows as
+    ``pod ...: status 503``)."""
+    reasons: dict[str, int] = {}
+    for r in records:
+        for c in r.calls:
+            if c.status != "ok":
+                reasons[c.error] = reasons.get(c.error, 0) + 1
+    return dict(sorted(reasons.items(), key=lambda kv: -kv[1]))

@@ -100,7 +100,9 @@ def _plots(out: Path, runs: dict[str, dict[str, Any]]) -> list[str]:
     return files
 
 
-def write_report(out: Path, runs: dict[str, dict[str, Any]], meta: dict[str, Any]) -> str:
+def write_report(
+    out: Path, runs: dict[str, dict[str, Any]], meta: dict[str, Any], *, versus: str = ""
+) -> str:
     """Write report.md, results.json and plots into ``out``; returns the markdown table."""
     md_table = table(runs)
     try:
@@ -120,6 +122,7 @@ def write_report(out: Path, runs: dict[str, dict[str, Any]], meta: dict[str, Any
         "",
         md_table,
         "",
+        *(["## Live vs simulated", "", versus, ""] if versus else []),
         "Counts by outcome: " + ", ".join(f"{lab}: {runs[lab]['counts']}" for lab in runs),
         "",
         *[f"![{p}]({p})" for p in plots],
@@ -127,3 +130,58 @@ def write_report(out: Path, runs: dict[str, dict[str, Any]], meta: dict[str, Any
     ]
     (out / "report.md").write_text("\n".join(lines), encoding="utf-8")
     return md_table
+
+
+WITHIN_POINTS = 10.0  # issue 14: every tier's live attainment within 10 points of the simulator's
+
+
+def _ratio(runs: dict[str, dict[str, Any]], a: str, b: str) -> float | None:
+    x, y = (runs[k].get("goodput_token_per_s") or 0.0 for k in (a, b))
+    return x / y if y > 0 else None
+
+
+def comparison(live: dict[str, dict[str, Any]], sim: dict[str, dict[str, Any]]) -> tuple[str, dict[str, Any]]:
+    """Live vs simulated, per fleet and tier: attainment and token goodput side by side, and the verdict
+    (every tier within ``WITHIN_POINTS``; the fleets' token-goodput ratio the same way round)."""
+    labels = [lab for lab in live if lab in sim]
+    head = "| | " + " | ".join(f"{lab} live | {lab} sim | Δ pts" for lab in labels) + " |"
+    lines = [head, "|---" * (3 * len(labels) + 1) + "|"]
+    worst: tuple[float, str] = (0.0, "")
+    tiers = sorted({t for lab in labels for t in (*live[lab]["by_tier"], *sim[lab]["by_tier"])})
+    for t in tiers:
+        cells = []
+        for lab in labels:
+            a = live[lab]["by_tier"].get(t, {}).get("attainment")
+            b = sim[lab]["by_tier"].get(t, {}).get("attainment")
+            d = None if a is None or b is None else 100.0 * (a - b)
+            if d is not None and abs(d) > abs(worst[0]):
+                worst = (d, f"{lab} {t}")
+            cells += [_fmt({"v": a}, "v", "{:.0%}"), _fmt({"v": b}, "v", "{:.0%}"),
+                      "–" if d is None else f"{d:+.0f}"]  # fmt: skip
+        lines.append(f"| {t} met SLO | " + " | ".join(cells) + " |")
+    cells = []
+    for lab in labels:
+        a, b = live[lab].get("goodput_token_ratio"), sim[lab].get("goodput_token_ratio")
+        d = "–" if a is None or b is None else f"{100.0 * (a - b):+.0f}"
+        cells += [_fmt({"v": a}, "v", "{:.1%}"), _fmt({"v": b}, "v", "{:.1%}"), d]
+    lines.append("| token goodput (share of ideal) | " + " | ".join(cells) + " |")
+    verdict: dict[str, Any] = {"worst_tier_gap_pts": round(worst[0], 1), "worst_tier": worst[1]}
+    verdict["tiers_within"] = abs(worst[0]) <= WITHIN_POINTS
+    text = "\n".join(lines)
+    if len(labels) == 2:
+        rl, rs = _ratio(live, *labels), _ratio(sim, *labels)
+        verdict["ratio_live"], verdict["ratio_sim"] = rl, rs
+        same = rl is not None and rs is not None and (rl >= 1.0) == (rs >= 1.0)
+        verdict["ratio_same_way"] = same
+        fr = "{:.2f}×"
+        text += (
+            f"\n\n{labels[0]}/{labels[1]} token goodput: live "
+            f"{'∞' if rl is None else fr.format(rl)}, simulated {'∞' if rs is None else fr.format(rs)} "
+            f"({'same way round' if same else 'NOT the same way round'})."
+        )
+    text += (
+        f"\nEvery tier within {WITHIN_POINTS:g} points of the simulator: "
+        f"{'yes' if verdict['tiers_within'] else 'NO'} "
+        f"(largest gap {worst[0]:+.0f} points, {worst[1] or '–'})."
+    )
+    return text, verdict

@@ -117,21 +117,14 @@ async def test_engine_sim_answers_a_named_tool_choice_with_a_tool_call(
     assert set(json.loads(args)) == {"city", "days"}
 
 
-REBUILT = pytest.mark.xfail(
-    strict=True,
-    reason="the sidecar rebuilds non-streamed answers from streamed text (slo_sidecar.streaming."
-    "full_response) and drops tool_calls; passing the engine's own response through is issue 14's work",
-)
-
-
 @pytest.mark.parametrize(
     ("door", "stream"),
     [
-        pytest.param("sidecar", False, marks=REBUILT),
-        pytest.param("router", False, marks=REBUILT),
+        ("sidecar", False),
+        ("router", False),
         ("sidecar", True),
         ("router", True),
-        # engine mode: no sidecar rebuilds the answer, the engine's own response passes through
+        # engine mode: no sidecar in the path, the engine's own response passes through
         ("router-engine-mode", False),
         ("router-engine-mode", True),
     ],
@@ -143,3 +136,24 @@ async def test_the_tool_call_arrives_intact_through_the_front_doors(
     through = await _tool_call(urls[door], urls["model"], stream=stream)
     assert through[1:] == direct[1:]  # the same function and arguments (ids are per response)
     assert through[0]
+
+
+async def test_a_non_streamed_answer_is_the_engines_body_and_is_accounted(urls: dict[str, str]) -> None:
+    """The sidecar passes the engine's non-streamed body through (every field it sent) and still counts
+    the request's tokens from the body's usage."""
+    import httpx
+
+    body = {"model": urls["model"], "messages": MESSAGES, "tools": TOOLS, "tool_choice": CHOICE,
+            "max_tokens": 16, "logprobs": True}  # fmt: skip
+    async with httpx.AsyncClient(timeout=30) as http:
+        direct = (await http.post(urls["engine"] + "/v1/chat/completions", json=body)).json()
+        got = (await http.post(urls["sidecar"] + "/v1/chat/completions", json=body)).json()
+        metrics = (await http.get(urls["sidecar"] + "/metrics")).text
+    assert got.keys() == direct.keys() and got["choices"][0].keys() == direct["choices"][0].keys()
+    assert got["choices"][0]["message"] == direct["choices"][0]["message"] | {
+        "tool_calls": got["choices"][0]["message"]["tool_calls"]  # call ids are per response
+    }
+    assert got["choices"][0]["message"]["tool_calls"][0]["function"]["name"] == "get_weather"
+    n = got["usage"]["completion_tokens"]
+    assert n > 0
+    assert f'slofleet_sidecar_output_tokens_total{{priority_class="high",tier="chat"}} {float(n)}' in metrics

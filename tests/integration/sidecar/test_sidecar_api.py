@@ -91,9 +91,12 @@ async def test_completions_and_chat_stream_and_not_with_slo_fields(stack: Stack)
     pieces = [ch.choices[0].delta.content or "" async for ch in chat_stream if ch.choices]
     assert "".join(pieces).split() == [f"w{i}" for i in range(6)]
 
-    # the SLO fields never reach the engine; the engine always streams with usage for the tracker
+    # the SLO fields never reach the engine; streamed calls stream with usage for the tracker, and
+    # non-streamed ones are sent non-streamed (the engine's body is passed through)
     assert all("slo" not in b and "target_ttft" not in b for b in stack.eng.bodies)
-    assert all(b["stream"] and b["stream_options"]["include_usage"] is True for b in stack.eng.bodies)
+    streamed = [b for b in stack.eng.bodies if b["stream"]]
+    assert streamed and all(b["stream_options"]["include_usage"] is True for b in streamed)
+    assert any(not b["stream"] and "stream_options" not in b for b in stack.eng.bodies)
 
     assert await stack.metric("slofleet_sidecar_requests_total", tier="batch", outcome="ok") == 2
     assert await stack.metric("slofleet_sidecar_requests_total", tier="gold", outcome="ok") == 2
@@ -214,3 +217,19 @@ async def test_vllms_own_metrics_are_relayed_and_a_dead_engine_is_a_clear_502(st
     stack.run.sidecar.engine_url = "http://127.0.0.1:9"  # nothing listens there
     resp = await stack.http.get(stack.run.http_url + "/metrics/engine")
     assert resp.status_code == 502 and "engine metrics unavailable" in resp.text
+
+
+async def test_a_non_streamed_answer_may_take_longer_than_the_silence_timeout() -> None:
+    """The engine says nothing until a non-streamed answer is whole: the read timeout (silence between
+    streamed chunks) must not cut it (it did, live: 503s the simulator never gives)."""
+    eng = FakeEngine(ttft_s=0.3, tbt_s=0.1)
+    async with serve_fake_engine(eng) as url:
+        knobs = SidecarKnobs(upstream_read_timeout_s=0.5)
+        sc = Sidecar(knobs=knobs, config=CONFIG, engine_url=url, estimator=FallbackEstimator())
+        async with running_sidecar(sc, grpc_port=None) as run:
+            client = AsyncOpenAI(base_url=run.http_url + "/v1", api_key="unused", max_retries=0, timeout=30)
+            done = await client.completions.create(
+                model=eng.model, prompt="x", max_tokens=8, extra_body={"ignore_eos": True}
+            )
+            await client.close()
+    assert done.usage is not None and done.usage.completion_tokens == 8

@@ -40,18 +40,20 @@ def test_rejected_requests_get_a_503_with_a_retry_hint() -> None:
 
 def test_preemption_requeues_resumable_requests_only() -> None:
     sc, policy = scripted_sidecar(max_running=1)
-    text, ids = (
-        queued_job(sc, "text"),
-        queued_job(sc, "ids", {"model": "m", "prompt": [5, 6, 7], "max_tokens": 9}),
-    )
-    for job in (text, ids):
+    text = queued_job(sc, "text")
+    ids = queued_job(sc, "ids", {"model": "m", "prompt": [5, 6, 7], "max_tokens": 9, "stream": True})
+    whole = queued_job(
+        sc, "whole", {"model": "m", "prompt": "p", "max_tokens": 9}
+    )  # the engine's body, as sent
+    for job in (text, ids, whole):
         job.release(None)
         sc.scheduler.running.append(job)
-    policy.next = Decision(preempt=("text", "ids"))
+    policy.next = Decision(preempt=("text", "ids", "whole"))
     sc.scheduler.waiting.append(queued_job(sc, "new"))
     sc.scheduler.frame()
     assert text in sc.scheduler.waiting and not text.released.is_set() and text.live.preemptions == 1
     assert ids in sc.scheduler.running and ids.live.preemptions == 0  # token ids: nothing to resume from
+    assert whole in sc.scheduler.running and whole.live.preemptions == 0  # non-streamed: never spliced
 
 
 def test_a_failing_policy_falls_back_to_arrival_order() -> None:
@@ -66,7 +68,9 @@ def test_a_failing_policy_falls_back_to_arrival_order() -> None:
 def test_a_resumed_completion_continues_from_the_generated_text() -> None:
     sc, _ = scripted_sidecar()
     job = queued_job(
-        sc, "a", {"model": "m", "prompt": "Once upon", "max_tokens": 20, "temperature": 0, "slo": {}}
+        sc,
+        "a",
+        {"model": "m", "prompt": "Once upon", "max_tokens": 20, "temperature": 0, "slo": {}, "stream": True},
     )
     assert sc.upstream_body(job)["prompt"] == "Once upon"
     sc.tracker.record_tokens(job.live, 3, " a time there", 1.0)

@@ -1,0 +1,48 @@
+"""The demo's workload through core's FleetSim: what the services' code predicts for the live run.
+
+Same jobs, seed, SLOPolicy (engine policy, routing, admission, objective), GPU profile slowed by the
+same ``speedup`` as engine-sim's, engine limits as engine-sim's defaults, and the sidecar's analyzer
+(the shipped QRF bounds). Nothing here knows how a live fleet is wired: it takes the policy text the
+fleet was given and returns the same :class:`~slo_core.metrics.summary.JobOutcome` rows the replay
+produces, so live and simulated numbers go through one summary.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from slo_core.crd.loads import parse_policy
+from slo_core.metrics.summary import JobOutcome, job_outcomes
+from slo_core.perf import load_profile
+from slo_core.perf.model import PerfProfile
+from slo_core.sim.analyzer import SimAnalyzer
+from slo_core.sim.engine_types import EngineConfig
+from slo_core.sim.fleet import FleetSim, ReplicaSpec, SimConfig
+from slo_core.workloads.jobs import Job
+
+
+def slowed(profile: PerfProfile, speedup: float) -> PerfProfile:
+    """The profile on a GPU ``speedup`` times as fast (engine-sim's --speedup, the same arithmetic)."""
+    from slo_lab.engine_sim.settings import sped_up
+
+    return sped_up(profile, speedup)
+
+
+def simulate(
+    jobs: Sequence[Job],
+    policy_text: str,
+    *,
+    profile: str,
+    speedup: float,
+    engines: int,
+    seed: int,
+    max_num_seqs: int = 256,
+) -> list[JobOutcome]:
+    """Every job's outcome in the simulator (one SimEngine per live engine, the policy's routing)."""
+    runtime = parse_policy(policy_text, "demo policy").spec.runtime()
+    perf = slowed(load_profile(profile), speedup)
+    replicas = [ReplicaSpec(perf, EngineConfig(max_num_seqs=max_num_seqs))] * engines
+    sim = FleetSim.from_runtime(
+        replicas, runtime, seed=seed, analyzer=SimAnalyzer(), config=SimConfig(drain="all")
+    )
+    return job_outcomes(sim.run(jobs))
