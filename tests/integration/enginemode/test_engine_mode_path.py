@@ -168,9 +168,12 @@ async def test_the_state_stream_shows_what_the_engine_reports_with_the_analyzers
                 break
             await asyncio.sleep(0.02)
         assert h.sim.output_bound == sc.mirror.bound_of("req-long", -1) > 0
-        # ... and the router's view of the pod is the engine's
-        view = ep.replica_view(0.0)
-        assert any(r.request_id == "req-long" for r in view.running)
+        # ... and the router's view of the pod is the engine's (the state stream's next update)
+        for _ in range(250):
+            if any(r.request_id == "req-long" for r in ep.replica_view(0.0).running):
+                break
+            await asyncio.sleep(0.02)
+        assert any(r.request_id == "req-long" for r in ep.replica_view(0.0).running)
         sim.runner.abort(h.request_id)
         r = await task
         assert r.status_code == 200
