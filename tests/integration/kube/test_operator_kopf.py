@@ -23,6 +23,7 @@ import pytest
 import yaml
 from kube import rbac
 from kube.harness import Cluster, OperatorThread
+from kube.operating import seed_namespace
 from repo_paths import ROOT
 
 from slo_operator.cli import operate
@@ -47,16 +48,7 @@ CHILDREN = [
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     users = {OPERATOR_TOKEN: OPERATOR_USER, LEADER: "leader", STANDBY: "standby", NAMESPACED: "namespaced"}
     with Cluster(tmp_path_factory.mktemp("kube"), users=users) as c:
-        c.kubectl("apply", "--server-side", "-f", str(ROOT / "crds"))
-        c.kubectl("apply", "-f", "-", stdin=f"apiVersion: v1\nkind: Namespace\nmetadata:\n  name: {NS}\n")
-        # the example's hfTokenSecret, labelled so the operator may mount it
-        secret = {
-            "apiVersion": "v1",
-            "kind": "Secret",
-            "metadata": {"name": "hf-token", "namespace": NS, "labels": {"slofleet.io/hf-token": "true"}},
-            "stringData": {"token": "hf_x"},
-        }
-        c.kubectl("apply", "-f", "-", stdin=yaml.safe_dump(secret))
+        seed_namespace(c, NS, example_policy=False)
         # the chart's tag-key Secret (a key of unknown age: the operator rotates it at once)
         tag_key = {
             "apiVersion": "v1",

@@ -10,7 +10,7 @@ import pytest
 import yaml
 from kube import rbac
 from kube.harness import Cluster
-from kube.operating import chart_operator_rules, start_operator
+from kube.operating import chart_operator_rules, seed_namespace, start_operator
 from repo_paths import ROOT
 
 EXAMPLES = ROOT / "examples"
@@ -21,16 +21,7 @@ NS = "llm"
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     with Cluster(tmp_path_factory.mktemp("kube"), users={TOKEN: USER}) as c:
-        c.kubectl("apply", "--server-side", "-f", str(ROOT / "crds"))
-        c.kubectl("apply", "-f", "-", stdin=f"apiVersion: v1\nkind: Namespace\nmetadata:\n  name: {NS}\n")
-        secret = {
-            "apiVersion": "v1",
-            "kind": "Secret",
-            "metadata": {"name": "hf-token", "namespace": NS, "labels": {"slofleet.io/hf-token": "true"}},
-            "stringData": {"token": "hf_x"},
-        }
-        c.kubectl("apply", "-f", "-", stdin=yaml.safe_dump(secret))
-        c.kubectl("apply", "-f", str(EXAMPLES / "slopolicy-chat-agent.yaml"))
+        seed_namespace(c, NS)
         yield c
 
 

@@ -9,7 +9,6 @@ when it recovers, ``False`` and a Normal Event. The operator needs no permission
 
 from __future__ import annotations
 
-import base64
 import json
 import socket
 from collections.abc import Iterator
@@ -19,6 +18,7 @@ import pytest
 import yaml
 from kube import rbac
 from kube.harness import Cluster, OperatorThread
+from kube.operating import seed_namespace
 from repo_paths import ROOT
 
 from slo_operator.cli import operate
@@ -47,15 +47,7 @@ def free_port() -> int:
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     with Cluster(tmp_path_factory.mktemp("kube"), users={TOKEN: USER}) as c:
-        c.kubectl("apply", "--server-side", "-f", str(ROOT / "crds"))
-        c.kubectl("apply", "-f", "-", stdin=f"apiVersion: v1\nkind: Namespace\nmetadata:\n  name: {NS}\n")
-        hf = {
-            "apiVersion": "v1",
-            "kind": "Secret",
-            "metadata": {"name": "hf-token", "namespace": NS, "labels": {"slofleet.io/hf-token": "true"}},
-            "data": {"token": base64.b64encode(b"hf_x").decode()},
-        }
-        c.kubectl("apply", "-f", "-", stdin=yaml.safe_dump(hf))
+        seed_namespace(c, NS, example_policy=False)
         yield c
 
 

@@ -29,3 +29,21 @@ def chart_operator_rules() -> list[dict]:
     docs = [d for d in yaml.safe_load_all(rendered["slofleet/templates/operator-rbac.yaml"]) if d]
     (role,) = [d for d in docs if d["kind"] == "ClusterRole"]
     return role["rules"]  # type: ignore[no-any-return]
+
+
+def seed_namespace(cluster: Cluster, namespace: str, *, example_policy: bool = True) -> None:
+    """What the operator's emulator tests start from: the CRDs, ``namespace``, the example's hfTokenSecret
+    (labelled so the operator may mount it) and, by default, the example SLOPolicy."""
+    cluster.kubectl("apply", "--server-side", "-f", str(ROOT / "crds"))
+    cluster.kubectl(
+        "apply", "-f", "-", stdin=f"apiVersion: v1\nkind: Namespace\nmetadata:\n  name: {namespace}\n"
+    )
+    secret = {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": {"name": "hf-token", "namespace": namespace, "labels": {"slofleet.io/hf-token": "true"}},
+        "stringData": {"token": "hf_x"},
+    }
+    cluster.kubectl("apply", "-f", "-", stdin=yaml.safe_dump(secret))
+    if example_policy:
+        cluster.kubectl("apply", "-f", str(ROOT / "examples" / "slopolicy-chat-agent.yaml"))
