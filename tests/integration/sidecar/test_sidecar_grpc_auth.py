@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 from typing import Any
 
 import grpc
@@ -80,19 +81,20 @@ async def watch_first(channel: grpc.aio.Channel, metadata: Any) -> Any:
 
 
 @pytest.mark.parametrize(
-    ("metadata", "reason"),
-    [
-        (None, "no token"),
-        (token(b"x" * 32, STATE_WATCH), "wrong key"),
-        (token(OLDEST, STATE_WATCH), "wrong key"),  # a key older than the previous one
-        (token(CURRENT, ANALYZER_GET_BOUNDS), "wrong key"),  # a token is bound to its method
-        (token(CURRENT, STATE_WATCH, at_s=time.time() - 3600), "stale token"),
-        (((METADATA_KEY, "123.abc"),), "malformed token"),
+    ("make_metadata", "reason"),
+    [  # made when the test runs: a token made at collection time may be stale by then
+        (lambda: None, "no token"),
+        (lambda: token(b"x" * 32, STATE_WATCH), "wrong key"),
+        (lambda: token(OLDEST, STATE_WATCH), "wrong key"),  # a key older than the previous one
+        (lambda: token(CURRENT, ANALYZER_GET_BOUNDS), "wrong key"),  # a token is bound to its method
+        (lambda: token(CURRENT, STATE_WATCH, at_s=time.time() - 3600), "stale token"),
+        (lambda: ((METADATA_KEY, "123.abc"),), "malformed token"),
     ],
 )
 async def test_a_watch_without_a_valid_token_is_refused_before_any_stream_opens(
-    counted_states: list[int], metadata: Any, reason: str
+    counted_states: list[int], make_metadata: Callable[[], Any], reason: str
 ) -> None:
+    metadata = make_metadata()
     async with serve_fake_engine(FakeEngine()) as url:
         sc = sidecar(url)
         async with running_sidecar(sc) as run, grpc.aio.insecure_channel(run.grpc_target) as channel:
