@@ -25,7 +25,7 @@ pytest.importorskip("vllm")
 import grpc
 import httpx
 import openai
-from test_vllm_plugin_http import (
+from vllm_servers import (
     MAIN_PYTHON,
     PROMPT,
     SIDECAR_POLICY,

@@ -24,7 +24,7 @@ pytest.importorskip("vllm")
 
 import httpx
 import openai
-from test_vllm_plugin_http import (
+from vllm_servers import (
     MAIN_PYTHON,
     PROMPT,
     SIDECAR_POLICY,
