@@ -52,6 +52,9 @@ def test_the_signature_covers_tier_tenant_slo_and_request_id() -> None:
     assert verify_headers({**signed, "accept": "text/plain"}, RING.verify_keys, 1001.0) is None
     assert verify_headers(headers, RING.verify_keys, 1001.0) == "unsigned"
     assert verify_headers(signed, [OTHER], 1001.0) == "forged signature"
+    # hostile signature values: refused with a reason, never an exception
+    for bad in ("", "abc", "1000.", ".ff", "9" * 40 + ".ab", "1000." + "z" * 64, "nan.00", "-5.00"):
+        assert verify_headers({**signed, SIGNATURE_HEADER: bad}, RING.verify_keys, 1001.0) is not None, bad
 
 
 async def test_only_requests_the_router_signed_reach_the_engine() -> None:
