@@ -11,6 +11,7 @@ means the last bounds it sent.
 
 from __future__ import annotations
 
+import functools
 import importlib
 import logging
 import threading
@@ -30,7 +31,9 @@ Send = Callable[[Any], tuple[dict[str, int], dict[str, float]]]
 MAX_FINISHED = 100_000  # finished rows kept while the analyzer is away (oldest dropped first)
 
 
+@functools.lru_cache(maxsize=8)
 def _channel(target: str) -> Any:
+    """One stub (one HTTP/2 channel) per analyzer address, shared by GetBounds and Report."""
     import grpc
 
     from slo_proto import slofleet_pb2_grpc
