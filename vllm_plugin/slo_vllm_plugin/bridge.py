@@ -18,17 +18,9 @@ from slo_core.policies.apply import ordered
 from slo_core.policies.base import Decision, EnginePolicy, EngineView, RequestView
 from slo_core.policies.guard import GuardedPolicy
 from slo_core.slo import RequestKind, SLOTargets
-from slo_core.wire.signing import verify
-from slo_core.wire.tags import EngineTags, decode_tags
+from slo_core.wire.tags import EngineTags, decode_tags, distrust
 
 log = logging.getLogger(__name__)
-
-
-def decode_tags_safe(extra: Any) -> EngineTags | None:
-    try:
-        return decode_tags(extra)
-    except (ValueError, KeyError, TypeError):
-        return None
 
 
 BEST_EFFORT = SLOTargets(RequestKind.BEST_EFFORT)
@@ -86,27 +78,29 @@ class PolicyBridge:
         rid = request.request_id
         if rid not in self._tags:
             extra = getattr(request.sampling_params, "extra_args", None) if request.sampling_params else None
-            why = None
-            if self.tag_keys is not None:
-                keys = self.tag_keys() if callable(self.tag_keys) else self.tag_keys
-                why = verify(extra, keys, self._clock())
-            if why is not None and decode_tags_safe(extra) is not None:
-                # SLO tags not signed by the sidecar: a caller that skipped the router. Best-effort.
-                self.unsigned += 1
-                self.on_unsigned(why)
-                if self.unsigned == 1 or self.unsigned % 1000 == 0:
-                    log.warning(
-                        "request %s: SLO tags %s; scheduled best-effort (%d so far)", rid, why, self.unsigned
-                    )
-                self._tags[rid] = None
-                return None
             try:
-                self._tags[rid] = decode_tags(extra)
+                tags = decode_tags(extra)
             except (ValueError, KeyError, TypeError) as exc:
                 log.warning(
                     "request %s: ignoring malformed SLO tags (%s); scheduling it best-effort", rid, exc
                 )
-                self._tags[rid] = None
+                tags = None
+            if self.tag_keys is not None:
+                keys = self.tag_keys() if callable(self.tag_keys) else self.tag_keys
+                why = distrust(tags, extra, keys, self._clock())
+                if why is not None:
+                    # SLO tags not signed by the router: a caller that skipped it. Best-effort.
+                    self.unsigned += 1
+                    self.on_unsigned(why)
+                    if self.unsigned == 1 or self.unsigned % 1000 == 0:
+                        log.warning(
+                            "request %s: SLO tags %s; scheduled best-effort (%d so far)",
+                            rid,
+                            why,
+                            self.unsigned,
+                        )
+                    tags = None
+            self._tags[rid] = tags
         return self._tags[rid]
 
     def view(self, request: Any, bounds: Mapping[str, int]) -> RequestView:

@@ -122,16 +122,24 @@ def client_xargs(value: Any) -> dict[str, Any]:
     return {str(k): v for k, v in value.items() if not str(k).startswith(PREFIX)}
 
 
+def distrust(
+    tags: EngineTags | None, raw: Mapping[str, Any] | None, keys: Sequence[bytes] | None, now_s: float
+) -> str | None:
+    """Why already decoded ``tags`` may not be scheduled by (None: they may, or there are none).
+
+    ``keys`` None: no key configured, tags are trusted as they come; otherwise unsigned, forged or stale
+    tags are refused. One rule for the vLLM plugin and engine-sim: a caller that skipped the router gets
+    no priority."""
+    if tags is None or keys is None:
+        return None
+    return verify(raw, keys, now_s)
+
+
 def trusted_tags(
     raw: Mapping[str, Any] | None, keys: Sequence[bytes] | None, now_s: float
 ) -> tuple[EngineTags | None, str | None]:
     """The tags an engine may schedule by, and why a request's tags were not trusted (None: they were,
-    or it carried none). ``keys`` None: no key configured, tags are trusted as they come; otherwise
-    unsigned, forged or stale tags give best effort (``None`` tags). Malformed tags raise ValueError.
-
-    One rule for the vLLM plugin and engine-sim: a caller that skipped the router gets no priority."""
+    or it carried none); see :func:`distrust`. Malformed tags raise ValueError."""
     tags = decode_tags(raw)
-    if tags is None or keys is None:
-        return tags, None
-    why = verify(raw, keys, now_s)
+    why = distrust(tags, raw, keys, now_s)
     return (tags, None) if why is None else (None, why)

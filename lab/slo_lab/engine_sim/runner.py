@@ -33,7 +33,7 @@ from slo_core.sim.outcomes import Feedback
 from slo_core.sim.request import REJECTED, RUNNING, ProgramState, SimRequest
 from slo_core.slo import RequestKind, SLOTargets
 from slo_core.wire.keyring import KeyFile
-from slo_core.wire.tags import EngineTags, trusted_tags
+from slo_core.wire.tags import EngineTags, distrust
 from slo_vllm_plugin.report import EngineSnapshot, Finished, RequestRow, Throttle
 
 from .policy_hook import GuardedPolicy, observes_feedback
@@ -147,7 +147,7 @@ class EngineRunner:
         """The request's tags if the engine may schedule by them; unsigned or forged ones: best effort."""
         if tags is None or self.keys is None:
             return tags
-        _, why = trusted_tags(raw, self.keys().verify_keys, self.clock())
+        why = distrust(tags, raw, self.keys().verify_keys, self.clock())
         if why is None:
             return tags
         self.unsigned_tags += 1
