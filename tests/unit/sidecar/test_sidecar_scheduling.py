@@ -160,3 +160,45 @@ def test_the_routers_request_id_is_kept_when_safe_and_unused() -> None:
         and unsafe.startswith("sc-")
         and absent.startswith("sc-")
     )
+
+
+@pytest.mark.parametrize("name", ["fcfs", "sarathi"])
+@pytest.mark.parametrize("seed", range(5))
+def test_a_fifo_policy_releases_the_same_requests_without_the_running_snapshots(name: str, seed: int) -> None:
+    """FCFS and Sarathi decide from the queue order alone (core's ``fifo_fast_path``, which the
+    simulator uses): the sidecar skips building a snapshot of every running request on each arrival,
+    and releases exactly what the policy given every snapshot releases, keeping the same queue."""
+    import random
+
+    from slo_core.policies.registry import make_engine_policy
+
+    full_policy = make_engine_policy(name, {})
+    full_policy.fifo_fast_path = False  # type: ignore[attr-defined]  # the slow path: every snapshot
+    fast, _ = scripted_sidecar(max_running=3)
+    full, _ = scripted_sidecar(max_running=3)
+    fast.scheduler.set_policy(make_engine_policy(name, {}))
+    full.scheduler.set_policy(full_policy)
+    assert fast.scheduler._guard.fifo_fast_path and not full.scheduler._guard.fifo_fast_path
+    rng = random.Random(seed)
+    for i in range(40):
+        rid = f"r{i}"
+        for sc in (fast, full):
+            sc.scheduler.submit(queued_job(sc, rid))
+        if rng.random() < 0.5 and full.scheduler.running:  # a running request streams or ends
+            victim, ends = rng.choice(full.scheduler.running).request_id, rng.random() < 0.5
+            for sc in (fast, full):
+                job = sc.jobs[victim]
+                if ends:
+                    sc.scheduler.forget(job)
+                else:
+                    sc.tracker.record_tokens(job.live, 3, "", 1.0)
+        for sc in (fast, full):
+            sc.scheduler.frame()
+        waiting = [j.request_id for j in fast.scheduler.waiting]
+        assert waiting == [j.request_id for j in full.scheduler.waiting]
+        # the same set released; their order among themselves is the engine's (Sarathi: decodes first)
+        running = {j.request_id for j in fast.scheduler.running}
+        assert running == {j.request_id for j in full.scheduler.running}
+        assert [fast.jobs[r].released.is_set() for r in fast.jobs] == [
+            full.jobs[r].released.is_set() for r in full.jobs
+        ]
