@@ -92,32 +92,36 @@ async def run_attempt(sc: AttemptHost, job: Job, body: dict[str, Any]) -> str:
         return "done"
     events = stream_events(session, sc.engine_url + path, body, headers, sc.knobs.upstream_read_timeout_s)
     counted, usage = 0, None
-    async for payload in events:
+    async for batch in events:  # the payloads of one read: relayed in one write, as a byte relay does
         now = sc.engine.last_heard_s = sc.now()  # a streaming engine is alive, whatever probes see
-        total = completion_tokens(payload)
-        if _NO_CHOICES in payload:  # the final usage chunk: the sidecar sends its own sum over attempts
-            usage = payload
-            continue
-        if job.attempts > 1 or total is None:
-            counted, out = _relay_parsed(sc, job, payload, counted, now)
-            if out is not None:
-                await job.write(out)
-            continue
-        reason = finish_reason(payload)
-        if reason is not None:
-            job.finish_reason = reason
-        if total > counted:
-            sc.tracker.record_tokens(job.live, total - counted, "", now)
-            counted = total
-            job.raw_chunks.append(payload)
-            sc.refine_later(job)
-        if job.stream_id is None:
-            job.stream_id = _chunk_id(payload) or job.request_id
-        if job.parsed.include_usage:
-            await job.write(openai.sse_event(payload))  # as the engine sent it: no re-encoding
-            continue
-        bare = strip_usage(payload)
-        await job.write(openai.sse_event(bare) if bare is not None else _reencoded(payload))
+        out: list[bytes] = []
+        for payload in batch:
+            if _NO_CHOICES in payload:  # the final usage chunk: the sidecar sends its own sum over attempts
+                usage = payload
+                continue
+            total = completion_tokens(payload)
+            if job.attempts > 1 or total is None:
+                counted, event = _relay_parsed(sc, job, payload, counted, now)
+                if event is not None:
+                    out.append(event)
+                continue
+            reason = finish_reason(payload)
+            if reason is not None:
+                job.finish_reason = reason
+            if total > counted:
+                sc.tracker.record_tokens(job.live, total - counted, "", now)
+                counted = total
+                job.raw_chunks.append(payload)
+                sc.refine_later(job)
+            if job.stream_id is None:
+                job.stream_id = _chunk_id(payload) or job.request_id
+            if job.parsed.include_usage:
+                out.append(openai.sse_event(payload))  # as the engine sent it: no re-encoding
+                continue
+            bare = strip_usage(payload)
+            out.append(openai.sse_event(bare) if bare is not None else _reencoded(payload))
+        if out:
+            await job.write(out[0] if len(out) == 1 else b"".join(out))
     if usage is not None:
         _settle_usage(sc, job, _usage_of(usage), counted)
     return "done"

@@ -78,8 +78,16 @@ class Job:
         sink = self.sink
         if sink is None:
             self.events.put_nowait(("chunk", data))
-        else:
+            return
+        try:
             await sink(data)
+        except asyncio.CancelledError:
+            # cancelled (a preemption, the time limit) while waiting for a slow client to drain: the
+            # server writes only after that wait, so the chunk goes through the queue, and so does
+            # everything after it until the response has caught up (it installs the sink again)
+            self.sink = None
+            self.events.put_nowait(("chunk", data))
+            raise
 
     def emit(self, kind: str, payload: Any = None) -> None:
         if kind in ("done", "error"):

@@ -202,3 +202,26 @@ def test_a_fifo_policy_releases_the_same_requests_without_the_running_snapshots(
         assert [fast.jobs[r].released.is_set() for r in fast.jobs] == [
             full.jobs[r].released.is_set() for r in full.jobs
         ]
+
+
+async def test_a_chunk_whose_write_is_cancelled_waiting_for_a_slow_client_is_not_lost() -> None:
+    """A preemption can cancel the generation while it waits for a slow client to drain (the server
+    writes only after that wait): the chunk, and what follows, go through the queue instead."""
+    sc, _ = scripted_sidecar()
+    job = queued_job(sc, "a")
+    drained = asyncio.Event()
+    written: list[bytes] = []
+
+    async def slow_client(data: bytes) -> None:
+        await drained.wait()  # the transport is paused: nothing written yet
+        written.append(data)
+
+    job.sink = slow_client
+    writer = asyncio.create_task(job.write(b"one"))
+    await asyncio.sleep(0)
+    writer.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await writer
+    await job.write(b"two")  # the continuation's first chunk: queued behind, not written ahead
+    assert written == [] and job.sink is None
+    assert [job.events.get_nowait(), job.events.get_nowait()] == [("chunk", b"one"), ("chunk", b"two")]
