@@ -150,9 +150,22 @@ async def _round(base: str, model: str, clients: int, requests: int, max_tokens:
         wall = time.perf_counter() - t0
     return {
         "ttft_p50_s": statistics.median(ttfts) if ttfts else float("nan"),
+        "ttft_mean_s": statistics.fmean(ttfts) if ttfts else float("nan"),
         "tokens_per_s": len(ttfts) * max_tokens / wall,
         "failed": failed,
     }
+
+
+async def _engine_ttft(engine_url: str) -> tuple[float, float]:
+    """The engine's own TTFT histogram (sum s, count): what the engine took, from its arrival on."""
+    async with aiohttp.ClientSession() as http, http.get(engine_url + "/metrics") as r:
+        text = await r.text()
+    found = {"sum": 0.0, "count": 0.0}
+    for line in text.splitlines():
+        for kind in found:
+            if line.startswith(f"vllm:time_to_first_token_seconds_{kind}"):
+                found[kind] += float(line.rsplit(" ", 1)[1])
+    return found["sum"], found["count"]
 
 
 def _spawn(args: argparse.Namespace, work: Path) -> tuple[dict[str, subprocess.Popen[bytes]], dict[str, str]]:
@@ -178,7 +191,7 @@ def _spawn(args: argparse.Namespace, work: Path) -> tuple[dict[str, subprocess.P
         "engine": [*quiet, "engine-sim", "--host", "127.0.0.1", "--port", str(port["engine"]),
                    "--speedup", str(args.speedup), "--model", args.model],
         "lean": [py, str(ROOT / "bench" / "lean_relay.py"), "--port", str(port["lean"]),
-                 "--upstream", url["engine"]],
+                 "--upstream", url["engine"], *(["--uvloop"] if args.lean_uvloop else [])],
         "sidecar": [*quiet, "sidecar", "--host", "127.0.0.1", "--port", str(port["sidecar"]),
                     "--engine-url", url["engine"], "--predictor", "fallback", "--max-running", "256",
                     "--policy-file", policy],
@@ -196,6 +209,10 @@ def _spawn(args: argparse.Namespace, work: Path) -> tuple[dict[str, subprocess.P
                       "--endpoints", str(work / "router_em.yaml"), "--policy-file", policy,
                       "--tag-key-file", str(keys)],
     }  # fmt: skip
+    needed = {h for path in args.paths for h in HOPS[path]} | {
+        SIDECAR_OF.get(p, "engine") for p in args.paths
+    }
+    cmds = {k: c for k, c in cmds.items() if k in needed}
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     logs = {k: (work / f"{k}.log").open("wb") for k in cmds}
     procs = {
@@ -204,6 +221,7 @@ def _spawn(args: argparse.Namespace, work: Path) -> tuple[dict[str, subprocess.P
     bases = {
         "direct": url["engine"], "lean": url["lean"], "router": url["router"], "sidecar": url["sidecar"],
         "router+sidecar": url["router_px"], "engine mode": url["router_em"],
+        "_engine": url["engine"], "_engine_em": url["engine_em"],
     }  # fmt: skip
     return procs, bases
 
@@ -211,24 +229,25 @@ def _spawn(args: argparse.Namespace, work: Path) -> tuple[dict[str, subprocess.P
 async def _bench(
     args: argparse.Namespace, procs: dict[str, subprocess.Popen[bytes]], bases: dict[str, str]
 ) -> dict[str, Any]:
-    await _wait_ready([bases["direct"] + "/health", bases["sidecar"] + "/ready"])
-    await _wait_ready(
-        [bases["lean"] + "/health", bases["router"] + "/ready", bases["router+sidecar"] + "/ready"]
-    )
-    await _wait_ready([bases["engine mode"] + "/ready"])
-    for path in PATHS:  # warm every hop (connections, caches)
+    ready = {"direct": "/health", "lean": "/health"}  # the rest: /ready (their upstream answers too)
+    await _wait_ready([bases[p] + ready.get(p, "/ready") for p in args.paths])
+    for path in args.paths:  # warm every hop (connections, caches)
         await _round(bases[path], args.model, 4, 8, 8)
     pids = {k: p.pid for k, p in procs.items()}
     results: dict[str, Any] = {}
     for clients in args.clients:
-        rounds: dict[str, list[dict[str, float]]] = {p: [] for p in PATHS}
+        rounds: dict[str, list[dict[str, float]]] = {p: [] for p in args.paths}
         for _ in range(args.rounds):
-            for path in PATHS:
+            for path in args.paths:
+                engine_url = bases["_" + ENGINE_OF.get(path, "engine")]
+                ttft0 = await _engine_ttft(engine_url)
                 cpu0 = {k: _cpu_s(pid) for k, pid in pids.items()}
                 r = await _round(bases[path], args.model, clients, args.requests, args.max_tokens)
                 tokens = max(1, (args.requests - int(r["failed"])) * args.max_tokens)
                 for k, pid in pids.items():
                     r[f"{k}_cpu_us_per_token"] = 1e6 * (_cpu_s(pid) - cpu0[k]) / tokens
+                ttft1 = await _engine_ttft(engine_url)
+                r["engine_ttft_mean_s"] = (ttft1[0] - ttft0[0]) / max(1.0, ttft1[1] - ttft0[1])
                 rounds[path].append(r)
         med = {p: {k: statistics.median(r[k] for r in rs) for k in rs[0]} for p, rs in rounds.items()}
         for p, rs in rounds.items():
@@ -243,7 +262,8 @@ def _table(res: dict[str, Any]) -> str:
         f"{m['cpus']} CPUs; 1-min load average {m['load_1min_before']:.2f} before, "
         f"{m['load_1min_after']:.2f} after; engine-sim speedup {res['config']['speedup']}; "
         f"{res['config']['requests']} requests x {res['config']['max_tokens']} tokens per round, "
-        f"median of {res['config']['rounds']} interleaved rounds",
+        f"median of {res['config']['rounds']} interleaved rounds; lean relay on "
+        f"{'uvloop' if res['config'].get('lean_uvloop') else 'asyncio'}'s event loop",
         "",
     ]
     for clients, r in res["by_clients"].items():
@@ -252,11 +272,11 @@ def _table(res: dict[str, Any]) -> str:
         out += [
             f"### {clients} concurrent streams (lean relay floor: {floor:.0f} us CPU per token)",
             "",
-            "| path | tok/s ratio | TTFT p50 ms | TTFT added ms | engine us/tok | lean us/tok "
-            "| router us/tok | sidecar us/tok | relay hops / floor | failed |",
-            "|---|---|---|---|---|---|---|---|---|---|",
+            "| path | tok/s ratio | TTFT p50 ms | TTFT added ms | over lean ms | TTFT mean: engine / hops ms "
+            "| engine us/tok | lean us/tok | router us/tok | sidecar us/tok | relay hops / floor | failed |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|",
         ]
-        for path in PATHS:
+        for path in res["config"]["paths"]:
             p = med[path]
             router = p[f"{ROUTER_OF[path]}_cpu_us_per_token"] if path in ROUTER_OF else 0.0
             sidecar = p[f"{SIDECAR_OF[path]}_cpu_us_per_token"] if path in SIDECAR_OF else 0.0
@@ -265,16 +285,24 @@ def _table(res: dict[str, Any]) -> str:
             hop_cpu = sum(p[f"{h}_cpu_us_per_token"] for h in hops)
             out.append(
                 f"| {path} | {p['tokens_per_s'] / d['tokens_per_s']:.3f} | {1000 * p['ttft_p50_s']:.1f} | "
-                f"{1000 * (p['ttft_p50_s'] - d['ttft_p50_s']):+.1f} | {engine:.0f} | "
+                f"{1000 * (p['ttft_p50_s'] - d['ttft_p50_s']):+.1f} | "
+                f"{1000 * (p['ttft_p50_s'] - med['lean']['ttft_p50_s']):+.1f} | "
+                f"{1000 * p['engine_ttft_mean_s']:.1f} / "
+                f"{1000 * (p['ttft_mean_s'] - p['engine_ttft_mean_s']):.1f} | "
+                f"{engine:.0f} | "
                 f"{p['lean_cpu_us_per_token'] if path == 'lean' else 0:.0f} | "
                 f"{router:.0f} | {sidecar:.0f} | "
                 f"{hop_cpu / floor if hops else 0:.2f} | {p['failed']} |"
             )
-        out += [
-            "",
-            "engine mode: the sidecar column is its analyzer and state work (engine reports, bounds, the "
-            "router's state stream), off the token path; the relay hop is the router alone.",
-        ]
+        out += [""]
+        out += (
+            []
+            if "engine mode" not in res["config"]["paths"]
+            else [
+                "engine mode: the sidecar column is its analyzer and state work (engine reports, bounds, the "
+                "router's state stream), off the token path; the relay hop is the router alone.",
+            ]
+        )
         out.append("")
     return "\n".join(out)
 
@@ -287,9 +315,21 @@ def main() -> int:
     p.add_argument("--max-tokens", type=int, default=64)
     p.add_argument("--speedup", type=float, default=1.0, help="engine-sim speed-up factor")
     p.add_argument("--model", default="llama-3-8b")
+    p.add_argument(
+        "--lean-uvloop",
+        action="store_true",
+        help="run the lean relay on uvloop (the router's and sidecar's loop) instead of asyncio's",
+    )
+    p.add_argument(
+        "--paths", default=",".join(PATHS), help="comma-separated paths to run (direct and lean always)"
+    )
     p.add_argument("--md", type=Path, help="write the table here (and the full result as .json beside it)")
     args = p.parse_args()
     args.clients = [int(c) for c in args.clients.split(",")]
+    args.paths = [p.strip() for p in args.paths.split(",") if p.strip()]
+    unknown = set(args.paths) - set(PATHS)
+    if unknown or not {"direct", "lean"} <= set(args.paths):
+        p.error(f"--paths: choose from {', '.join(PATHS)}; direct and lean (the references) are needed")
     load0 = os.getloadavg()[0]
     with tempfile.TemporaryDirectory(prefix="path-overhead-") as tmp:
         procs, bases = _spawn(args, Path(tmp))

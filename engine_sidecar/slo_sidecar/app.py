@@ -10,15 +10,14 @@ request waits or streams cancels it (and the upstream request with it).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Awaitable, Callable
 from contextlib import AbstractAsyncContextManager
-from typing import Any
 
 import httpx
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
@@ -26,7 +25,14 @@ from slo_core.wire import openai
 from slo_core.wire.api_description import DESCRIPTION_PATH, api_description
 from slo_core.wire.limits import RequestLimits, check_headers, parse_json_object, read_capped
 from slo_sidecar.calibration import PEER_PATH
-from slo_sidecar.errors import APIError, error_event, error_response, exception_handlers, overloaded
+from slo_sidecar.errors import (
+    APIError,
+    error_event,
+    error_response,
+    exception_handlers,
+    internal_error_response,
+    overloaded,
+)
 from slo_sidecar.front import CHAT, COMPLETION
 from slo_sidecar.job import Event, Job
 from slo_sidecar.service import Sidecar
@@ -54,49 +60,89 @@ async def _next_event(job: Job, request: Request, until_s: float, sc: Sidecar) -
                 raise _ClientGone from None
 
 
-class _JobStream(StreamingResponse):
-    """A streaming answer whose end (normal, error or disconnect) always ends its job exactly once."""
+async def _wait_disconnect(receive: Receive) -> None:
+    """Returns when the server reports the client gone (the request body has been read already)."""
+    while (await receive())["type"] != "http.disconnect":
+        pass
+
+
+class _JobStream:
+    """A streaming answer, as a plain ASGI response (no generator, no per-chunk middleware).
+
+    The chunks queued before it started go out first (piled-up ones in one write); then the job's
+    sink is installed and the generation task writes each chunk straight to the client. This waits
+    only for the end event. A disconnect watcher cancels the generation the moment the client goes
+    away; however it ends (normal, error or disconnect), the job ends exactly once.
+    """
 
     def __init__(self, sc: Sidecar, job: Job, task: asyncio.Task[None], first: Event) -> None:
-        self.sc, self.job, self.task, self.status = sc, job, task, "aborted"
-        super().__init__(self._events(first), media_type="text/event-stream")
-
-    async def _events(self, event: Event) -> AsyncIterator[bytes]:
-        job = self.job
-        while True:
-            kind, payload = event
-            if kind == "chunk":
-                pending, after = [payload], None  # chunks that piled up for a slow client: one write
-                while after is None and not job.events.empty():
-                    queued = job.events.get_nowait()
-                    if queued[0] == "chunk":
-                        pending.append(queued[1])
-                    else:
-                        after = queued
-                yield b"".join(pending) if len(pending) > 1 else payload
-                # the generation task always ends with done or error: this never waits forever
-                event = after if after is not None else await job.events.get()
-            elif kind == "done":
-                if job.parsed.include_usage:
-                    yield sse(usage_chunk(job))
-                self.status = "ok"
-                yield openai.SSE_DONE
-                return
-            else:
-                self.status = "error"
-                yield error_event(payload)
-                return
+        self.sc, self.job, self.task, self.first = sc, job, task, first
+        self.status = "aborted"
+        self._ending = False
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        me = asyncio.current_task()
+        watcher = asyncio.ensure_future(_wait_disconnect(receive))
+
+        def hang_up(w: asyncio.Future[None]) -> None:
+            # the server reports "disconnect" after a complete response too: not a hang-up then
+            if not w.cancelled() and w.exception() is None and not self._ending and me is not None:
+                self.task.cancel()
+                me.cancel()
+
+        watcher.add_done_callback(hang_up)
         try:
-            await super().__call__(scope, receive, send)
+            await send({"type": "http.response.start", "status": 200, "headers": _SSE_HEADERS})
+            await self._stream(send)
+        except (asyncio.CancelledError, OSError):
+            if not watcher.done():  # cancelled by the server, not by the client leaving: propagate
+                raise
+            if me is not None and me.cancelling():
+                me.uncancel()  # the hang-up's own cancellation, handled here
         finally:
+            watcher.remove_done_callback(hang_up)
+            watcher.cancel()
+            self.job.sink = None
             self.task.cancel()
             await asyncio.gather(self.task, return_exceptions=True)
             self.sc.end(self.job, self.status)
 
+    async def _stream(self, send: Send) -> None:
+        job, event = self.job, self.first
 
-async def _serve(sc: Sidecar, request: Request, job: Job) -> Response:
+        async def write(data: bytes) -> None:
+            await send({"type": "http.response.body", "body": data, "more_body": True})
+
+        while event[0] == "chunk":
+            pending, after = [event[1]], None  # chunks that piled up before the stream started: one write
+            while after is None and not job.events.empty():
+                queued = job.events.get_nowait()
+                if queued[0] == "chunk":
+                    pending.append(queued[1])
+                else:
+                    after = queued
+            await write(b"".join(pending) if len(pending) > 1 else pending[0])
+            if after is not None:
+                event = after
+            elif job.events.empty():
+                job.sink = write  # from here on, the generation task writes each chunk itself
+                event = await job.events.get()  # the generation task always ends with done or error
+            else:
+                event = job.events.get_nowait()
+        self._ending = True
+        if event[0] == "done":
+            tail = (sse(usage_chunk(job)) if job.parsed.include_usage else b"") + openai.SSE_DONE
+            self.status = "ok"
+        else:
+            tail = error_event(event[1])
+            self.status = "error"
+        await send({"type": "http.response.body", "body": tail, "more_body": False})
+
+
+_SSE_HEADERS = [(b"content-type", b"text/event-stream; charset=utf-8")]
+
+
+async def _serve(sc: Sidecar, request: Request, job: Job) -> Response | _JobStream:
     task = asyncio.create_task(sc.generate(job))
     sc.scheduler.submit(job)
     status, err = "aborted", None
@@ -161,8 +207,8 @@ def _wait_exceeded(sc: Sidecar, job: Job) -> APIError:
     )
 
 
-def _handler(endpoint: str) -> Callable[[Request], Any]:
-    async def handle(request: Request) -> Response:
+def _handler(endpoint: str) -> Callable[[Request], Awaitable[Response | _JobStream]]:
+    async def handle(request: Request) -> Response | _JobStream:
         sc: Sidecar = request.app.state.sidecar
         limits = limits_of(sc)
         try:
@@ -287,6 +333,29 @@ def create_metrics_app(sc: Sidecar) -> Starlette:
     return app
 
 
+class _SidecarApp(Starlette):
+    """Starlette, except that the two completion routes are served without its middleware stack,
+    whose wrappers would otherwise sit on every streamed chunk's way to the client; everything else
+    (and a mounted app, ``root_path``) goes through Starlette as before."""
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["method"] == "POST" and not scope.get("root_path"):
+            handle = _COMPLETIONS.get(scope["path"])
+            if handle is not None:
+                scope["app"] = self
+                request = Request(scope, receive)
+                try:
+                    response = await handle(request)
+                except Exception as exc:  # what Starlette's catch-all does: a logged, OpenAI-shaped 500
+                    response = await internal_error_response(request, exc)
+                await response(scope, receive, send)
+                return
+        await super().__call__(scope, receive, send)
+
+
+_COMPLETIONS = {"/v1/chat/completions": _handler(CHAT), "/v1/completions": _handler(COMPLETION)}
+
+
 def create_app(
     sc: Sidecar,
     lifespan: Callable[[Starlette], AbstractAsyncContextManager[None]] | None = None,
@@ -295,10 +364,10 @@ def create_app(
 ) -> Starlette:
     """App factory: the sidecar core is built by the caller and shared by every handler
     (``metrics_route=False``: ``/metrics`` is served on its own port, see ``--metrics-port``)."""
-    app = Starlette(
+    app = _SidecarApp(
         routes=[
-            Route("/v1/chat/completions", _handler(CHAT), methods=["POST"]),
-            Route("/v1/completions", _handler(COMPLETION), methods=["POST"]),
+            Route("/v1/chat/completions", _COMPLETIONS["/v1/chat/completions"], methods=["POST"]),
+            Route("/v1/completions", _COMPLETIONS["/v1/completions"], methods=["POST"]),
             Route("/v1/models", models, methods=["GET"]),
             Route("/health", health, methods=["GET"]),
             Route("/ready", ready, methods=["GET"]),

@@ -92,30 +92,36 @@ async def run_attempt(sc: AttemptHost, job: Job, body: dict[str, Any]) -> str:
         return "done"
     events = stream_events(session, sc.engine_url + path, body, headers, sc.knobs.upstream_read_timeout_s)
     counted, usage = 0, None
-    async for payload in events:
+    async for batch in events:  # the payloads of one read: relayed in one write, as a byte relay does
         now = sc.engine.last_heard_s = sc.now()  # a streaming engine is alive, whatever probes see
-        total = completion_tokens(payload)
-        if _NO_CHOICES in payload:  # the final usage chunk: the sidecar sends its own sum over attempts
-            usage = payload
-            continue
-        if job.attempts > 1 or total is None:
-            counted = _relay_parsed(sc, job, payload, counted, now)
-            continue
-        reason = finish_reason(payload)
-        if reason is not None:
-            job.finish_reason = reason
-        if total > counted:
-            sc.tracker.record_tokens(job.live, total - counted, "", now)
-            counted = total
-            job.raw_chunks.append(payload)
-            sc.refine_later(job)
-        if job.stream_id is None:
-            job.stream_id = _chunk_id(payload) or job.request_id
-        if job.parsed.include_usage:
-            job.emit("chunk", openai.sse_event(payload))  # as the engine sent it: no re-encoding
-            continue
-        bare = strip_usage(payload)
-        job.emit("chunk", openai.sse_event(bare) if bare is not None else _reencoded(payload))
+        out: list[bytes] = []
+        for payload in batch:
+            if _NO_CHOICES in payload:  # the final usage chunk: the sidecar sends its own sum over attempts
+                usage = payload
+                continue
+            total = completion_tokens(payload)
+            if job.attempts > 1 or total is None:
+                counted, event = _relay_parsed(sc, job, payload, counted, now)
+                if event is not None:
+                    out.append(event)
+                continue
+            reason = finish_reason(payload)
+            if reason is not None:
+                job.finish_reason = reason
+            if total > counted:
+                sc.tracker.record_tokens(job.live, total - counted, "", now)
+                counted = total
+                job.raw_chunks.append(payload)
+                sc.refine_later(job)
+            if job.stream_id is None:
+                job.stream_id = _chunk_id(payload) or job.request_id
+            if job.parsed.include_usage:
+                out.append(openai.sse_event(payload))  # as the engine sent it: no re-encoding
+                continue
+            bare = strip_usage(payload)
+            out.append(openai.sse_event(bare) if bare is not None else _reencoded(payload))
+        if out:
+            await job.write(out[0] if len(out) == 1 else b"".join(out))
     if usage is not None:
         _settle_usage(sc, job, _usage_of(usage), counted)
     return "done"
@@ -143,8 +149,11 @@ def _usage_of(payload: bytes) -> dict[str, Any]:
     return usage if isinstance(usage, dict) else {}
 
 
-def _relay_parsed(sc: AttemptHost, job: Job, payload: bytes, counted: int, now: float) -> int:
-    """A continuation's chunk (or one without usage stats): parsed, counted, re-stamped; the new count."""
+def _relay_parsed(
+    sc: AttemptHost, job: Job, payload: bytes, counted: int, now: float
+) -> tuple[int, bytes | None]:
+    """A continuation's chunk (or one without usage stats): parsed, counted, re-stamped; the new count
+    and the event for the client (None: nothing to send)."""
     try:
         chunk = json.loads(payload)
     except ValueError:
@@ -168,7 +177,7 @@ def _relay_parsed(sc: AttemptHost, job: Job, payload: bytes, counted: int, now: 
         sc.tracker.record_tokens(job.live, n_tokens, text, now)
         sc.refine_later(job)
     elif job.attempts > 1 and not text and not choice.get("finish_reason"):
-        return counted  # a continuation's opening role chunk: the client already has one
+        return counted, None  # a continuation's opening role chunk: the client already has one
     if job.stream_id is None:
         job.stream_id = str(chunk.get("id") or job.request_id)
     if chat and isinstance(choice.get("delta"), dict) and job.attempts > 1:
@@ -176,8 +185,7 @@ def _relay_parsed(sc: AttemptHost, job: Job, payload: bytes, counted: int, now: 
     chunk["id"] = job.stream_id  # one id for the client across preemptions
     if not job.parsed.include_usage:
         chunk.pop("usage", None)
-    job.emit("chunk", sse(chunk))
-    return counted
+    return counted, sse(chunk)
 
 
 async def _whole(sc: AttemptHost, job: Job, url: str, body: dict[str, Any], headers: dict[str, str]) -> None:

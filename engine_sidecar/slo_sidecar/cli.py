@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import logging
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 from slo_sidecar.config import ConfigError, PolicyConfig, SidecarKnobs, parse_policy_file
@@ -66,6 +67,16 @@ def _knobs(args: argparse.Namespace) -> SidecarKnobs:
     return SidecarKnobs(mode=args.mode, **values)
 
 
+def event_loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
+    """uvloop where it is installed (the service extra pins it): measured in bench/path_overhead.py, it
+    takes a large share off the relay's CPU per streamed chunk; None: asyncio's own loop."""
+    try:
+        import uvloop
+    except ImportError:
+        return None
+    return uvloop.new_event_loop
+
+
 def run(args: argparse.Namespace) -> int:
     from slo_sidecar.estimators import load_length_estimator
     from slo_sidecar.runtime import serve_forever
@@ -93,15 +104,16 @@ def run(args: argparse.Namespace) -> int:
         except (OSError, ValueError) as exc:
             print(f"slofleet sidecar: --tag-key-file: {exc}", file=sys.stderr)
             return 2
-    asyncio.run(
-        serve_forever(
-            sc,
-            host=args.host,
-            port=args.port,
-            grpc_port=args.grpc_port,
-            metrics_port=args.metrics_port,
-            state_dir=args.state_dir,
-            policy_file=args.policy_file,
+    with asyncio.Runner(loop_factory=event_loop_factory()) as runner:
+        runner.run(
+            serve_forever(
+                sc,
+                host=args.host,
+                port=args.port,
+                grpc_port=args.grpc_port,
+                metrics_port=args.metrics_port,
+                state_dir=args.state_dir,
+                policy_file=args.policy_file,
+            )
         )
-    )
     return 0

@@ -50,8 +50,10 @@ def _error_message(raw: bytes) -> str:
     return str(err or doc)[:200]
 
 
-async def _sse_data(resp: aiohttp.ClientResponse) -> AsyncIterator[bytes]:
-    """The ``data:`` payloads of an SSE byte stream (events end with a blank line; chunks split anywhere)."""
+async def _sse_data(resp: aiohttp.ClientResponse) -> AsyncIterator[list[bytes]]:
+    """The ``data:`` payloads of an SSE byte stream, one list per read of the socket (events end with a
+    blank line; reads split anywhere): what arrived together is relayed together, as a byte relay
+    writes one read at once."""
     buf = b""
     async for data in resp.content.iter_any():
         piece = data.replace(b"\r\n", b"\n") if b"\r" in data else data
@@ -59,13 +61,14 @@ async def _sse_data(resp: aiohttp.ClientResponse) -> AsyncIterator[bytes]:
         if b"\n\n" not in buf:
             continue
         *events, buf = buf.split(b"\n\n")
+        payloads = []
         for event in events:
             if event.startswith(b"data:") and b"\n" not in event:  # the usual shape: one data line
-                yield event[5:].strip()
+                payloads.append(event[5:].strip())
                 continue
-            for line in event.split(b"\n"):
-                if line.startswith(b"data:"):
-                    yield line[5:].strip()
+            payloads.extend(line[5:].strip() for line in event.split(b"\n") if line.startswith(b"data:"))
+        if payloads:
+            yield payloads
 
 
 def new_session() -> aiohttp.ClientSession:
@@ -103,37 +106,47 @@ async def stream_events(
     body: dict[str, Any],
     headers: dict[str, str],
     read_timeout_s: float,
-) -> AsyncIterator[bytes]:
-    """Yield the engine's SSE payloads as sent (unparsed) until ``[DONE]``; failures raise, never hang.
+) -> AsyncIterator[list[bytes]]:
+    """Yield the engine's SSE payloads as sent (unparsed), those of one read together, until ``[DONE]``;
+    failures raise, never hang.
 
-    A payload carrying an ``error`` object raises :class:`EngineUnavailable`; everything else is the
-    caller's to read (cheaply: :func:`completion_tokens`, :func:`finish_reason`).
+    A payload carrying an ``error`` object raises :class:`EngineUnavailable` (after the payloads that
+    came before it); everything else is the caller's to read (cheaply: :func:`completion_tokens`,
+    :func:`finish_reason`).
     """
     data = json.dumps(body, separators=(",", ":")).encode()
     hdrs = {**headers, "content-type": "application/json"}
     try:
         async with session.post(url, data=data, headers=hdrs, timeout=_timeout(read_timeout_s)) as resp:
             await _check_status(resp)
-            async for payload in _sse_data(resp):
-                if payload == openai.DONE_PAYLOAD:
-                    return
-                if b'"error"' in payload:  # rare: only then is the event parsed here
-                    _raise_if_error(payload)
-                yield payload
+            async for batch in _sse_data(resp):
+                for i, payload in enumerate(batch):
+                    if payload == openai.DONE_PAYLOAD:
+                        if i:
+                            yield batch[:i]
+                        return
+                    failure = _error_of(payload) if b'"error"' in payload else None  # rare: parsed then
+                    if failure is not None:
+                        if i:
+                            yield batch[:i]  # what the engine sent before it failed reaches the client
+                        raise failure
+                yield batch
     except (TimeoutError, aiohttp.ClientError) as exc:
         raise _failed(exc) from None
     raise EngineUnavailable("engine closed the stream before it finished")
 
 
-def _raise_if_error(payload: bytes) -> None:
+def _error_of(payload: bytes) -> EngineUnavailable | None:
+    """The failure a payload reports (an ``error`` object, or a malformed event); None: a normal one."""
     try:
         chunk = json.loads(payload)
     except ValueError:
-        raise EngineUnavailable("engine sent a malformed stream event") from None
+        return EngineUnavailable("engine sent a malformed stream event")
     if not isinstance(chunk, dict):
-        raise EngineUnavailable("engine sent a malformed stream event")
+        return EngineUnavailable("engine sent a malformed stream event")
     if "error" in chunk:
-        raise EngineUnavailable(f"engine failed: {_error_message(payload)}")
+        return EngineUnavailable(f"engine failed: {_error_message(payload)}")
+    return None
 
 
 async def complete(

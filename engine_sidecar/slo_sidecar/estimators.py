@@ -55,6 +55,7 @@ class FallbackEstimator:
 
     learns_online = True
     cheap = True  # microseconds: called on the event loop
+    reads_text = False  # refine() looks at the generated count only: the sidecar need not decode chunks
     checkpoint_name = FALLBACK_FILE
 
     def __init__(self, quantile: float = 0.9, min_observed: int = 50, window: int = 5000) -> None:

@@ -1,14 +1,18 @@
 """A request's journey through the sidecar: queue, release, upstream attempts, events to the HTTP handler.
 
-The generation runs in its own task and talks to the handler only through ``events`` (``chunk``,
+The generation runs in its own task and talks to the handler through ``events`` (``chunk``,
 ``done``, ``error``), so the handler decides the HTTP status at the first event and a client
 disconnect cancels exactly one task (which closes the upstream connection: the engine aborts).
+Once a stream's response has started, it installs a ``sink``: the generation task then writes each
+chunk straight to the client (:meth:`Job.write`, no queue hop per chunk); the end still comes as an
+event.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -39,6 +43,7 @@ class Job:
     stream_id: str | None = None
     raw_chunks: list[bytes] = field(default_factory=list)  # streamed chunks whose text is not decoded yet
     response_body: bytes | None = None  # non-streamed: the engine's answer, passed through as sent
+    sink: Callable[[bytes], Awaitable[None]] | None = None  # the started stream's writer (see write)
 
     @property
     def request_id(self) -> str:
@@ -66,6 +71,23 @@ class Job:
             self.preempting = True
             task.cancel()
         return True
+
+    async def write(self, data: bytes) -> None:
+        """A streamed chunk for the client: written through the sink once the response has started
+        (a slow client holds the generation back), queued as an event before."""
+        sink = self.sink
+        if sink is None:
+            self.events.put_nowait(("chunk", data))
+            return
+        try:
+            await sink(data)
+        except asyncio.CancelledError:
+            # cancelled (a preemption, the time limit) while waiting for a slow client to drain: the
+            # server writes only after that wait, so the chunk goes through the queue, and so does
+            # everything after it until the response has caught up (it installs the sink again)
+            self.sink = None
+            self.events.put_nowait(("chunk", data))
+            raise
 
     def emit(self, kind: str, payload: Any = None) -> None:
         if kind in ("done", "error"):

@@ -141,7 +141,11 @@ class Scheduler:
                 self._rank((*(decision.running_order or ()), *decision.admit), self.running)
             return
         if self.waiting:
-            self._apply(self._decide(self.waiting, self.running))
+            # a FIFO policy (core's fifo_fast_path: FCFS, Sarathi) decides from the queue order alone,
+            # so the released requests' snapshots (one per running request, per arrival) are skipped,
+            # as the simulator skips them; the running order it would give is the one they have here
+            fifo = self._guard.fifo_fast_path
+            self._apply(self._decide(self.waiting, [] if fifo else self.running))
 
     def _decide(self, waiting: list[Job], running: list[Job]) -> Decision:
         w = [j.live.view(running=False) for j in waiting]

@@ -380,6 +380,9 @@ class Sidecar:
             live.bound = self.calibration.bound_at(live.plan, live.generated_tokens)
             return
 
+        # a predictor that reads no text (the fallback's quantiles) spares decoding the raw chunks
+        wants_text = getattr(self.estimator, "reads_text", True)
+
         async def refine() -> None:
             value = await self._off_loop(
                 self.estimator.refine,
@@ -387,7 +390,7 @@ class Sidecar:
                 live.prompt_text or None,
                 live.prompt_tokens,
                 live.generated_tokens,
-                generated_text(job),
+                generated_text(job) if wants_text else None,
                 live.targets.kind.value,
                 live.max_tokens,
             )

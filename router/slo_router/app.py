@@ -25,6 +25,7 @@ from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
+from starlette.types import Receive, Scope, Send
 
 from slo_core.policies.base import RequestView
 from slo_core.policies.registry import make_router_policy
@@ -37,7 +38,7 @@ from slo_router.accounting import respond
 from slo_router.config import RouterConfig
 from slo_router.endpoints import EndpointState
 from slo_router.enginetags import tagged_body
-from slo_router.errors import APIError, error_response, exception_handlers
+from slo_router.errors import APIError, error_response, exception_handlers, internal_error_response
 from slo_router.intake import (
     affinity_of,
     authenticate,
@@ -372,6 +373,32 @@ async def serve_metrics(state: RouterState, host: str, port: int) -> None:
         server.should_exit = True
 
 
+class _RouterApp(Starlette):
+    """Starlette, except that the two completion routes are served without its middleware stack,
+    whose wrappers would otherwise sit on every relayed chunk's way to the client; everything else
+    (and a mounted app, ``root_path``) goes through Starlette as before."""
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if (
+            scope["type"] == "http"
+            and scope["method"] == "POST"
+            and scope["path"] in _COMPLETION_PATHS
+            and not scope.get("root_path")
+        ):
+            scope["app"] = self
+            request = Request(scope, receive)
+            try:
+                response = await completions(request)
+            except Exception as exc:  # what Starlette's catch-all does: a logged, OpenAI-shaped 500
+                response = await internal_error_response(request, exc)
+            await response(scope, receive, send)
+            return
+        await super().__call__(scope, receive, send)
+
+
+_COMPLETION_PATHS = frozenset({"/v1/chat/completions", "/v1/completions"})
+
+
 def create_app(
     state: RouterState,
     *,
@@ -400,7 +427,7 @@ def create_app(
                 await state.client.close()
                 state.client = None
 
-    app = Starlette(
+    app = _RouterApp(
         routes=[
             Route("/v1/chat/completions", completions, methods=["POST"]),
             Route("/v1/completions", completions, methods=["POST"]),

@@ -11,7 +11,7 @@ from starlette.responses import JSONResponse, Response
 
 from slo_core.wire.openai import APIError, internal_error, route_error
 
-__all__ = ["APIError", "error_response", "exception_handlers"]
+__all__ = ["APIError", "error_response", "exception_handlers", "internal_error_response"]
 
 log = logging.getLogger(__name__)
 
@@ -31,11 +31,11 @@ async def _http_error(request: Request, exc: Exception) -> Response:
     return response
 
 
-async def _internal_error(request: Request, exc: Exception) -> Response:
+async def internal_error_response(request: Request, exc: Exception) -> Response:
     """The catch-all: a bug becomes an explicit OpenAI-shaped 500 and a logged traceback."""
     log.error("unexpected error on %s %s", request.method, request.url.path, exc_info=exc)
     return error_response(internal_error())
 
 
 def exception_handlers() -> dict[Any, Any]:
-    return {HTTPException: _http_error, Exception: _internal_error}
+    return {HTTPException: _http_error, Exception: internal_error_response}

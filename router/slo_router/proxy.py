@@ -187,27 +187,35 @@ async def wait_disconnect(receive: Receive) -> None:
 
 
 async def unless_disconnected(receive: Receive, work: Awaitable[_T]) -> _T:
-    """``work``'s result, or :class:`ClientGone` (``work`` cancelled) if the client hangs up first."""
-    task = asyncio.ensure_future(work)
+    """``work``'s result, or :class:`ClientGone` (``work`` cancelled) if the client hangs up first.
+
+    ``work`` runs in the calling task (no task of its own: on a busy loop every extra task switch is
+    one more turn of the loop before the first byte); a watcher cancels the caller if the client
+    goes, and that cancellation becomes :class:`ClientGone` here.
+    """
+    me = asyncio.current_task()
+    assert me is not None
+    gone = finished = False
+
+    def hang_up(w: asyncio.Future[None]) -> None:
+        nonlocal gone
+        if not finished and not w.cancelled() and w.exception() is None:
+            gone = True
+            me.cancel()
+
     watcher = asyncio.ensure_future(wait_disconnect(receive))
+    watcher.add_done_callback(hang_up)
     try:
-        await asyncio.wait((task, watcher), return_when=asyncio.FIRST_COMPLETED)
+        return await work
     except asyncio.CancelledError:
-        task.cancel()
-        raise
+        if not gone:
+            raise
+        me.uncancel()
+        raise ClientGone() from None
     finally:
+        finished = True
+        watcher.remove_done_callback(hang_up)
         watcher.cancel()
-    if task.done():
-        return task.result()
-    task.cancel()
-    try:
-        late: object = await task  # finished just as the client left: release what it opened
-    except (asyncio.CancelledError, Exception):
-        late = None
-    close = getattr(late, "close", None)
-    if callable(close):
-        close()
-    raise ClientGone()
 
 
 def error_event(message: str, code: int = 502) -> bytes:

@@ -160,6 +160,24 @@ async def test_client_disconnect_cancels_the_upstream_request() -> None:
         assert pod.served == 0
 
 
+async def test_client_gone_before_the_pod_answers_cancels_the_upstream_request() -> None:
+    """The router waits for the pod's answer in the request's own task, with a watcher that cancels
+    it when the client hangs up: the request is accounted as cancelled and no longer counted as
+    in flight on the pod (the upstream connection is closed; this fake pod does not abort on it)."""
+    pod = FakePod("a", behaviour=PodBehaviour(ttft_s=30.0))
+    async with fleet([pod]) as (url, state, _):
+        body = {"model": "m", "prompt": "x", "max_tokens": 1}
+        headers = {"authorization": "Bearer sk-product"}
+        async with httpx.AsyncClient() as http:
+            with pytest.raises(httpx.ReadTimeout):
+                await http.post(url + "/v1/completions", json=body, headers=headers, timeout=0.5)
+        assert pod.live  # the pod had the request
+        await until(
+            lambda: state.metrics.requests.labels("chat", "product", "m", "cancelled")._value.get() == 1
+        )
+        assert all(not e.sent for e in state.endpoints.values())  # nothing left counted in flight
+
+
 async def test_pod_errors_before_the_first_byte_are_retried_elsewhere_and_trip_its_breaker() -> None:
     bad = FakePod("bad", behaviour=PodBehaviour(fail_status=500))
     good = FakePod("good")

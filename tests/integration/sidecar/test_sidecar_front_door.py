@@ -57,6 +57,30 @@ async def test_an_unexpected_error_in_generation_ends_the_request_at_once(
     assert "generation failed unexpectedly" in caplog.text
 
 
+@pytest.mark.parametrize("path", ["/v1/completions", "/v1/chat/completions"])
+async def test_an_unexpected_error_at_intake_is_an_openai_shaped_500(
+    pod: tuple[FakeEngine, Running],
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+    path: str,
+) -> None:
+    """The completion routes skip Starlette's middleware (a chunk's way out is shorter): a bug before
+    the request is queued still ends in the same JSON 500 the catch-all gives every other route."""
+    eng, run = pod
+
+    async def broken(*args: Any) -> Any:
+        raise RuntimeError("a bug")
+
+    monkeypatch.setattr(run.sidecar, "accept", broken)
+    msgs = [{"role": "user", "content": "hi"}]
+    payload = body(eng, stream=True) if path == "/v1/completions" else {"model": eng.model, "messages": msgs}
+    async with httpx.AsyncClient(timeout=10) as http:
+        r = await http.post(run.http_url + path, json=payload)
+    assert r.status_code == 500 and r.json()["error"]["code"] == "internal_error"
+    assert "unexpected error on POST " + path in caplog.text
+    assert eng.started == 0
+
+
 async def test_vllm_xargs_must_be_an_object_and_lose_their_slo_keys(pod: tuple[FakeEngine, Running]) -> None:
     eng, run = pod
     async with httpx.AsyncClient(timeout=10) as http:

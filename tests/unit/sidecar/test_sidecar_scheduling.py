@@ -160,3 +160,68 @@ def test_the_routers_request_id_is_kept_when_safe_and_unused() -> None:
         and unsafe.startswith("sc-")
         and absent.startswith("sc-")
     )
+
+
+@pytest.mark.parametrize("name", ["fcfs", "sarathi"])
+@pytest.mark.parametrize("seed", range(5))
+def test_a_fifo_policy_releases_the_same_requests_without_the_running_snapshots(name: str, seed: int) -> None:
+    """FCFS and Sarathi decide from the queue order alone (core's ``fifo_fast_path``, which the
+    simulator uses): the sidecar skips building a snapshot of every running request on each arrival,
+    and releases exactly what the policy given every snapshot releases, keeping the same queue."""
+    import random
+
+    from slo_core.policies.registry import make_engine_policy
+
+    full_policy = make_engine_policy(name, {})
+    full_policy.fifo_fast_path = False  # type: ignore[attr-defined]  # the slow path: every snapshot
+    fast, _ = scripted_sidecar(max_running=3)
+    full, _ = scripted_sidecar(max_running=3)
+    fast.scheduler.set_policy(make_engine_policy(name, {}))
+    full.scheduler.set_policy(full_policy)
+    assert fast.scheduler._guard.fifo_fast_path and not full.scheduler._guard.fifo_fast_path
+    rng = random.Random(seed)
+    for i in range(40):
+        rid = f"r{i}"
+        for sc in (fast, full):
+            sc.scheduler.submit(queued_job(sc, rid))
+        if rng.random() < 0.5 and full.scheduler.running:  # a running request streams or ends
+            victim, ends = rng.choice(full.scheduler.running).request_id, rng.random() < 0.5
+            for sc in (fast, full):
+                job = sc.jobs[victim]
+                if ends:
+                    sc.scheduler.forget(job)
+                else:
+                    sc.tracker.record_tokens(job.live, 3, "", 1.0)
+        for sc in (fast, full):
+            sc.scheduler.frame()
+        waiting = [j.request_id for j in fast.scheduler.waiting]
+        assert waiting == [j.request_id for j in full.scheduler.waiting]
+        # the same set released; their order among themselves is the engine's (Sarathi: decodes first)
+        running = {j.request_id for j in fast.scheduler.running}
+        assert running == {j.request_id for j in full.scheduler.running}
+        assert [fast.jobs[r].released.is_set() for r in fast.jobs] == [
+            full.jobs[r].released.is_set() for r in full.jobs
+        ]
+
+
+async def test_a_chunk_whose_write_is_cancelled_waiting_for_a_slow_client_is_not_lost() -> None:
+    """A preemption can cancel the generation while it waits for a slow client to drain (the server
+    writes only after that wait): the chunk, and what follows, go through the queue instead."""
+    sc, _ = scripted_sidecar()
+    job = queued_job(sc, "a")
+    drained = asyncio.Event()
+    written: list[bytes] = []
+
+    async def slow_client(data: bytes) -> None:
+        await drained.wait()  # the transport is paused: nothing written yet
+        written.append(data)
+
+    job.sink = slow_client
+    writer = asyncio.create_task(job.write(b"one"))
+    await asyncio.sleep(0)
+    writer.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await writer
+    await job.write(b"two")  # the continuation's first chunk: queued behind, not written ahead
+    assert written == [] and job.sink is None
+    assert [job.events.get_nowait(), job.events.get_nowait()] == [("chunk", b"one"), ("chunk", b"two")]
