@@ -6,7 +6,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from builders import STEP_10MS
+from builders import SMALL_GPU, STEP_10MS
 
 from slo_core.gain import Delivery, GainParams, ideal_gain
 from slo_core.metrics import summarize
@@ -117,3 +117,28 @@ def test_the_closed_form_ideal_gain_equals_the_gain_of_instant_service(
     assert instant_gain(name, slo, 11, n, GainParams()) == pytest.approx(
         ideal_gain(d, name, GainParams(), output_tokens=n)
     )
+
+
+def test_a_request_demoted_to_best_effort_is_judged_against_the_slo_it_asked_for() -> None:
+    # No replica can give a 1 ms first token to a 500-token prompt: GoRouting finds no gain, the
+    # admission rule demotes the request to best effort, and it is served there. Its client asked for
+    # TTFT 1 ms and counts it missed; the simulator's outcome must say the same, not judge it against
+    # the best-effort targets it ran on.
+    from slo_core.metrics.summary import job_outcomes
+    from slo_core.runtime_policy import AdmissionRule
+    from slo_core.slo import PriorityClass, SLOTier
+
+    spare = SLOTier("spare", RequestKind.BEST_EFFORT, PriorityClass("spare", 0.1))
+    demote = AdmissionRule("best-effort", best_effort_tier="spare", best_effort=spare)
+    sim = FleetSim(
+        [ReplicaSpec(SMALL_GPU, EngineConfig())], "fcfs", "go-routing",
+        config=SimConfig(drain="all"), admission=demote,
+    )  # fmt: skip
+    asked = SLOTargets(RequestKind.LATENCY, ttft_s=0.001, tbt_s=0.01)
+    res = sim.run([Job("r", 0.0, asked, prompt_tokens=500, output_tokens=3, tier="chat")])
+    assert res.demoted_by_router == 1 and res.requests[0].state == FINISHED
+    assert res.requests[0].slo.kind is RequestKind.BEST_EFFORT  # it ran on best effort ...
+    (out,) = job_outcomes(res)
+    assert out.tier == "chat" and out.kind == "latency"  # ... but is reported as what it asked for
+    assert out.delivery.slo == asked
+    assert out.gains["request"] == 0, "its first token came after the 1 ms it asked for"
