@@ -185,3 +185,34 @@ def comparison(live: dict[str, dict[str, Any]], sim: dict[str, dict[str, Any]]) 
         f"(largest gap {worst[0]:+.0f} points, {worst[1] or '–'})."
     )
     return text, verdict
+
+
+def job_differences(jobs: list[str], live: list[Any], sim: list[Any], tiers: list[str]) -> dict[str, Any]:
+    """Where live and simulated outcomes of the same jobs disagree (outcomes aligned with ``jobs``):
+    per tier, jobs that met their SLO on one side only and jobs refused on one side only, with a few
+    ids of each, so a gap in the table can be traced to the requests behind it."""
+    diff: dict[str, Any] = {}
+    for job_id, tier, a, b in zip(jobs, tiers, live, sim, strict=True):
+        met_a, met_b = a.gains["request"] > 0, b.gains["request"] > 0
+        row = diff.setdefault(
+            tier, {"met_live_only": [], "met_sim_only": [], "rejected_live_only": [], "rejected_sim_only": []}
+        )
+        if met_a != met_b:
+            row["met_live_only" if met_a else "met_sim_only"].append(job_id)
+        if a.rejected != b.rejected:
+            row["rejected_live_only" if a.rejected else "rejected_sim_only"].append(job_id)
+    return diff
+
+
+def describe_differences(label: str, diff: dict[str, Any], examples: int = 4) -> str:
+    """One line per tier with disagreements, e.g. ``slofleet latency-low: met live only 3 (j12 ...)``."""
+    lines = []
+    for tier, row in sorted(diff.items()):
+        parts = []
+        for key, ids in row.items():
+            if ids:
+                more = " …" if len(ids) > examples else ""
+                parts.append(f"{key.replace('_', ' ')} {len(ids)} ({' '.join(ids[:examples])}{more})")
+        if parts:
+            lines.append(f"{label} {tier}: " + "; ".join(parts))
+    return "\n".join(lines)

@@ -38,11 +38,18 @@ def simulate(
     seed: int,
     max_num_seqs: int = 256,
 ) -> list[JobOutcome]:
-    """Every job's outcome in the simulator (one SimEngine per live engine, the policy's routing)."""
+    """Every job's outcome in the simulator (one SimEngine per live engine, the policy's routing), in
+    the order of ``jobs`` (so live and simulated outcomes of one job can be compared)."""
     runtime = parse_policy(policy_text, "demo policy").spec.runtime()
     perf = slowed(load_profile(profile), speedup)
     replicas = [ReplicaSpec(perf, EngineConfig(max_num_seqs=max_num_seqs))] * engines
     sim = FleetSim.from_runtime(
         replicas, runtime, seed=seed, analyzer=SimAnalyzer(), config=SimConfig(drain="all")
     )
-    return job_outcomes(sim.run(jobs))
+    result = sim.run(jobs)
+    outs = job_outcomes(result)
+    # job_outcomes lists single requests first, then programs
+    ids = [r.request_id for r in result.requests if r.program is None]
+    ids += [p.program_id for p in result.programs]
+    by_id = dict(zip(ids, outs, strict=True))
+    return [by_id[j.job_id] for j in jobs]
