@@ -37,7 +37,7 @@ from slo_core.workloads import WorkloadSpec, build_workload, parse_mix
 from slo_core.workloads.jobs import Job
 from slo_lab.localfleet.hostload import HostLoad, engine_behind_s, measure
 from slo_lab.localfleet.launcher import FleetError, LocalFleet
-from slo_lab.localfleet.replay import JobRecord, describe, failure_reasons, outcomes, replay
+from slo_lab.localfleet.replay import JobRecord, as_sent, describe, failure_reasons, outcomes, replay
 from slo_lab.localfleet.report import comparison, describe_differences, job_differences, write_report
 from slo_lab.localfleet.simulate import simulate
 from slo_lab.localfleet.spec import DEFAULT_PROFILE, EngineGroup, FleetSpec
@@ -174,9 +174,11 @@ def engine_urls(fleet: LocalFleet) -> list[str]:
 
 
 def simulated(jobs: list[Job], policy_text: str, args: argparse.Namespace) -> list[JobOutcome]:
-    """The same jobs, seed and policy through core's FleetSim (the code the services run)."""
+    """The same jobs, seed and policy through core's FleetSim (the code the services run), each job as
+    the replay sends it (:func:`~slo_lab.localfleet.replay.as_sent`)."""
+    sent = [as_sent(j) for j in jobs]
     return simulate(
-        jobs, policy_text, profile=args.profile, speedup=args.speedup, engines=args.engines, seed=args.seed
+        sent, policy_text, profile=args.profile, speedup=args.speedup, engines=args.engines, seed=args.seed
     )
 
 

@@ -54,3 +54,62 @@ def test_job_differences_name_the_jobs_on_each_side() -> None:
     assert diff[tiers[0]]["met_sim_only"] == [ids[0]] and diff[tiers[0]]["rejected_live_only"] == [ids[0]]
     line = describe_differences("slofleet", diff)
     assert line.startswith(f"slofleet {tiers[0]}: met sim only 1 ({ids[0]})")
+
+
+async def test_the_simulator_gets_the_max_tokens_the_replay_sends() -> None:
+    # The replay imposes each call's length with max_tokens; schedulers cap their bounds with it. The
+    # simulated requests must carry the same max_tokens as the HTTP bodies the replay sends.
+    import json
+    import time
+
+    import httpx
+    import openai
+
+    from slo_core.perf import load_profile
+    from slo_core.sim.engine_types import EngineConfig
+    from slo_core.sim.fleet import FleetSim, ReplicaSpec, SimConfig
+    from slo_lab.localfleet.replay import Replayer, as_sent
+
+    jobs = [next(j for j in _jobs() if j.slo.kind.value == k) for k in ("latency", "deadline", "compound")]
+    sent: dict[str, list[int]] = {}
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        body = json.loads(request.content)
+        job = (
+            request.headers.get("x-slo-program-id") or body["prompt" if "prompt" in body else "messages"][:0]
+        )
+        sent.setdefault(job or request.headers["x-test-job"], []).append(body["max_tokens"])
+        n = body["max_tokens"]
+        usage = {"prompt_tokens": 1, "completion_tokens": n, "total_tokens": n + 1}
+        if body.get("stream"):
+            chunks = [
+                {"id": "c", "object": "chat.completion.chunk", "created": 0, "model": "m",
+                 "choices": [{"index": 0, "delta": {"content": "x"}, "finish_reason": None}]}
+                for _ in range(n)
+            ] + [{"id": "c", "object": "chat.completion.chunk", "created": 0, "model": "m", "choices": [],
+                  "usage": usage}]  # fmt: skip
+            text = "".join(f"data: {json.dumps(c)}\n\n" for c in chunks) + "data: [DONE]\n\n"
+            return httpx.Response(200, text=text, headers={"content-type": "text/event-stream"})
+        return httpx.Response(200, json={
+            "id": "c", "object": "text_completion", "created": 0, "model": "m",
+            "choices": [{"index": 0, "text": "x" * n, "finish_reason": "length"}], "usage": usage,
+        })  # fmt: skip
+
+    http = httpx.AsyncClient(transport=httpx.MockTransport(answer))
+    client = openai.AsyncOpenAI(base_url="http://fleet/v1", api_key="k", http_client=http, max_retries=0)
+    replayer = Replayer(client, "m", time.monotonic)
+    for job in jobs:
+        replayer.client = client.with_options(default_headers={"x-test-job": job.job_id})
+        record = await replayer.run_job(replace(job, arrival_s=0.0), time.monotonic())
+        assert record.completed, record.calls
+    await http.aclose()
+
+    sim = FleetSim(
+        [ReplicaSpec(load_profile(DEFAULT_PROFILE), EngineConfig())], "fcfs", config=SimConfig(drain="all")
+    )
+    result = sim.run([as_sent(j) for j in jobs])
+    simulated: dict[str, list[int]] = {}
+    for r in result.requests:
+        simulated.setdefault(r.program.program_id if r.program else r.request_id, []).append(r.max_tokens)
+    assert {k: sorted(v) for k, v in simulated.items()} == {k: sorted(v) for k, v in sent.items()}
+    assert any(max(v) < 256 for v in sent.values()), "the replay sends each call's own length, not the cap"
