@@ -35,7 +35,7 @@ from slo_core.crd.loads import parse_policy
 from slo_core.metrics.summary import JobOutcome, goodput_over_time, group_metrics, latency_samples
 from slo_core.workloads import WorkloadSpec, build_workload, parse_mix
 from slo_core.workloads.jobs import Job
-from slo_lab.localfleet.hostload import HostLoad, engine_behind_s, measure
+from slo_lab.localfleet.hostload import MAX_SEND_LAG_SHARE, HostLoad, engine_behind_s, measure
 from slo_lab.localfleet.launcher import FleetError, LocalFleet
 from slo_lab.localfleet.replay import JobRecord, as_sent, describe, failure_reasons, outcomes, replay
 from slo_lab.localfleet.report import comparison, describe_differences, job_differences, write_report
@@ -246,6 +246,7 @@ def run(args: argparse.Namespace) -> int:
                 file=sys.stderr,
             )
             result = run_fleet(label, spec, jobs, grace_s=10.0 * scale)
+            late_s = MAX_SEND_LAG_SHARE * SETTINGS["ttft_s"] * scale  # sent this late: the host's doing
             host = measure(
                 result["span_s"], result["behind_s"], result["send_lags_s"], SETTINGS["ttft_s"] * scale
             )
@@ -259,7 +260,11 @@ def run(args: argparse.Namespace) -> int:
                 "host": {**asdict(host), "kept_up": host.kept_up},
                 **summary(result["outcomes"], workload.duration_s, bucket_s=bucket_s),
                 "versus_sim_jobs": job_differences(
-                    [j.job_id for j in jobs], result["outcomes"], sim_by_job[label], [j.tier for j in jobs]
+                    [j.job_id for j in jobs],
+                    result["outcomes"],
+                    sim_by_job[label],
+                    [j.tier for j in jobs],
+                    late=[lag > late_s for lag in result["send_lags_s"]],
                 ),
             }
     except (ValueError, FleetError) as exc:

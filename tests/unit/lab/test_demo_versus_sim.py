@@ -52,6 +52,11 @@ def test_job_differences_name_the_jobs_on_each_side() -> None:
     assert first.gains["request"] > 0, "an idle engine serves the first job in time"
     diff = job_differences(ids, missed, outs, tiers)
     assert diff[tiers[0]]["met_sim_only"] == [ids[0]] and diff[tiers[0]]["rejected_live_only"] == [ids[0]]
+    assert diff[tiers[0]]["met_sim_only_sent_late"] == []
+    late = job_differences(ids, missed, outs, tiers, late=[True, False, False])
+    assert late[tiers[0]]["met_sim_only_sent_late"] == [ids[0]]
+    met_live_only = job_differences(ids, outs, missed, tiers, late=[True] * 3)[tiers[0]]
+    assert met_live_only["met_sim_only_sent_late"] == [] and met_live_only["met_live_only"] == [ids[0]]
     line = describe_differences("slofleet", diff)
     assert line.startswith(f"slofleet {tiers[0]}: met sim only 1 ({ids[0]})")
 
