@@ -55,10 +55,11 @@ class JobOutcome:
     ideals: dict[str, float] = field(default_factory=dict)
 
 
-def _single(r: SimRequest) -> tuple[Delivery, list[float], np.ndarray]:
+def _single(r: SimRequest, slo: SLOTargets | None = None) -> tuple[Delivery, list[float], np.ndarray]:
+    """``r``'s delivery judged against ``slo`` (the job's own, default ``r.slo``)."""
     times = np.asarray(r.token_times, dtype=float)  # once: every goodput function reads it
     queue = [r.first_scheduled_s - r.arrival_s] if r.first_scheduled_s is not None else []
-    d = Delivery(r.slo, r.arrival_s, r.prompt_tokens, times, r.state == FINISHED)  # type: ignore[arg-type]
+    d = Delivery(slo or r.slo, r.arrival_s, r.prompt_tokens, times, r.state == FINISHED)  # type: ignore[arg-type]
     return d, queue, np.diff(times)
 
 
@@ -83,20 +84,27 @@ def instant_gain(name: str, slo: SLOTargets, input_tokens: int, output_tokens: i
 
 
 def job_outcomes(result: SimResult, params: GainParams | None = None) -> list[JobOutcome]:
-    """Every job of ``result`` with its gains under every goodput function."""
+    """Every job of ``result`` with its gains under every goodput function.
+
+    A job is judged against the SLO it asked for, as its client judges it: a request the router demoted
+    to best effort runs on the best-effort tier's targets but still counts as missed when it misses
+    its own tier's.
+    """
     gp = params or GainParams()
     out: list[JobOutcome] = []
-    tiers = {j.job_id: j.tier for j in result.jobs}
+    asked = {j.job_id: j for j in result.jobs}
     for r in result.requests:
         if r.program is not None:
             continue
-        d, queue, gaps = _single(r)
+        job = asked.get(r.request_id)
+        slo = job.slo if job is not None else r.slo
+        d, queue, gaps = _single(r, slo)
         out.append(
             JobOutcome(
                 d,
-                r.slo.kind.value,
-                r.slo.priority_class,
-                tiers.get(r.request_id, r.tier),
+                slo.kind.value,
+                slo.priority_class,
+                job.tier if job is not None else r.tier,
                 r.target_tokens,
                 r.state == REJECTED,
                 r.preemptions,
@@ -105,7 +113,8 @@ def job_outcomes(result: SimResult, params: GainParams | None = None) -> list[Jo
             )
         )
     for p in result.programs:
-        out.append(_program_outcome(p, tiers.get(p.program_id, p.tier)))
+        program_job = asked.get(p.program_id)
+        out.append(_program_outcome(p, program_job.tier if program_job is not None else p.tier))
     for o in out:
         for name, fn in GOODPUT_FUNCTIONS.items():
             o.gains[name] = fn(o.delivery, gp)

@@ -11,6 +11,7 @@ from slo_core.routing.pipeline import (
     bounded_scores,
     rendezvous,
     retry_hint_s,
+    with_sent,
 )
 
 __all__ = [
@@ -24,4 +25,5 @@ __all__ = [
     "bounded_scores",
     "rendezvous",
     "retry_hint_s",
+    "with_sent",
 ]

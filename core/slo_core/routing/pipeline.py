@@ -149,6 +149,17 @@ def bounded_scores(decision: RouteDecision) -> dict[str, float]:
     return {rid: max(0.0, s) / best for rid, s in decision.scores}
 
 
+def with_sent(view: ReplicaView, sent: Sequence[RequestView]) -> ReplicaView:
+    """A replica's last reported snapshot plus the requests routed to it since (queued at its end):
+    what a router knows of a pod between two reports."""
+    if not sent:
+        return view
+    reported = view.reported_outstanding_tokens
+    if reported is not None:
+        reported += sum(r.prompt_tokens + (r.output_bound or r.max_tokens) for r in sent)
+    return dataclasses.replace(view, waiting=(*view.waiting, *sent), reported_outstanding_tokens=reported)
+
+
 def retry_hint_s(request: RequestView) -> float:
     """Retry-After for an infeasible request: about one TTFT (or a deadline's tenth), at least 1 s."""
     slo = request.slo

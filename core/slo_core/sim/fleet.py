@@ -30,9 +30,9 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from slo_core.objective import Objective
 from slo_core.perf.model import PerfProfile
-from slo_core.policies.base import EnginePolicy, RouterPolicy
+from slo_core.policies.base import EnginePolicy, ReplicaView, RequestView, RouterPolicy
 from slo_core.policies.registry import make_engine_policy, make_router_policy
-from slo_core.routing import RoutingPipeline, SnapshotEndpoint
+from slo_core.routing import RoutingPipeline, SnapshotEndpoint, with_sent
 from slo_core.runtime_policy import AdmissionRule, RuntimePolicy
 from slo_core.sim.analyzer import SimAnalyzer
 from slo_core.sim.engine import SimEngine
@@ -62,6 +62,12 @@ class SimConfig(BaseModel):
     )
     feedback_goodput: str = Field(
         "token", description="goodput function of the FinishedViews policies observe"
+    )
+    report_interval_s: float = Field(
+        0.0,
+        ge=0,
+        description="the router sees each replica as its last report showed it, reports at most this often, "
+        "plus the requests it routed there since (a live router's state stream); 0: the exact state",
     )
 
 
@@ -201,6 +207,8 @@ class FleetSim:
         self._idle = [True] * len(self.engines)
         self._rejected_by_router = 0
         self._demoted_by_router = 0
+        self._reports: dict[int, ReplicaView] = {}
+        self._sent: dict[int, list[tuple[float, RequestView]]] = {e.index: [] for e in self.engines}
         last_arrival = ordered[-1].arrival_s if ordered else 0.0
         if self.config.drain == "slo":
             horizon = max((j.last_useful_s() for j in ordered), default=0.0) + 1e-9
@@ -399,10 +407,9 @@ class FleetSim:
         if self.autoscaler is not None:  # only replicas that are up take traffic
             ready = self.autoscaler.ready_ids(t)
             engines = [e for e in engines if e.engine_id in ready]
-        endpoints = [
-            SnapshotEndpoint(e.replica_view(t, with_requests=self._router_needs_requests)) for e in engines
-        ]
-        routed = self.pipeline.route(request_view(r), endpoints, now_s=t, rng=self.router_rng)
+        endpoints = [SnapshotEndpoint(self._reported_view(e, t)) for e in engines]
+        view = request_view(r)
+        routed = self.pipeline.route(view, endpoints, now_s=t, rng=self.router_rng)
         if routed.outcome == "demoted":
             r.slo, r.deadline_at_s = routed.request.slo, routed.request.deadline_at_s
             r.tier = self.pipeline.admission.best_effort_tier or r.tier
@@ -417,6 +424,22 @@ class FleetSim:
                 r.program.failed = True
                 self._call_left(r.program, t)
             return
+        if self.config.report_interval_s > 0 and self._router_needs_requests:
+            self._sent[engine.index].append((t, routed.request))
         if self._idle[engine.index]:
             self._idle[engine.index] = False
             self._push(t, _STEP, engine.index)
+
+    def _reported_view(self, engine: SimEngine, t: float) -> ReplicaView:
+        """``engine`` as the router sees it at ``t``: exact, or (``report_interval_s`` > 0) its last report,
+        taken at most once per interval, plus the requests routed to it since, as a live router's
+        endpoint adds what it sent after the snapshot it holds."""
+        interval = self.config.report_interval_s
+        if interval <= 0 or not self._router_needs_requests:
+            return engine.replica_view(t, with_requests=self._router_needs_requests)
+        i = engine.index
+        last = self._reports.get(i)
+        if last is None or t - last.snapshot_s >= interval:
+            last = self._reports[i] = engine.replica_view(t)
+            self._sent[i] = []
+        return with_sent(last, [req for _, req in self._sent[i]])

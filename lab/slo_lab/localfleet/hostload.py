@@ -16,8 +16,11 @@ import httpx
 import numpy as np
 
 BEHIND_METRIC = "slofleet_engine_sim_behind_seconds"
-# the host kept up when the engines lost at most this share of the run and the client sent on time
-MAX_BEHIND_SHARE = 0.05
+# the host kept up when the engines lost at most this share of the run and the client sent on time.
+# The demo's default load sits at the fleet's capacity: in simulation an engine 2% slower than its
+# profile moves slofleet's tiers by up to 7 points and one 5% slower by up to 12 (stock's alike), so a
+# run whose engines lost more than 2% cannot be held to the 10-point comparison.
+MAX_BEHIND_SHARE = 0.02
 MAX_SEND_LAG_SHARE = 0.1  # of the tightest SLO target (the chat TTFT)
 
 

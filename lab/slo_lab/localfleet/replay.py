@@ -77,6 +77,17 @@ def _headers(job: Job, stage: int | None = None) -> dict[str, str]:
     return h
 
 
+def as_sent(job: Job) -> Job:
+    """``job`` with the ``max_tokens`` its calls carry on the wire: the replay imposes each call's true
+    output length with ``max_tokens`` (and ``ignore_eos``), so the fleet's schedulers see that length as
+    the cap (the analyzer's bound never exceeds it). The simulator must get the same requests: a single
+    request's cap is its output length, and a compound call's is its own (a program's ``max_tokens`` is a
+    floor under each call's output, so 1 leaves each call its own length)."""
+    from dataclasses import replace
+
+    return replace(job, max_tokens=job.output_tokens if job.stages is None else 1)
+
+
 class Replayer:
     """Sends jobs to ``base_url`` and records what came back (one instance per run)."""
 

@@ -2,7 +2,8 @@
 
 Same jobs, seed, SLOPolicy (engine policy, routing, admission, objective), GPU profile slowed by the
 same ``speedup`` as engine-sim's, engine limits as engine-sim's defaults, and the sidecar's analyzer
-(the shipped QRF bounds). Nothing here knows how a live fleet is wired: it takes the policy text the
+(the shipped QRF bounds), and the router's view of each engine as stale as the live state stream
+makes it (:func:`report_age_s`). Nothing here knows how a live fleet is wired: it takes the policy text the
 fleet was given and returns the same :class:`~slo_core.metrics.summary.JobOutcome` rows the replay
 produces, so live and simulated numbers go through one summary.
 """
@@ -28,6 +29,19 @@ def slowed(profile: PerfProfile, speedup: float) -> PerfProfile:
     return sped_up(profile, speedup)
 
 
+def report_age_s() -> float:
+    """How stale the live router's view of a pod can get, from the deployed defaults: engine-sim hands
+    its sidecar a report every analyzer interval, and the router's state stream polls the sidecar
+    every ``interval_ms``. The simulator's router takes a report at most this often."""
+    import inspect
+
+    from slo_lab.engine_sim.settings import EngineSimSettings
+    from slo_router.statefeed import StateFeed
+
+    stream_ms = inspect.signature(StateFeed.__init__).parameters["interval_ms"].default
+    return float(EngineSimSettings.model_fields["analyzer_interval_s"].default) + float(stream_ms) / 1000.0
+
+
 def simulate(
     jobs: Sequence[Job],
     policy_text: str,
@@ -38,11 +52,22 @@ def simulate(
     seed: int,
     max_num_seqs: int = 256,
 ) -> list[JobOutcome]:
-    """Every job's outcome in the simulator (one SimEngine per live engine, the policy's routing)."""
+    """Every job's outcome in the simulator (one SimEngine per live engine, the policy's routing), in
+    the order of ``jobs`` (so live and simulated outcomes of one job can be compared)."""
     runtime = parse_policy(policy_text, "demo policy").spec.runtime()
     perf = slowed(load_profile(profile), speedup)
     replicas = [ReplicaSpec(perf, EngineConfig(max_num_seqs=max_num_seqs))] * engines
     sim = FleetSim.from_runtime(
-        replicas, runtime, seed=seed, analyzer=SimAnalyzer(), config=SimConfig(drain="all")
+        replicas,
+        runtime,
+        seed=seed,
+        analyzer=SimAnalyzer(),
+        config=SimConfig(drain="all", report_interval_s=report_age_s()),
     )
-    return job_outcomes(sim.run(jobs))
+    result = sim.run(jobs)
+    outs = job_outcomes(result)
+    # job_outcomes lists single requests first, then programs
+    ids = [r.request_id for r in result.requests if r.program is None]
+    ids += [p.program_id for p in result.programs]
+    by_id = dict(zip(ids, outs, strict=True))
+    return [by_id[j.job_id] for j in jobs]

@@ -6,6 +6,7 @@ import dataclasses
 import random
 
 import builders
+import pytest
 from builders import SMALL_GPU, latency, request
 
 from slo_core.policies.base import ReplicaView, RequestView
@@ -101,3 +102,36 @@ def test_unhealthy_replicas_are_skipped_and_none_left_rejects() -> None:
     r = pipe.route(NEW, [SnapshotEndpoint(sick)], now_s=NOW, rng=RNG)
     assert r.endpoint is None and r.filtered["unhealthy"] == 1 and r.outcome == "no-replica"
     assert GoRouting().route(NEW, [], NOW, RNG).replica_id is None
+
+
+def test_a_decoding_request_counts_as_decoding_however_the_engine_counts_its_last_token() -> None:
+    # An engine counts a decoding request's newest sampled token as not yet computed (vLLM's
+    # num_computed_tokens = num_tokens - 1, the simulator's engine alike); the router's state stream
+    # reports a decode as all computed. Both are the same engine state and must give the same estimate:
+    # decoding chat whose first-token deadline passed long ago is decode load, not a prefill queue
+    # member that makes every arrival look hopeless.
+    def decoding(rid: str, computed_less: int) -> RequestView:
+        r = request(rid, latency(2.0), arrival_s=NOW - 30.0, prompt=500, max_tokens=100, gen=40)
+        return dataclasses.replace(r, computed_tokens=500 + 40 - computed_less)
+
+    def pod(computed_less: int) -> ReplicaView:
+        return builders.replica(
+            "p",
+            snapshot_s=NOW,
+            waiting=(req(f"w{i}") for i in range(3)),
+            running=(decoding(f"d{i}", computed_less) for i in range(20)),
+            kv_total=60000,
+            kv_free=40000,
+            seqs=256,
+            profile=SMALL_GPU,
+            engine_policy="gmax",
+        )
+
+    g = GoRouting()
+    engine_counted, stream_counted = g.estimate(NEW, pod(1), NOW), g.estimate(NEW, pod(0), NOW)
+    assert engine_counted.delta == stream_counted.delta
+    assert engine_counted.exec_s == pytest.approx(stream_counted.exec_s, rel=1e-3)  # KV differs by a token
+    assert engine_counted.delta > 0, "a request that fits in time must gain"
+    preempted = dataclasses.replace(decoding("x", 0), computed_tokens=0)  # must recompute: a prefill again
+    with_preempted = dataclasses.replace(pod(1), running=(*pod(1).running, preempted))
+    assert g.estimate(NEW, with_preempted, NOW).exec_s > engine_counted.exec_s

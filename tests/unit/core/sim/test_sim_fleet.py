@@ -6,7 +6,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from builders import STEP_10MS
+from builders import SMALL_GPU, STEP_10MS
 
 from slo_core.gain import Delivery, GainParams, ideal_gain
 from slo_core.metrics import summarize
@@ -117,3 +117,72 @@ def test_the_closed_form_ideal_gain_equals_the_gain_of_instant_service(
     assert instant_gain(name, slo, 11, n, GainParams()) == pytest.approx(
         ideal_gain(d, name, GainParams(), output_tokens=n)
     )
+
+
+def test_a_request_demoted_to_best_effort_is_judged_against_the_slo_it_asked_for() -> None:
+    # No replica can give a 1 ms first token to a 500-token prompt: GoRouting finds no gain, the
+    # admission rule demotes the request to best effort, and it is served there. Its client asked for
+    # TTFT 1 ms and counts it missed; the simulator's outcome must say the same, not judge it against
+    # the best-effort targets it ran on.
+    from slo_core.metrics.summary import job_outcomes
+    from slo_core.runtime_policy import AdmissionRule
+    from slo_core.slo import PriorityClass, SLOTier
+
+    spare = SLOTier("spare", RequestKind.BEST_EFFORT, PriorityClass("spare", 0.1))
+    demote = AdmissionRule("best-effort", best_effort_tier="spare", best_effort=spare)
+    sim = FleetSim(
+        [ReplicaSpec(SMALL_GPU, EngineConfig())], "fcfs", "go-routing",
+        config=SimConfig(drain="all"), admission=demote,
+    )  # fmt: skip
+    asked = SLOTargets(RequestKind.LATENCY, ttft_s=0.001, tbt_s=0.01)
+    res = sim.run([Job("r", 0.0, asked, prompt_tokens=500, output_tokens=3, tier="chat")])
+    assert res.demoted_by_router == 1 and res.requests[0].state == FINISHED
+    assert res.requests[0].slo.kind is RequestKind.BEST_EFFORT  # it ran on best effort ...
+    (out,) = job_outcomes(res)
+    assert out.tier == "chat" and out.kind == "latency"  # ... but is reported as what it asked for
+    assert out.delivery.slo == asked
+    assert out.gains["request"] == 0, "its first token came after the 1 ms it asked for"
+
+
+def test_with_a_report_interval_the_router_sees_the_last_report_plus_what_it_sent_since() -> None:
+    # A live router holds each pod's last reported state and adds the requests it sent there since;
+    # the simulator does the same with report_interval_s (0: the exact engine state at every arrival).
+    import random as _random
+    from collections.abc import Sequence
+
+    from slo_core.policies.base import BaseRouterPolicy, ReplicaView, RequestView, RouteDecision
+
+    class Recording(BaseRouterPolicy):
+        name = "recording"
+
+        def __init__(self) -> None:
+            self.seen: list[tuple[float, ReplicaView]] = []
+
+        def route(
+            self, request: RequestView, replicas: Sequence[ReplicaView], now_s: float, rng: _random.Random
+        ) -> RouteDecision:
+            self.seen.append((now_s, replicas[0]))
+            return RouteDecision(replicas[0].replica_id)
+
+    jobs = [Job(f"r{i}", 0.1 * i, LAT, prompt_tokens=4, output_tokens=50) for i in range(4)]
+    exact, stale = Recording(), Recording()
+    for router, interval in ((exact, 0.0), (stale, 0.25)):
+        FleetSim(
+            [ReplicaSpec(STEP_10MS, EngineConfig())], "fcfs", router,
+            config=SimConfig(drain="all", report_interval_s=interval),
+        ).run(jobs)  # fmt: skip
+    # exact: at 0.1 s request r0 is running, 10 tokens out
+    t, view = exact.seen[1]
+    assert view.snapshot_s == t == pytest.approx(0.1)
+    assert [r.request_id for r in view.running] == ["r0"] and not view.waiting
+    # stale: the report of 0.0 (empty engine) plus r0 as sent, until a new report at 0.3 s
+    snapshots = [(t, v.snapshot_s, [r.request_id for r in v.waiting]) for t, v in stale.seen]
+    assert snapshots[:3] == [
+        (0.0, 0.0, []), (pytest.approx(0.1), 0.0, ["r0"]), (pytest.approx(0.2), 0.0, ["r0", "r1"])
+    ]  # fmt: skip
+    t3, v3 = stale.seen[3]
+    assert v3.snapshot_s == t3 == pytest.approx(0.3) and {r.request_id for r in v3.running} == {
+        "r0",
+        "r1",
+        "r2",
+    }

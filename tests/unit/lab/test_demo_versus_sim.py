@@ -1,0 +1,120 @@
+"""``slofleet demo``'s simulated side: the demo policy, outcomes per job in the jobs' order, and the
+per-job comparison that traces a live-vs-simulated gap to the requests behind it."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from slo_core.crd.loads import parse_policy
+from slo_core.workloads import WorkloadSpec, build_workload, parse_mix
+from slo_core.workloads.jobs import Job
+from slo_lab.localfleet.demo import _capped, demo_policy
+from slo_lab.localfleet.report import describe_differences, job_differences
+from slo_lab.localfleet.simulate import simulate
+from slo_lab.localfleet.spec import DEFAULT_PROFILE
+
+
+def _jobs(duration_s: float = 10.0) -> list[Job]:
+    spec = WorkloadSpec(
+        trace="azure-conv-2023", rps=6.0, duration_s=duration_s, mix=parse_mix("1:1:1"), slo_scale=2.0,
+        max_tokens=256, seed=0,
+    )  # fmt: skip
+    return [_capped(j, 256, 3000) for j in build_workload(spec) if j.total_output_tokens > 0]
+
+
+def test_the_demo_policy_serves_what_it_cannot_serve_in_time_best_effort() -> None:
+    # refusing a deep-research call fails its whole program: the demo demotes instead of refusing
+    runtime = parse_policy(demo_policy(2.0, "gmax", "go-routing"), "demo").spec.runtime()
+    assert runtime.admission.demotes and runtime.admission.best_effort_tier == "best-effort"
+    assert runtime.routing.name == "go-routing" and runtime.scheduling.name == "gmax"
+
+
+def test_simulated_outcomes_come_back_in_the_jobs_order() -> None:
+    jobs = _jobs()
+    assert {j.slo.kind.value for j in jobs} == {"latency", "deadline", "compound"}
+    outs = simulate(
+        jobs, demo_policy(2.0, "gmax", "go-routing"), profile=DEFAULT_PROFILE, speedup=0.5, engines=1, seed=0
+    )
+    assert [(o.tier, o.kind, o.delivery.arrival_s) for o in outs] == [
+        (j.tier, j.slo.kind.value, j.arrival_s) for j in jobs
+    ]
+
+
+def test_job_differences_name_the_jobs_on_each_side() -> None:
+    jobs = _jobs(4.0)[:3]
+    policy = demo_policy(2.0, "fcfs", "round-robin")
+    outs = simulate(jobs, policy, profile=DEFAULT_PROFILE, speedup=0.5, engines=1, seed=0)
+    ids, tiers = [j.job_id for j in jobs], [j.tier for j in jobs]
+    assert all(not row[k] for row in job_differences(ids, outs, outs, tiers).values() for k in row)
+    missed = [*outs]
+    first = missed[0]
+    missed[0] = replace(first, gains={**first.gains, "request": 0.0}, rejected=True)
+    assert first.gains["request"] > 0, "an idle engine serves the first job in time"
+    diff = job_differences(ids, missed, outs, tiers)
+    assert diff[tiers[0]]["met_sim_only"] == [ids[0]] and diff[tiers[0]]["rejected_live_only"] == [ids[0]]
+    assert diff[tiers[0]]["met_sim_only_sent_late"] == []
+    late = job_differences(ids, missed, outs, tiers, late=[True, False, False])
+    assert late[tiers[0]]["met_sim_only_sent_late"] == [ids[0]]
+    met_live_only = job_differences(ids, outs, missed, tiers, late=[True] * 3)[tiers[0]]
+    assert met_live_only["met_sim_only_sent_late"] == [] and met_live_only["met_live_only"] == [ids[0]]
+    line = describe_differences("slofleet", diff)
+    assert line.startswith(f"slofleet {tiers[0]}: met sim only 1 ({ids[0]})")
+
+
+async def test_the_simulator_gets_the_max_tokens_the_replay_sends() -> None:
+    # The replay imposes each call's length with max_tokens; schedulers cap their bounds with it. The
+    # simulated requests must carry the same max_tokens as the HTTP bodies the replay sends.
+    import json
+    import time
+
+    import httpx
+    import openai
+
+    from slo_core.perf import load_profile
+    from slo_core.sim.engine_types import EngineConfig
+    from slo_core.sim.fleet import FleetSim, ReplicaSpec, SimConfig
+    from slo_lab.localfleet.replay import Replayer, as_sent
+
+    jobs = [next(j for j in _jobs() if j.slo.kind.value == k) for k in ("latency", "deadline", "compound")]
+    sent: dict[str, list[int]] = {}
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        body = json.loads(request.content)
+        job = (
+            request.headers.get("x-slo-program-id") or body["prompt" if "prompt" in body else "messages"][:0]
+        )
+        sent.setdefault(job or request.headers["x-test-job"], []).append(body["max_tokens"])
+        n = body["max_tokens"]
+        usage = {"prompt_tokens": 1, "completion_tokens": n, "total_tokens": n + 1}
+        if body.get("stream"):
+            chunks = [
+                {"id": "c", "object": "chat.completion.chunk", "created": 0, "model": "m",
+                 "choices": [{"index": 0, "delta": {"content": "x"}, "finish_reason": None}]}
+                for _ in range(n)
+            ] + [{"id": "c", "object": "chat.completion.chunk", "created": 0, "model": "m", "choices": [],
+                  "usage": usage}]  # fmt: skip
+            text = "".join(f"data: {json.dumps(c)}\n\n" for c in chunks) + "data: [DONE]\n\n"
+            return httpx.Response(200, text=text, headers={"content-type": "text/event-stream"})
+        return httpx.Response(200, json={
+            "id": "c", "object": "text_completion", "created": 0, "model": "m",
+            "choices": [{"index": 0, "text": "x" * n, "finish_reason": "length"}], "usage": usage,
+        })  # fmt: skip
+
+    http = httpx.AsyncClient(transport=httpx.MockTransport(answer))
+    client = openai.AsyncOpenAI(base_url="http://fleet/v1", api_key="k", http_client=http, max_retries=0)
+    replayer = Replayer(client, "m", time.monotonic)
+    for job in jobs:
+        replayer.client = client.with_options(default_headers={"x-test-job": job.job_id})
+        record = await replayer.run_job(replace(job, arrival_s=0.0), time.monotonic())
+        assert record.completed, record.calls
+    await http.aclose()
+
+    sim = FleetSim(
+        [ReplicaSpec(load_profile(DEFAULT_PROFILE), EngineConfig())], "fcfs", config=SimConfig(drain="all")
+    )
+    result = sim.run([as_sent(j) for j in jobs])
+    simulated: dict[str, list[int]] = {}
+    for r in result.requests:
+        simulated.setdefault(r.program.program_id if r.program else r.request_id, []).append(r.max_tokens)
+    assert {k: sorted(v) for k, v in simulated.items()} == {k: sorted(v) for k, v in sent.items()}
+    assert any(max(v) < 256 for v in sent.values()), "the replay sends each call's own length, not the cap"
