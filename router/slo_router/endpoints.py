@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from slo_core.policies.base import ReplicaCapabilities, ReplicaView, RequestView
+from slo_core.routing.pipeline import with_sent
 
 
 @dataclass(frozen=True, slots=True)
@@ -173,10 +173,4 @@ class EndpointState:
                 max_num_batched_tokens=8192,
                 capabilities=self.spec.capabilities(),
             )
-        if not self.sent:
-            return base
-        extra = tuple(r for _, r in self.sent)
-        reported = base.reported_outstanding_tokens
-        if reported is not None:
-            reported += sum(r.prompt_tokens + (r.output_bound or r.max_tokens) for r in extra)
-        return dataclasses.replace(base, waiting=base.waiting + extra, reported_outstanding_tokens=reported)
+        return with_sent(base, [r for _, r in self.sent])  # core's rule, as the simulator's router sees it
