@@ -12,7 +12,9 @@ served from now on at pace v: deadline-kind requests pay their tokens only when 
 meets the deadline (the Appendix B scheduling filter t_rem − t_gen ≥ 0); a latency request pays for
 each remaining token i whose projected delivery now + t_prefill + (i − g + 1)·v meets
 arrival + TTFT + i·TBT. Compound calls aggregate len_rem, t_gen and goodput over the calls of the
-current stage (same program and stage) and use the stage sub-deadline. Waiting requests gain
+current stage (same program and stage) and are judged against their program's deadline, the
+only one the goodput functions pay for (``compound_deadline='stage'``: the analyzer's stage
+sub-deadline, JITServe §4.1). Waiting requests gain
 δ·frames waited (starvation guard); best-effort requests use a default deadline.
 """
 
@@ -109,7 +111,8 @@ def output_bound(c: Columns, p: GMAXParams) -> F64:
 def deadlines(c: Columns, p: GMAXParams) -> tuple[F64, F64]:
     """(deadline used for t_rem, program deadline) per request; NaN for latency requests.
 
-    A compound call's deadline is its stage sub-deadline, never later than its program's deadline.
+    A compound call's deadline is its program's deadline (``compound_deadline='program'``: what the
+    goodput functions pay for) or its stage sub-deadline, never later than the program's.
     """
     kind = c.kind
     is_cp = kind == COMPOUND
@@ -124,7 +127,10 @@ def deadlines(c: Columns, p: GMAXParams) -> tuple[F64, F64]:
     )
     own = np.where(np.isnan(c.deadline_at_s), c.arrival_s + slo_d, c.deadline_at_s)
     program: F64 = np.where(is_cp, program_default, own)
-    deadline: F64 = np.where(is_cp, np.fmin(own_or(c.deadline_at_s, program), program), own)
+    if p.compound_deadline == "program":
+        deadline: F64 = np.where(is_cp, program, own)
+    else:
+        deadline = np.where(is_cp, np.fmin(own_or(c.deadline_at_s, program), program), own)
     deadline = np.where(kind == LATENCY, np.nan, deadline)
     program = np.where(kind == LATENCY, np.nan, program)
     return deadline, program

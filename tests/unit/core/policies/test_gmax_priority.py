@@ -94,12 +94,23 @@ def test_best_effort_gets_the_default_deadline() -> None:
     assert e.goodput[0] == pytest.approx(200.0)
 
 
+def test_compound_calls_are_judged_against_their_program_deadline_by_default() -> None:
+    # the goodput functions pay a compound program only at its own deadline, never at a stage's
+    a = req("a", CP, program_id="p", stage=0, deadline_at_s=5.0, program_deadline_at_s=60.0)
+    e = run([a], now_s=10.0)  # the stage sub-deadline passed; the program has 50 s left
+    assert e.deadline_at_s[0] == pytest.approx(60.0)
+    assert e.goodput[0] > 0
+    stage = run([a], now_s=10.0, compound_deadline="stage")
+    assert stage.deadline_at_s[0] == pytest.approx(5.0)
+    assert stage.goodput[0] == 0.0
+
+
 def test_compound_stage_calls_aggregate_length_bandwidth_and_goodput() -> None:
     # program p attained 500 tokens: 300 in stage 0 plus the two live calls' computed prompts
     a = req("a", CP, program_id="p", stage=1, program_attained_tokens=500, deadline_at_s=30.0, bound=50)
     b = req("b", CP, program_id="p", stage=1, program_attained_tokens=500, deadline_at_s=30.0, bound=150)
     other = req("c", CP, program_id="q", stage=0, deadline_at_s=30.0, bound=100)
-    e = run([a, b, other], now_s=10.0)
+    e = run([a, b, other], now_s=10.0, compound_deadline="stage")
     # stage p/1: len_rem 50 + 150, t_gen 0.5 + 1.5 = 2 s; goodput = 300 earlier + (100+50) + (100+150)
     assert e.len_rem_tokens[:2].tolist() == [200.0, 200.0]
     assert e.t_gen_s[:2] == pytest.approx([2.0, 2.0])
