@@ -245,30 +245,33 @@ class GMAX(BaseEnginePolicy):
         g = c.generated_tokens
         in_prefill = c.computed_tokens < c.prompt_tokens + np.maximum(0.0, g - 1.0)
         is_lat = c.kind == LATENCY
-        run = c.running
-        budget = step_budget(
-            p,
-            engine.profile,
-            engine.max_num_batched_tokens,
-            now,
-            in_prefill=in_prefill[run],
-            kv_tokens=c.computed_tokens[run],
-            is_latency=is_lat[run],
-            tbt_s=c.tbt_s[run],
-            deadline_s=pace_deadlines(c, est)[run],
-            len_rem_tokens=(est.bound_tokens - g)[run],
-        )
+        budget = None
+        if p.pace_budget and engine.profile is not None and len(run_idx):
+            budget = step_budget(
+                p,
+                engine.profile,
+                engine.max_num_batched_tokens,
+                now,
+                in_prefill=in_prefill[run_idx],
+                kv_tokens=c.computed_tokens[run_idx],
+                is_latency=is_lat[run_idx],
+                tbt_s=c.tbt_s[run_idx],
+                deadline_s=pace_deadlines(c, est, run_idx),
+                len_rem_tokens=est.bound_tokens[run_idx] - g[run_idx],
+            )
         if budget is not None and p.latency_lane:
+            cand = admit[is_lat[admit]]
             with np.errstate(invalid="ignore"):
-                lane_ok = ~run & is_lat & ~reject & (now <= c.arrival_s + c.ttft_s)
+                cand = cand[now <= c.arrival_s[cand] + c.ttft_s[cand]]
             lane = latency_lane(
                 admit,
                 run_order,
-                lane_ok=lane_ok,
+                candidates=cand,
                 prompt_tokens=c.prompt_tokens,
+                computed_tokens=c.computed_tokens,
+                generated_tokens=g,
                 in_prefill=in_prefill,
                 is_latency=is_lat,
-                uncomputed_tokens=np.maximum(0.0, c.prompt_tokens + g - c.computed_tokens),
                 max_tokens=p.lane_max_tokens,
             )
             admit, run_order = lane.admit, lane.running_order
@@ -414,16 +417,19 @@ class GMAX(BaseEnginePolicy):
             return budget, admit, run_order
         ttft = np.array([small.nan_if_none(r.slo.ttft_s) for r in rows])
         arrival = np.array([r.arrival_s for r in rows])
+        admit_a = np.array(admit, dtype=np.int64)
+        cand = admit_a[is_lat[admit_a]]
         with np.errstate(invalid="ignore"):
-            lane_ok = ~run & is_lat & ~np.array(reject, dtype=np.bool_) & (now <= arrival + ttft)
+            cand = cand[now <= arrival[cand] + ttft[cand]]
         lane = latency_lane(
-            np.array(admit, dtype=np.int64),
+            admit_a,
             np.array(run_order, dtype=np.int64),
-            lane_ok=lane_ok,
+            candidates=cand,
             prompt_tokens=prompt,
+            computed_tokens=computed,
+            generated_tokens=g,
             in_prefill=in_prefill,
             is_latency=is_lat,
-            uncomputed_tokens=np.maximum(0.0, prompt + g - computed),
             max_tokens=p.lane_max_tokens,
         )
         budget = min(budget + lane.extra_tokens, engine.max_num_batched_tokens)

@@ -38,11 +38,12 @@ from slo_core.policies.gmax_priority import Estimates, own_or
 from slo_core.policies.gmax_snapshot import B8, COMPOUND, F64, I64, Columns
 
 
-def pace_deadlines(c: Columns, est: Estimates) -> F64:
-    """The deadline each request's pace is measured against: a compound call's stage sub-deadline
-    (never after its program's), every other request's own deadline (NaN for latency requests)."""
-    prog = est.program_deadline_at_s
-    out: F64 = np.where(c.kind == COMPOUND, np.fmin(own_or(c.deadline_at_s, prog), prog), est.deadline_at_s)
+def pace_deadlines(c: Columns, est: Estimates, rows: I64) -> F64:
+    """The deadline the pace of each of ``rows`` is measured against: a compound call's stage
+    sub-deadline (never after its program's), any other request's own deadline (NaN: latency)."""
+    prog = est.program_deadline_at_s[rows]
+    stage = np.fmin(own_or(c.deadline_at_s[rows], prog), prog)
+    out: F64 = np.where(c.kind[rows] == COMPOUND, stage, est.deadline_at_s[rows])
     return out
 
 
@@ -74,9 +75,9 @@ def step_budget(
         + max(profile.floor_ms, profile.a_ms_per_token * max(1, n_dec))
         + profile.d_ms_per_kv_token * kv
     )
-    with np.errstate(invalid="ignore", divide="ignore"):
-        pace = np.where(is_latency, tbt_s, (deadline_s - now_s) / np.maximum(len_rem_tokens, 1.0))
-    paces = np.sort(pace[pace * 1000.0 >= bare_ms])  # NaN (no target) compares False: dropped
+    # NaN (no target) propagates quietly and compares False: dropped
+    pace = np.where(is_latency, tbt_s, (deadline_s - now_s) / np.maximum(len_rem_tokens, 1.0))
+    paces = np.sort(pace[pace * 1000.0 >= bare_ms])
     if len(paces) == 0:
         return None
     v_req = float(paces[int(p.pace_quantile * (len(paces) - 1))])
@@ -98,28 +99,31 @@ def latency_lane(
     admit: I64,
     running_order: I64,
     *,
-    lane_ok: B8,
+    candidates: I64,
     prompt_tokens: F64,
+    computed_tokens: F64,
+    generated_tokens: F64,
     in_prefill: B8,
     is_latency: B8,
-    uncomputed_tokens: F64,
     max_tokens: int,
 ) -> Lane:
     """Reorder ``admit`` (waiting row indices) and ``running_order`` (running row indices).
 
-    ``lane_ok``: waiting latency rows whose first token is still due (indexed by row, like the
-    other arrays); lane members keep their order in ``admit`` and enter while the lane holds fewer
-    than ``max_tokens`` prompt tokens.
+    ``candidates``: the rows of ``admit``, in its order, that are latency requests whose first token
+    is still due; they enter the lane while it holds fewer than ``max_tokens`` prompt tokens. The
+    other arrays are indexed by row.
     """
-    members = admit[lane_ok[admit]]
-    before = np.cumsum(prompt_tokens[members]) - prompt_tokens[members]
-    lane = members[before < max_tokens]
-    in_lane = np.zeros(len(lane_ok), dtype=np.bool_)
+    prompts = prompt_tokens[candidates]
+    lane = candidates[np.cumsum(prompts) - prompts < max_tokens]
+    in_lane = np.zeros(len(prompt_tokens), dtype=np.bool_)
     in_lane[lane] = True
     new_admit = np.concatenate((lane, admit[~in_lane[admit]]))
     pre = in_prefill[running_order]
     lat = is_latency[running_order]
     lat_pre = running_order[pre & lat]
     order = np.concatenate((running_order[~pre], lat_pre, running_order[pre & ~lat]))
-    extra = float(np.sum(prompt_tokens[lane])) + float(np.sum(uncomputed_tokens[lat_pre]))
+    uncomputed = np.maximum(
+        0.0, prompt_tokens[lat_pre] + generated_tokens[lat_pre] - computed_tokens[lat_pre]
+    )
+    extra = float(np.sum(prompt_tokens[lane])) + float(np.sum(uncomputed))
     return Lane(new_admit, order, int(extra))

@@ -83,16 +83,18 @@ def test_the_pace_quantile_lets_the_most_pressed_requests_go() -> None:
 
 
 def test_latency_lane_goes_first_and_adds_its_prefill() -> None:
-    # rows: 0..2 waiting (1 and 2 latency, 2 past its TTFT), 3..5 running (4 a latency prefill)
+    # rows: 0..2 waiting (1 and 2 latency, 2 past its TTFT: not a candidate), 3..5 running (4 a
+    # latency request with 40 of its 60 prompt tokens still to prefill)
     admit = np.array([0, 2, 1])
     lane = latency_lane(
         admit,
         np.array([4, 3, 5]),
-        lane_ok=np.array([False, True, False, False, False, False]),
-        prompt_tokens=np.array([5000.0, 300.0, 200.0, 0.0, 0.0, 0.0]),
+        candidates=np.array([1]),
+        prompt_tokens=np.array([5000.0, 300.0, 200.0, 0.0, 60.0, 900.0]),
+        computed_tokens=np.array([0.0, 0.0, 0.0, 10.0, 20.0, 0.0]),
+        generated_tokens=np.zeros(6),
         in_prefill=np.array([True, True, True, False, True, True]),
         is_latency=np.array([False, True, True, False, True, False]),
-        uncomputed_tokens=np.array([5000.0, 300.0, 200.0, 0.0, 40.0, 900.0]),
         max_tokens=8192,
     )
     assert lane.admit.tolist() == [1, 0, 2]
