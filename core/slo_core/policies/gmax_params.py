@@ -78,7 +78,10 @@ class GMAXParams(BaseModel):
         0.2, ge=0, le=1, description="initial probability of exploring a non-best cutoff (decays)"
     )
     delta_per_frame: float = Field(
-        1.0, ge=0, description="δ: goodput (goodput units, tokens for 'token') added per frame spent waiting"
+        1.0,
+        ge=0,
+        description="δ: goodput added per frame spent waiting (tokens; under the 'request' goodput δ tokens' "
+        "share of the request, δ/(prompt + bound))",
     )
     best_effort_deadline_s: float = Field(
         DEFAULT_BEST_EFFORT_DEADLINE_S, gt=0, description="default deadline (s) of best-effort requests"

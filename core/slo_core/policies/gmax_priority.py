@@ -15,7 +15,9 @@ arrival + TTFT + i·TBT. Compound calls aggregate len_rem, t_gen and goodput ove
 current stage (same program and stage) and are judged against their program's deadline, the
 only one the goodput functions pay for (``compound_deadline='stage'``: the analyzer's stage
 sub-deadline, JITServe §4.1). Waiting requests gain
-δ·frames waited (starvation guard); best-effort requests use a default deadline.
+δ·frames waited (starvation guard, in tokens; under the request goodput, where a request is worth
+one, δ tokens' share of the request: δ/(prompt + bound)); best-effort requests use a default
+deadline.
 """
 
 from __future__ import annotations
@@ -319,7 +321,10 @@ def estimate(c: Columns, now_s: float, speed: SpeedModel, p: GMAXParams, frame_s
     goodput = w * np.where(is_lat, gl, gd)
 
     waited_s = np.maximum(0.0, now_s - np.where(np.isnan(c.waiting_since_s), c.arrival_s, c.waiting_since_s))
-    goodput = goodput + np.where(c.running, 0.0, p.delta_per_frame * waited_s / max(frame_s, _MIN_T_S))
+    bonus = p.delta_per_frame * waited_s / max(frame_s, _MIN_T_S)
+    if p.goodput == "request":  # δ tokens' share of a request worth one: the guard stays a guard
+        bonus = bonus / (prompt + bound)
+    goodput = goodput + np.where(c.running, 0.0, bonus)
 
     due_last_abs = c.arrival_s + c.ttft_s + (bound - 1.0) * c.tbt_s
     t_rem = np.where(is_lat, due_last_abs, deadline) - now_s

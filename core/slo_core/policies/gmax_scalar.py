@@ -190,7 +190,8 @@ def scores(
         bound_l.append(bound)
         if waiting_row:
             ws = r.arrival_s if r.waiting_since_s is None else r.waiting_since_s
-            bonus_l.append(p.delta_per_frame * max(0.0, now_s - ws) / frame_div)
+            bonus = p.delta_per_frame * max(0.0, now_s - ws) / frame_div
+            bonus_l.append(bonus if token else bonus / (prompt + bound))
         else:
             bonus_l.append(0.0)
         t_gen_l.append(t_gen)

@@ -88,6 +88,16 @@ def test_waiting_requests_gain_delta_per_frame_waited() -> None:
     assert running.goodput[0] == 0.0  # running requests are not waiting
 
 
+def test_under_request_goodput_the_guard_is_delta_tokens_share_of_a_request() -> None:
+    # a request is worth one under the request goodput: δ·frames waited would outweigh any value
+    # after one frame, so the guard pays δ/(prompt + bound) a frame: 2 · 19.8 / 0.5 / (100 + 100)
+    w = req("w", DL, waiting_since_s=0.0)
+    e = run(
+        [], now_s=19.8, waiting=[w], delta_per_frame=2.0, frame_s=0.5, feasibility="bound", goodput="request"
+    )
+    assert e.goodput[0] == pytest.approx(2.0 * 19.8 / 0.5 / 200.0)
+
+
 def test_best_effort_gets_the_default_deadline() -> None:
     e = run([req("b", BE, arrival_s=5.0)], now_s=5.0, best_effort_deadline_s=30.0)
     assert e.deadline_at_s[0] == pytest.approx(35.0)
