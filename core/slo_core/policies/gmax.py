@@ -9,7 +9,10 @@ requests compete for free slots; at a frame boundary running requests compete to
 request outside the chosen group is preempted for a blocked group member only when the projected
 gain beats the stall of recomputing its KV. Waiting deadline/compound requests whose deadline has
 passed are dropped under hard-deadline goodputs (they can no longer pay), and requests not started
-within ``max_wait_s`` are dropped when it is set (§5).
+within ``max_wait_s`` are dropped when it is set (§5). Each decision also caps the tokens of the next
+engine steps so that the running requests keep the pace they need, with fresh latency requests
+admitted first and prefilled outside the cap (gmax_budget): at overload, admitting every prompt that
+fits slows every decode several-fold and the requests already started miss their deadlines.
 
 Variants: ``gmax-oracle`` reads true lengths; ``gmax-no-analyzer`` uses the mean length;
 ``gmax-no-gmax`` orders by the shortest remaining bound (SJF on the analyzer's bounds), no preemption.
@@ -29,6 +32,7 @@ from slo_core.objective import Objective
 from slo_core.perf.model import OnlineCorrection
 from slo_core.policies import gmax_scalar as small
 from slo_core.policies.base import BaseEnginePolicy, Decision, EngineView, FinishedView, RequestView
+from slo_core.policies.gmax_budget import latency_lane, pace_deadlines, step_budget
 from slo_core.policies.gmax_fairness import TenantService, blend
 from slo_core.policies.gmax_params import GMAXParams
 from slo_core.policies.gmax_priority import Estimates, SpeedModel, estimate
@@ -39,8 +43,18 @@ from slo_core.policies.gmax_select import (
     plan_preemptions,
     preemption_gain_loss,
 )
-from slo_core.policies.gmax_snapshot import B8, COMPOUND, DEADLINE, F64, I64, Columns, SnapshotTable
+from slo_core.policies.gmax_snapshot import (
+    B8,
+    COMPOUND,
+    DEADLINE,
+    F64,
+    I64,
+    LATENCY,
+    Columns,
+    SnapshotTable,
+)
 from slo_core.policies.gmax_tuning import CutoffTuner
+from slo_core.slo import RequestKind
 
 _HARD_DEADLINE_GOODPUTS = frozenset({"token", "request"})
 
@@ -228,13 +242,49 @@ class GMAX(BaseEnginePolicy):
         run_order = run_idx[np.argsort(-score[run_idx], kind="stable")]
         if preempt:
             run_order = run_order[~np.isin(run_order, preempt)]
+        g = c.generated_tokens
+        in_prefill = c.computed_tokens < c.prompt_tokens + np.maximum(0.0, g - 1.0)
+        is_lat = c.kind == LATENCY
+        budget = None
+        if p.pace_budget and engine.profile is not None and len(run_idx):
+            budget = step_budget(
+                p,
+                engine.profile,
+                engine.max_num_batched_tokens,
+                now,
+                in_prefill=in_prefill[run_idx],
+                kv_tokens=c.computed_tokens[run_idx],
+                is_latency=is_lat[run_idx],
+                tbt_s=c.tbt_s[run_idx],
+                deadline_s=pace_deadlines(c, est, run_idx),
+                len_rem_tokens=est.bound_tokens[run_idx] - g[run_idx],
+            )
+        if budget is not None and p.latency_lane:
+            cand = admit[is_lat[admit]]
+            with np.errstate(invalid="ignore"):
+                cand = cand[now <= c.arrival_s[cand] + c.ttft_s[cand]]
+            lane = latency_lane(
+                admit,
+                run_order,
+                candidates=cand,
+                prompt_tokens=c.prompt_tokens,
+                computed_tokens=c.computed_tokens,
+                generated_tokens=g,
+                in_prefill=in_prefill,
+                is_latency=is_lat,
+                max_tokens=p.lane_max_tokens,
+            )
+            admit, run_order = lane.admit, lane.running_order
+            budget = min(budget + lane.extra_tokens, engine.max_num_batched_tokens)
         ids = c.ids
         return Decision(
             admit=_pick(ids, admit.tolist()),
             preempt=_pick(ids, preempt),
             running_order=_pick(ids, run_order.tolist()),
             reject=_pick(ids, np.flatnonzero(reject).tolist()),
-            reason=f"{'frame' if frame else 'event'} p={cutoff:g} B={batch} preempt={len(preempt)}",
+            token_budget=budget,
+            reason=f"{'frame' if frame else 'event'} p={cutoff:g} B={batch} preempt={len(preempt)} "
+            f"budget={budget}",
         )
 
     def _decide_small(
@@ -314,14 +364,76 @@ class GMAX(BaseEnginePolicy):
         run_order = by_score(list(range(n_wait, n)))
         if preempt:
             run_order = [i for i in run_order if i not in preempt]
+        budget, admit, run_order = self._budget_small(
+            rows=rows, n_wait=n_wait, sc=sc, reject=reject, admit=admit, run_order=run_order, engine=engine
+        )
         ids = [r.request_id for r in rows]
         return Decision(
             admit=_pick(ids, admit),
             preempt=_pick(ids, preempt),
             running_order=_pick(ids, run_order),
             reject=_pick(ids, [i for i in range(n) if reject[i]]),
-            reason=f"{'frame' if frame else 'event'} p={cutoff:g} B={batch} preempt={len(preempt)}",
+            token_budget=budget,
+            reason=f"{'frame' if frame else 'event'} p={cutoff:g} B={batch} preempt={len(preempt)} "
+            f"budget={budget}",
         )
+
+    def _budget_small(
+        self,
+        *,
+        rows: list[RequestView],
+        n_wait: int,
+        sc: small.Scores,
+        reject: list[bool],
+        admit: list[int],
+        run_order: list[int],
+        engine: EngineView,
+    ) -> tuple[int | None, list[int], list[int]]:
+        """The numpy path's step budget and latency lane on a small snapshot (same arrays, same calls)."""
+        p = self.params
+        if not p.pace_budget or engine.profile is None or len(rows) == n_wait:
+            return None, admit, run_order
+        now = engine.now_s
+        g = np.array([float(r.generated_tokens) for r in rows])
+        prompt = np.array([float(r.prompt_tokens) for r in rows])
+        computed = np.array([float(r.computed_tokens) for r in rows])
+        is_lat = np.array([r.slo.kind is RequestKind.LATENCY for r in rows], dtype=np.bool_)
+        in_prefill = computed < prompt + np.maximum(0.0, g - 1.0)
+        run = np.zeros(len(rows), dtype=np.bool_)
+        run[n_wait:] = True
+        budget = step_budget(
+            p,
+            engine.profile,
+            engine.max_num_batched_tokens,
+            now,
+            in_prefill=in_prefill[run],
+            kv_tokens=computed[run],
+            is_latency=is_lat[run],
+            tbt_s=np.array([small.nan_if_none(r.slo.tbt_s) for r in rows])[run],
+            deadline_s=np.array(sc.deadline_s)[run],
+            len_rem_tokens=np.array(sc.bound_tokens)[run] - g[run],
+        )
+        if budget is None or not p.latency_lane:
+            return budget, admit, run_order
+        ttft = np.array([small.nan_if_none(r.slo.ttft_s) for r in rows])
+        arrival = np.array([r.arrival_s for r in rows])
+        admit_a = np.array(admit, dtype=np.int64)
+        cand = admit_a[is_lat[admit_a]]
+        with np.errstate(invalid="ignore"):
+            cand = cand[now <= arrival[cand] + ttft[cand]]
+        lane = latency_lane(
+            admit_a,
+            np.array(run_order, dtype=np.int64),
+            candidates=cand,
+            prompt_tokens=prompt,
+            computed_tokens=computed,
+            generated_tokens=g,
+            in_prefill=in_prefill,
+            is_latency=is_lat,
+            max_tokens=p.lane_max_tokens,
+        )
+        budget = min(budget + lane.extra_tokens, engine.max_num_batched_tokens)
+        return budget, lane.admit.tolist(), lane.running_order.tolist()
 
     def _preemptions_small(
         self,

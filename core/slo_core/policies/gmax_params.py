@@ -16,6 +16,7 @@ from slo_core.slo import DEFAULT_BEST_EFFORT_DEADLINE_S
 LengthSource = Literal["analyzer", "oracle", "mean"]
 Ordering = Literal["gmax", "sjf"]
 Feasibility = Literal["bound", "probabilistic"]
+CompoundDeadline = Literal["program", "stage"]
 
 
 class GMAXParams(BaseModel):
@@ -41,6 +42,12 @@ class GMAXParams(BaseModel):
         "'bound' = yes/no on the analyzer's bound (JITServe Appendix B); 'probabilistic' = P(true length "
         "fits the time left) under a log-normal whose bound_quantile is the bound (a compound stage: the "
         "product over its calls)",
+    )
+    compound_deadline: CompoundDeadline = Field(
+        "program",
+        description="deadline a compound call's feasibility and value are judged against: 'program' = its "
+        "program's end-to-end deadline (the only one the goodput functions pay for), 'stage' = the "
+        "analyzer's stage sub-deadline (JITServe §4.1)",
     )
     bound_quantile: float = Field(
         0.95, gt=0.5, lt=1, description="quantile the analyzer's output bound stands for (fraction)"
@@ -71,7 +78,10 @@ class GMAXParams(BaseModel):
         0.2, ge=0, le=1, description="initial probability of exploring a non-best cutoff (decays)"
     )
     delta_per_frame: float = Field(
-        1.0, ge=0, description="δ: goodput (goodput units, tokens for 'token') added per frame spent waiting"
+        1.0,
+        ge=0,
+        description="δ: goodput added per frame spent waiting (tokens; under the 'request' goodput δ tokens' "
+        "share of the request, δ/(prompt + bound))",
     )
     best_effort_deadline_s: float = Field(
         DEFAULT_BEST_EFFORT_DEADLINE_S, gt=0, description="default deadline (s) of best-effort requests"
@@ -94,6 +104,32 @@ class GMAXParams(BaseModel):
     )
     max_wait_s: float | None = Field(
         None, gt=0, description="drop requests not started within this many seconds (JITServe §5); None = off"
+    )
+    pace_budget: bool = Field(
+        True,
+        description="cap the tokens per engine step so the running requests keep the pace they need "
+        "(gmax_budget); False: the engine's max_num_batched_tokens every step",
+    )
+    pace_quantile: float = Field(
+        0.15,
+        ge=0,
+        lt=1,
+        description="the step must keep the pace of this quantile of the running requests' needed paces "
+        "(fraction; 0 = the most pressed request)",
+    )
+    pace_safety: float = Field(
+        0.9, gt=0, le=1, description="share of the needed pace the step may use (fraction)"
+    )
+    min_prefill_tokens: int = Field(
+        256, ge=1, description="prefill tokens per step the pace cap always leaves (tokens)"
+    )
+    latency_lane: bool = Field(
+        True,
+        description="while the pace cap holds, admit latency requests whose first token is still due ahead "
+        "of the others and prefill them outside the cap",
+    )
+    lane_max_tokens: int = Field(
+        8192, ge=0, description="at most this many prompt tokens enter the latency lane per decision (tokens)"
     )
     default_step_s: float = Field(
         0.03, gt=0, description="decode-step time (s) assumed when the engine has no performance profile"

@@ -12,8 +12,12 @@ served from now on at pace v: deadline-kind requests pay their tokens only when 
 meets the deadline (the Appendix B scheduling filter t_rem − t_gen ≥ 0); a latency request pays for
 each remaining token i whose projected delivery now + t_prefill + (i − g + 1)·v meets
 arrival + TTFT + i·TBT. Compound calls aggregate len_rem, t_gen and goodput over the calls of the
-current stage (same program and stage) and use the stage sub-deadline. Waiting requests gain
-δ·frames waited (starvation guard); best-effort requests use a default deadline.
+current stage (same program and stage) and are judged against their program's deadline, the
+only one the goodput functions pay for (``compound_deadline='stage'``: the analyzer's stage
+sub-deadline, JITServe §4.1). Waiting requests gain
+δ·frames waited (starvation guard, in tokens; under the request goodput, where a request is worth
+one, δ tokens' share of the request: δ/(prompt + bound)); best-effort requests use a default
+deadline.
 """
 
 from __future__ import annotations
@@ -109,7 +113,8 @@ def output_bound(c: Columns, p: GMAXParams) -> F64:
 def deadlines(c: Columns, p: GMAXParams) -> tuple[F64, F64]:
     """(deadline used for t_rem, program deadline) per request; NaN for latency requests.
 
-    A compound call's deadline is its stage sub-deadline, never later than its program's deadline.
+    A compound call's deadline is its program's deadline (``compound_deadline='program'``: what the
+    goodput functions pay for) or its stage sub-deadline, never later than the program's.
     """
     kind = c.kind
     is_cp = kind == COMPOUND
@@ -124,7 +129,10 @@ def deadlines(c: Columns, p: GMAXParams) -> tuple[F64, F64]:
     )
     own = np.where(np.isnan(c.deadline_at_s), c.arrival_s + slo_d, c.deadline_at_s)
     program: F64 = np.where(is_cp, program_default, own)
-    deadline: F64 = np.where(is_cp, np.fmin(own_or(c.deadline_at_s, program), program), own)
+    if p.compound_deadline == "program":
+        deadline: F64 = np.where(is_cp, program, own)
+    else:
+        deadline = np.where(is_cp, np.fmin(own_or(c.deadline_at_s, program), program), own)
     deadline = np.where(kind == LATENCY, np.nan, deadline)
     program = np.where(kind == LATENCY, np.nan, program)
     return deadline, program
@@ -313,7 +321,10 @@ def estimate(c: Columns, now_s: float, speed: SpeedModel, p: GMAXParams, frame_s
     goodput = w * np.where(is_lat, gl, gd)
 
     waited_s = np.maximum(0.0, now_s - np.where(np.isnan(c.waiting_since_s), c.arrival_s, c.waiting_since_s))
-    goodput = goodput + np.where(c.running, 0.0, p.delta_per_frame * waited_s / max(frame_s, _MIN_T_S))
+    bonus = p.delta_per_frame * waited_s / max(frame_s, _MIN_T_S)
+    if p.goodput == "request":  # δ tokens' share of a request worth one: the guard stays a guard
+        bonus = bonus / (prompt + bound)
+    goodput = goodput + np.where(c.running, 0.0, bonus)
 
     due_last_abs = c.arrival_s + c.ttft_s + (bound - 1.0) * c.tbt_s
     t_rem = np.where(is_lat, due_last_abs, deadline) - now_s

@@ -52,6 +52,10 @@ def supported(p: GMAXParams, waiting: Sequence[RequestView], running: Sequence[R
     return True
 
 
+def nan_if_none(value: float | None) -> float:
+    return math.nan if value is None else float(value)
+
+
 def speed_of(
     p: GMAXParams, engine: EngineView, waiting: Sequence[RequestView], running: Sequence[RequestView]
 ) -> SpeedModel:
@@ -117,6 +121,8 @@ class Scores:
     t_gen_s: list[float]
     len_rem_tokens: list[float]
     reject: list[bool]
+    deadline_s: list[float]  # NaN for latency rows
+    bound_tokens: list[float]
 
 
 def scores(
@@ -137,6 +143,8 @@ def scores(
     t_gen_l: list[float] = []
     len_rem_l: list[float] = []
     reject: list[bool] = []
+    deadline_l: list[float] = []
+    bound_l: list[float] = []
     prob_rows: list[int] = []  # deadline rows whose P(fit) goes through numpy
     prob_g: list[float] = []
     prob_b: list[float] = []
@@ -178,9 +186,12 @@ def scores(
                 fit = 1.0 if now_s + t_gen <= d_or + _EPS_S else 0.0
                 gain = tokens * fit if token else fit
         gain_l.append(gain)
+        deadline_l.append(deadline)
+        bound_l.append(bound)
         if waiting_row:
             ws = r.arrival_s if r.waiting_since_s is None else r.waiting_since_s
-            bonus_l.append(p.delta_per_frame * max(0.0, now_s - ws) / frame_div)
+            bonus = p.delta_per_frame * max(0.0, now_s - ws) / frame_div
+            bonus_l.append(bonus if token else bonus / (prompt + bound))
         else:
             bonus_l.append(0.0)
         t_gen_l.append(t_gen)
@@ -208,7 +219,7 @@ def scores(
         (r.slo.priority_weight * gain + bonus) / max(t_gen, _MIN_T_S)
         for r, gain, bonus, t_gen in zip(rows, gain_l, bonus_l, t_gen_l, strict=True)
     ]
-    return Scores(score, t_gen_l, len_rem_l, reject)
+    return Scores(score, t_gen_l, len_rem_l, reject, deadline_l, bound_l)
 
 
 def batch_capacity(need: list[float], order: Sequence[int], max_num_seqs: int, budget: float) -> int:

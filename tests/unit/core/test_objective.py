@@ -200,19 +200,20 @@ def _cp_call(rid: str, bound: int, gen: int = 0) -> RequestView:
 
 def test_a_stage_whose_bound_misses_but_whose_median_fits_keeps_most_of_its_value() -> None:
     # Two calls bounded (q95) at 800 tokens; at 10 ms/token they need 8 s but the stage has 5 s:
-    # the yes/no test zeroes the stage, the probabilistic one keeps P(both fit) of its tokens.
+    # the yes/no test zeroes the stage, the probabilistic one keeps P(both fit) of its tokens
+    # (judged against the stage sub-deadline here; by default GMAX uses the program's deadline).
     calls = [_cp_call("a", 800), _cp_call("b", 800)]
     cols = SnapshotTable().columns([], calls)
     speed = SpeedModel(step_s=0.01, prefill_s_per_token=0.001)
-    hard = estimate(cols, 0.0, speed, GMAXParams(feasibility="bound"), 0.5)
-    soft = estimate(cols, 0.0, speed, GMAXParams(), 0.5)
+    hard = estimate(cols, 0.0, speed, GMAXParams(feasibility="bound", compound_deadline="stage"), 0.5)
+    soft = estimate(cols, 0.0, speed, GMAXParams(compound_deadline="stage"), 0.5)
     assert hard.goodput[0] == 0.0
     one = fit_probability(np.zeros(1), np.array([800.0]), np.array([500.0]), 0.45, 1.6448536)[0]
     stage_tokens = 2 * (100 + 800)
     assert soft.goodput[0] == pytest.approx(stage_tokens * one**2, rel=1e-6)
     assert 0.3 < one < 0.95
     # the oracle knows the lengths: its test stays yes/no
-    oracle = estimate(cols, 0.0, speed, GMAXParams(length_source="oracle"), 0.5)
+    oracle = estimate(cols, 0.0, speed, GMAXParams(length_source="oracle", compound_deadline="stage"), 0.5)
     assert oracle.goodput[0] == 0.0
 
 

@@ -88,10 +88,31 @@ def test_waiting_requests_gain_delta_per_frame_waited() -> None:
     assert running.goodput[0] == 0.0  # running requests are not waiting
 
 
+def test_under_request_goodput_the_guard_is_delta_tokens_share_of_a_request() -> None:
+    # a request is worth one under the request goodput: δ·frames waited would outweigh any value
+    # after one frame, so the guard pays δ/(prompt + bound) a frame: 2 · 19.8 / 0.5 / (100 + 100)
+    w = req("w", DL, waiting_since_s=0.0)
+    e = run(
+        [], now_s=19.8, waiting=[w], delta_per_frame=2.0, frame_s=0.5, feasibility="bound", goodput="request"
+    )
+    assert e.goodput[0] == pytest.approx(2.0 * 19.8 / 0.5 / 200.0)
+
+
 def test_best_effort_gets_the_default_deadline() -> None:
     e = run([req("b", BE, arrival_s=5.0)], now_s=5.0, best_effort_deadline_s=30.0)
     assert e.deadline_at_s[0] == pytest.approx(35.0)
     assert e.goodput[0] == pytest.approx(200.0)
+
+
+def test_compound_calls_are_judged_against_their_program_deadline_by_default() -> None:
+    # the goodput functions pay a compound program only at its own deadline, never at a stage's
+    a = req("a", CP, program_id="p", stage=0, deadline_at_s=5.0, program_deadline_at_s=60.0)
+    e = run([a], now_s=10.0)  # the stage sub-deadline passed; the program has 50 s left
+    assert e.deadline_at_s[0] == pytest.approx(60.0)
+    assert e.goodput[0] > 0
+    stage = run([a], now_s=10.0, compound_deadline="stage")
+    assert stage.deadline_at_s[0] == pytest.approx(5.0)
+    assert stage.goodput[0] == 0.0
 
 
 def test_compound_stage_calls_aggregate_length_bandwidth_and_goodput() -> None:
@@ -99,7 +120,7 @@ def test_compound_stage_calls_aggregate_length_bandwidth_and_goodput() -> None:
     a = req("a", CP, program_id="p", stage=1, program_attained_tokens=500, deadline_at_s=30.0, bound=50)
     b = req("b", CP, program_id="p", stage=1, program_attained_tokens=500, deadline_at_s=30.0, bound=150)
     other = req("c", CP, program_id="q", stage=0, deadline_at_s=30.0, bound=100)
-    e = run([a, b, other], now_s=10.0)
+    e = run([a, b, other], now_s=10.0, compound_deadline="stage")
     # stage p/1: len_rem 50 + 150, t_gen 0.5 + 1.5 = 2 s; goodput = 300 earlier + (100+50) + (100+150)
     assert e.len_rem_tokens[:2].tolist() == [200.0, 200.0]
     assert e.t_gen_s[:2] == pytest.approx([2.0, 2.0])
