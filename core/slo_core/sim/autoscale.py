@@ -1,7 +1,10 @@
 """Autoscaling in the simulator: replicas start (taking the profile's start-up time), serve, drain, stop.
 
-The fleet is built with ``max_replicas`` engines; an :class:`Autoscaler` attached to it keeps each in
-one of four states (off, starting, ready, draining). Each replica keeps the counters its sidecar
+The fleet is built with at least ``max_replicas`` engines; an :class:`Autoscaler` attached to it keeps
+each in one of four states (off, starting, ready, draining). As a Deployment does, a scale-up starts a
+new replica (start-up time) while removed ones finish draining, so a fleet needs spare engines for the
+replicas still draining (the diurnal bench gives it twice ``max_replicas``); when no engine is off, a
+draining replica is taken back instead. Each replica keeps the counters its sidecar
 would export (:class:`slo_core.scaling.PodCounters`), updated at the same points: prompt tokens when a
 replica admits a request; output tokens, SLO met/missed per tier and rejections when the request ends
 there (an abort counts no outcome, as the sidecar's); outstanding admitted tokens (unprefilled prompt
@@ -242,15 +245,15 @@ class Autoscaler:
         current = sum(1 for r in reps if r.state in (READY, STARTING))
         if d.desired > current:
             for _ in range(d.desired - current):
-                i = _first(reps, DRAINING)  # a draining replica still runs: take it back at once
-                if i is not None:
+                i = _first(reps, OFF)  # a new pod: a deleted one finishes terminating meanwhile
+                if i is None:  # no spare engine in the fleet: take a draining one back (unlike live)
+                    i = _first(reps, DRAINING)
+                    if i is None:
+                        break
                     reps[i].state = READY
                     continue
-                i = _first(reps, OFF)
-                if i is None:
-                    break
                 reps[i].state, reps[i].ready_at_s, reps[i].since_s = STARTING, t + self.startup_s, t
-                self._counters[i] = _Counters()  # a new pod: its sidecar counts from zero
+                self._counters[i] = _Counters()  # its sidecar counts from zero
         elif d.desired < current:
             for _ in range(current - d.desired):
                 self._drain_one(fleet, t, samples)
