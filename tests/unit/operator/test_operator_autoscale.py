@@ -72,9 +72,7 @@ class RecordingLoop(ScalingLoop):
         return out
 
 
-def test_the_same_counter_stream_gives_the_operator_and_the_simulator_the_same_signals_and_decisions() -> (
-    None
-):
+def test_one_counter_stream_gives_operator_and_simulator_the_same_signals_and_decisions() -> None:
     """A simulated burst and trickle: every period, the ready replicas' counters are rendered as sidecar
     /metrics and scraped by the operator's loop against an in-memory API; it measures the same signals
     and takes the same decisions as the simulator's autoscaler, period by period."""
