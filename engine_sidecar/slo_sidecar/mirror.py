@@ -134,12 +134,13 @@ class EngineMirror:
         yet started plus output bounds left), requests of compound programs, the engine's queue."""
         outstanding = programs = 0
         tracked = self.tracked
-        for r in live:
+        for r in live:  # proto int64 fields read as ints
             t = tracked.get(r.request_key)
-            generated = int(r.generated_tokens)
-            bound = t.bound if t is not None else int(r.max_tokens)
-            outstanding += max(0, bound - generated) + (0 if generated else int(r.prompt_tokens))
-            programs += bool(r.program_id)
+            generated = r.generated_tokens
+            left = (t.bound if t is not None else r.max_tokens) - generated
+            outstanding += (left if left > 0 else 0) + (0 if generated else r.prompt_tokens)
+            if r.program_id:
+                programs += 1
         m = self.metrics
         m.outstanding_tokens.set(outstanding)
         m.program_requests.set(programs)

@@ -20,9 +20,9 @@ Engine mode: at most once per ``SLOFLEET_REPORT_INTERVAL_S`` a step snapshots it
 token counts, verified SLO tags) and KV use for the analyzer client's thread, which reports them to the
 sidecar (``Analyzer.Report``: the engine view routers get) and brings back refined bounds; the step
 never waits on it. Requests leaving the engine are reported with their output length, prompt and SLO
-outcome: each request's :func:`~slo_vllm_plugin.report.watch` is fed its output count after every step
-that made tokens for it (a dict lookup and a compare per request in the step's outputs) and judged
-when it is freed.
+outcome, judged when it is freed by its :func:`~slo_vllm_plugin.report.watch`; a latency request's
+watch is also fed its output count after every step that made tokens for it (two dict lookups and a
+compare per request in the step's outputs), the other kinds need only their finish time.
 
 Any policy error, or an analyzer that stopped answering, degrades to vLLM's stock order for that
 step: requests are never failed by the plugin. Requires ``--scheduling-policy fcfs`` (the default);
@@ -41,6 +41,7 @@ from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.request import RequestStatus
 
 from slo_core.policies.base import Decision, EngineView
+from slo_core.slo import RequestKind
 from slo_vllm_plugin.bridge import PolicyBridge
 from slo_vllm_plugin.engine_trace import EngineTrace
 from slo_vllm_plugin.metrics import PluginMetrics
@@ -96,7 +97,7 @@ class SLOScheduler(Scheduler):  # type: ignore[misc]
         self._slo_degraded_reason = ""
         self._slo_report = Throttle(self.slo_settings.report_interval_s)
         self._slo_finished: list[Finished] = []
-        self._slo_watches: dict[str, Any] = {}  # request id -> SLOWatch (engine mode)
+        self._slo_watches: dict[str, Any] = {}  # request id -> SLOWatch of latency requests (engine mode)
         self._slo_rejecting: set[str] = set()
         log.info(
             "slofleet scheduler: policy=%s analyzer=%s tags=%s",
@@ -123,8 +124,9 @@ class SLOScheduler(Scheduler):  # type: ignore[misc]
         super().add_request(request)
         self.slo_bridge.note_event()
         if self.slo_analyzer is not None:
-            rid = request.request_id
-            self._slo_watches[rid] = watch(self.slo_bridge.tags(request), float(request.arrival_time))
+            tags = self.slo_bridge.tags(request)
+            if tags is not None and tags.targets.kind is RequestKind.LATENCY:  # per-token deadlines
+                self._slo_watches[request.request_id] = watch(tags, float(request.arrival_time))
         self._slo_publish(force=False)  # an arrival shows in the sidecar's state without waiting a step
         if self.slo_trace.enabled:
             rid = request.request_id
@@ -190,9 +192,8 @@ class SLOScheduler(Scheduler):  # type: ignore[misc]
             rid = request.request_id
             tags = self.slo_bridge.tags(request)
             reason = str(request.get_finished_reason() or "abort")
-            w = self._slo_watches.pop(rid, None)
-            if w is not None:  # this step's tokens: freed before update_from_output's caller sees them
-                w.tokens(int(request.num_output_tokens), time.time())
+            w = self._slo_watches.pop(rid, None) or watch(tags, float(request.arrival_time))
+            w.tokens(int(request.num_output_tokens), time.time())  # this step's tokens, freed in it
             self._slo_finished.append(
                 Finished(
                     (tags.request_key if tags else "") or rid,
