@@ -137,7 +137,11 @@ class EngineMirror:
         for r in live:  # proto int64 fields read as ints
             t = tracked.get(r.request_key)
             generated = r.generated_tokens
-            left = (t.bound if t is not None else r.max_tokens) - generated
+            if t is None:
+                bound = r.max_tokens
+            elif (bound := t.bound) < generated:  # as the proxy's tracker: a bound generated tokens passed
+                bound = t.bound = min(t.max_tokens, generated + 1)
+            left = bound - generated
             outstanding += (left if left > 0 else 0) + (0 if generated else r.prompt_tokens)
             if r.program_id:
                 programs += 1

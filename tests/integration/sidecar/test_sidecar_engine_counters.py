@@ -86,38 +86,38 @@ async def test_engine_mode_counters_give_the_simulators_signals_for_the_same_req
     )
     async with running_sidecar(sc, grpc_port=0) as run, httpx.AsyncClient(timeout=5.0) as client:
         settings = EngineSimSettings(
-            speedup=20, analyzer=run.grpc_target, analyzer_interval_s=0.02, report_interval_s=0.01
+            speedup=1,  # the long requests outlast the checks however loaded the host
+            analyzer=run.grpc_target,
+            analyzer_interval_s=0.02,
+            report_interval_s=0.01,
+            max_num_seqs=2,
         )
         runner = EngineRunner(settings, policy=RejectDoomed())
         await runner.start()
         try:
             await _until(lambda: runner.analyzer.bounds_if_fresh(1.0) is not None)  # the policy runs
             before = await _scrape(client, run.http_url, 0.0)
-            # a long compound call and a long request to abort: live while the gauges are checked
+            # two long requests (one a compound call) fill both batch slots, a third waits: all three
+            # are live while the gauges are checked, then aborted
             long = runner.submit(_submission("long", BATCH, 300, 5000))
             call = runner.submit(_submission("call", BATCH, 200, 5000, program="prog-1"))
-            handles: list[Handle] = [long, call]
+            queued = runner.submit(_submission("queued", GOLD, 900, 5000))
+            handles: list[Handle] = [long, call, queued]
+            await _until(lambda: long.seen_tokens >= 20 and call.seen_tokens >= 20)
+            await _until(lambda: sc.mirror.report is not None and len(sc.mirror.report.requests) == 3)
+            mid = await _scrape(client, run.http_url, 1.0)
+            # the waiting prompt and the running ones' output bounds left (exact sums: the unit tests)
+            assert mid.outstanding_tokens >= 900
+            assert (mid.program_requests, mid.waiting) == (1, 1)
+
+            for h in handles:
+                runner.abort(h.request_id)
+            await _until(lambda: not runner.live)
             for i, (tier, prompt, output) in enumerate(
                 [(GOLD, 400, 12), (GOLD, 90, 5), (TIGHT, 700, 8), (TIGHT, 50, 3), (BATCH, 120, 6),
                  (LATE, 300, 4), (DOOMED, 64, 10)]
             ):  # fmt: skip
                 handles.append(runner.submit(_submission(f"r{i}", tier, prompt, output)))
-            await _until(lambda: long.seen_tokens >= 20 and call.seen_tokens >= 20)
-            await _until(lambda: sc.mirror.report is not None and len(sc.mirror.report.requests) == 2)
-            while True:  # the gauges of one report (another may arrive while the scrape is served)
-                report = sc.mirror.report
-                mid = await _scrape(client, run.http_url, 1.0)
-                if sc.mirror.report is report:
-                    break
-            outstanding = sum(
-                sc.mirror.bound_of(r.request_key, int(r.max_tokens)) - r.generated_tokens
-                for r in report.requests
-            )
-            assert mid.outstanding_tokens == outstanding > 0  # both started: output bounds left only
-            assert (mid.program_requests, mid.waiting) == (1, report.waiting)
-
-            runner.abort("long")
-            runner.abort("call")
             await _until(lambda: not runner.live)
             give_up = time.monotonic() + 15.0
             expected_output = sum(h.seen_tokens for h in handles)
@@ -147,7 +147,7 @@ async def test_engine_mode_counters_give_the_simulators_signals_for_the_same_req
     assert signals == _signals(before, simulated)
     tiers = {t.tier: (t.finished, t.met) for t in signals.tiers}
     assert tiers == {"gold": (2, 2), "tight": (2, 0), "batch": (1, 1), "late": (1, 0), "doomed": (1, 0)}
-    assert signals.rejected == 1  # the policy's; the two aborts count no outcome
+    assert signals.rejected == 1  # the policy's; the three aborts count no outcome
     assert engine_mode.output_tokens == sum(h.seen_tokens for h in handles) > 40
     assert engine_mode.prompt_tokens == sum(h.sub.prompt_tokens for h in handles)
     assert (engine_mode.outstanding_tokens, engine_mode.program_requests, engine_mode.waiting) == (0, 0, 0)
