@@ -5,8 +5,11 @@ stabilization windows, step limits and replica start-up time (from the profile);
 differs. Each scaler's one knob is swept (the queue scaler's waiting requests per replica, the goodput
 scaler's planned utilization of a replica's goodput capacity), since users tune them; every run is
 reported, and the comparison is the cheapest run of each kind that meets every tier's target
-(``--static`` adds a fixed fleet at max replicas). Writes JSON and a markdown table under
-bench/results/autoscale/.
+(``--static`` adds a fixed fleet at max replicas). The scalers read the replicas' sidecar counters
+through the operator's signal window (``slo_core.scaling.ScalingLoop``); admitted work is the
+replicas' outstanding tokens, bounded as the deployed sidecar bounds them (``--analyzer qrf``: the
+shipped QRF predictor; ``none`` leaves every request at its max_tokens). Writes JSON and a markdown
+table under bench/results/autoscale/.
 
     nice -n 10 .venv/bin/python bench/autoscale_diurnal.py --peak-rps 30 --day-s 1200   # ~8 min here
 """
@@ -21,6 +24,7 @@ from pathlib import Path
 from slo_core.metrics.summary import job_outcomes
 from slo_core.perf.profiles import load_profile
 from slo_core.scaling import ScalingParams
+from slo_core.sim.analyzer import SimAnalyzer
 from slo_core.sim.autoscale import Autoscaler, capacity_tokens_per_s, startup_time_s
 from slo_core.sim.fleet import FleetSim, ReplicaSpec, SimConfig
 from slo_core.slo import RequestKind, SLOTargets
@@ -52,13 +56,14 @@ def run_one(label: str, jobs: list, args: argparse.Namespace, params: ScalingPar
             period_s=args.period_s,
             gpus_per_replica=profile.tensor_parallel,
         )
-    fleet = FleetSim(
-        [ReplicaSpec(profile)] * n,
+    fleet = FleetSim(  # room for max replicas and as many draining (a scale-up never revives one)
+        [ReplicaSpec(profile)] * (2 * n if scaler else n),
         args.engine_policy,
         args.router,
         seed=args.seed,
         config=SimConfig(drain="all", max_drain_s=600.0),
         autoscaler=scaler,
+        analyzer=SimAnalyzer(patterns=False) if args.analyzer == "qrf" else None,
     )
     t0 = time.perf_counter()
     result = fleet.run(jobs)
@@ -101,6 +106,7 @@ def main() -> None:
     ap.add_argument("--queue-targets", default="2,4,8")
     ap.add_argument("--utilizations", default="0.75,0.9", help="goodput scaler's planned utilization")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--analyzer", choices=["qrf", "none"], default="qrf", help="output-length bounds")
     ap.add_argument("--static", action="store_true", help="also run a static fleet at max replicas")
     ap.add_argument("--out", default="bench/results/autoscale")
     args = ap.parse_args()
@@ -126,7 +132,7 @@ def main() -> None:
     (out / "diurnal.json").write_text(json.dumps({"setup": setup, "runs": rows}, indent=1))
     lines = [
         f"# Autoscaling on a diurnal day ({args.trace}, {len(jobs)} requests, peak {args.peak_rps} req/s, "
-        f"day {args.day_s:.0f} s, {args.profile})",
+        f"day {args.day_s:.0f} s, {args.profile}, analyzer {args.analyzer})",
         "",
         "| scaler | GPU-hours | "
         + " | ".join(f"{t} (target {v})" for t, v in TARGETS.items())

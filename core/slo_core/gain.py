@@ -134,6 +134,49 @@ def request_goodput(d: Delivery, params: GainParams = _DEFAULT_PARAMS) -> float:
     return d.slo.priority_weight if met else 0.0
 
 
+class SLOWatch:
+    """:func:`request_goodput`'s met/missed rule kept while a request runs, for an engine that keeps no
+    per-token times (the vLLM plugin, engine-sim): fed the output count after each step that changed it,
+    it knows at the end whether the request met its SLO.
+
+    A step's new tokens share the step's time and token deadlines grow with the index, so only the
+    first new token can be the late one: latency requests check ``t - arrival <= TTFT + i·TBT`` for it
+    (one float compare per step that made tokens, an int compare otherwise); other kinds check the last
+    token against the deadline (``deadline_at_s``: the absolute one the request's tags carry, else
+    arrival + the effective deadline). Fed every token's time, :meth:`met` equals
+    ``request_goodput(d) > 0`` (tested with hypothesis).
+    """
+
+    __slots__ = ("arrival_s", "counted", "deadline_s", "last_s", "late", "tbt_s", "ttft_s")
+
+    def __init__(self, slo: SLOTargets, arrival_s: float, deadline_at_s: float | None = None) -> None:
+        self.arrival_s = arrival_s
+        self.ttft_s = slo.ttft_s if slo.kind is RequestKind.LATENCY else None
+        self.tbt_s = (slo.tbt_s or 0.0) if self.ttft_s is not None else 0.0
+        self.deadline_s = 0.0  # relative to arrival (non-latency kinds)
+        if self.ttft_s is None:
+            self.deadline_s = slo.effective_deadline_s if deadline_at_s is None else deadline_at_s - arrival_s
+        self.counted = 0
+        self.late = False
+        self.last_s = 0.0
+
+    def tokens(self, total: int, now_s: float) -> None:
+        """The request has ``total`` output tokens at ``now_s`` (those beyond the last count made now)."""
+        if total <= self.counted:
+            return
+        if self.ttft_s is not None and not self.late:
+            self.late = now_s - self.arrival_s > self.ttft_s + self.counted * self.tbt_s + _EPS_S
+        self.counted, self.last_s = total, now_s
+
+    def met(self, completed: bool) -> bool:
+        """Did the request meet its SLO (False unless it completed with at least one token)."""
+        if not completed or self.counted == 0:
+            return False
+        if self.ttft_s is not None:
+            return not self.late
+        return self.last_s - self.arrival_s <= self.deadline_s + _EPS_S
+
+
 def _decay(slo_s: float | np.ndarray, actual_s: float | np.ndarray, alpha: float) -> Any:
     actual = np.maximum(actual_s, 1e-9)
     return np.minimum(1.0, (np.asarray(slo_s) / actual) ** alpha)

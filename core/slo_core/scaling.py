@@ -1,4 +1,12 @@
-"""Autoscaling on multi-tier SLO goodput: one pure decision, used by the simulator and the operator.
+"""Autoscaling on multi-tier SLO goodput: one signal definition and one decision, used by the simulator
+and the operator.
+
+Signals (:func:`window`): every engine pod's sidecar exports cumulative counters and gauges
+(:class:`PodCounters`: per-tier SLO met/missed, rejections, prompt tokens admitted, output tokens
+delivered; outstanding admitted tokens, in-flight program calls, waiting requests). Two scrapes of the
+ready pods give the period's :class:`FleetSignals`. The operator parses the sidecars' ``/metrics``
+into them; the simulator keeps the same counters per replica, updated where a sidecar updates its own,
+and both step one :class:`ScalingLoop` per ModelDeployment.
 
 Goodput-driven recommendation (the fleet's own signals over the last window)::
 
@@ -19,7 +27,8 @@ down to the *highest* of the down window), a per-decision step limit, and the mi
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -147,3 +156,143 @@ def decide(
     current = signals.ready + signals.starting
     desired, hist = stabilize(rec, current, now_s, history, params)
     return ScaleDecision(desired, rec, reason, hist)
+
+
+# ---- the signals: sidecar counters over one period ---------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class PodCounters:
+    """One scrape of one pod's sidecar metrics: counters since the sidecar started, gauges now.
+
+    The counters are ``slofleet_sidecar_{slo_met,slo_missed,rejects,prompt_tokens,output_tokens}_total``
+    (prompt tokens counted when a request is admitted, output tokens when it ends); the gauges are
+    ``slofleet_sidecar_{outstanding_tokens,program_requests,engine_waiting}``.
+    """
+
+    t_s: float
+    met: Mapping[str, float] = field(default_factory=dict)  # per tier
+    missed: Mapping[str, float] = field(default_factory=dict)
+    rejected: float = 0.0
+    prompt_tokens: float = 0.0
+    output_tokens: float = 0.0
+    outstanding_tokens: float = 0.0
+    program_requests: float = 0.0
+    waiting: float = 0.0
+
+
+def _delta(now: float, before: float) -> float:
+    """A counter's increase; a counter below its last value means the sidecar restarted from zero."""
+    return now - before if now >= before else now
+
+
+def window(
+    before: Mapping[str, PodCounters],
+    now: Mapping[str, PodCounters],
+    *,
+    ready: int,
+    starting: int,
+    capacity_tokens_per_s: float,
+    target: Callable[[str], float],
+) -> FleetSignals:
+    """Signals over the period between two scrapes of each pod (pods scraped once add only gauges).
+
+    Demand is the prompt and output tokens the pods took in per second; admitted work, queue and
+    in-flight programs are the gauges of the latest scrape. Requests a router refused before any pod
+    saw them are in no pod's counters, so they are not in the signals.
+    """
+    finished: dict[str, float] = {}
+    met: dict[str, float] = {}
+    rejected = demand = admitted = queue = 0.0
+    protected = 0
+    for pod, cur in now.items():
+        admitted += cur.outstanding_tokens
+        queue += cur.waiting
+        protected += cur.program_requests > 0
+        old = before.get(pod)
+        if old is None or cur.t_s <= old.t_s:
+            continue
+        for tier in set(cur.met) | set(cur.missed):
+            m = _delta(cur.met.get(tier, 0.0), old.met.get(tier, 0.0))
+            x = _delta(cur.missed.get(tier, 0.0), old.missed.get(tier, 0.0))
+            met[tier] = met.get(tier, 0.0) + m
+            finished[tier] = finished.get(tier, 0.0) + m + x
+        rejected += _delta(cur.rejected, old.rejected)
+        tokens = _delta(cur.prompt_tokens, old.prompt_tokens) + _delta(cur.output_tokens, old.output_tokens)
+        demand += tokens / (cur.t_s - old.t_s)
+    tiers = tuple(
+        TierSignal(t, round(finished[t]), round(met.get(t, 0.0)), target(t))
+        for t in sorted(finished)
+        if t != "-"
+    )
+    return FleetSignals(
+        ready=ready,
+        starting=starting,
+        tiers=tiers,
+        rejected=round(rejected),
+        admitted_tokens=admitted,
+        demand_tokens_per_s=demand,
+        capacity_tokens_per_s=capacity_tokens_per_s,
+        protected=protected,
+        queue_len=round(queue),
+    )
+
+
+def deletion_cost(sample: PodCounters | None) -> int:
+    """Which pod a scale-down removes first (lowest cost): its outstanding work, and far above any work
+    while it holds calls of an in-flight program (``controller.kubernetes.io/pod-deletion-cost``)."""
+    if sample is None:
+        return 0
+    cost = int(min(sample.outstanding_tokens, 1e9)) + (1_000_000_000 if sample.program_requests > 0 else 0)
+    return min(cost, 2**31 - 1)
+
+
+@dataclass(frozen=True, slots=True)
+class ScaleStep:
+    """One period's outcome: the signals measured and the decision taken on them."""
+
+    signals: FleetSignals
+    decision: ScaleDecision
+
+
+@dataclass
+class ScalingLoop:
+    """One ModelDeployment's scaling state between periods: the last scrape and the recommendations.
+
+    The first step only measures (there is no window yet) and seeds the history with the current
+    count, so a loop that starts on a running fleet waits a full down window before removing a replica.
+    """
+
+    history: tuple[tuple[float, int], ...] = ()
+    samples: Mapping[str, PodCounters] = field(default_factory=dict)
+    measured: bool = False
+
+    def step(
+        self,
+        params: ScalingParams,
+        samples: Mapping[str, PodCounters],
+        *,
+        now_s: float,
+        current: int,
+        ready_pods: int,
+        capacity_tokens_per_s: float,
+        target: Callable[[str], float],
+    ) -> ScaleStep | None:
+        """The period ending now: ``samples`` are the scrapes of the ``ready_pods`` ready pods (one that
+        did not answer is left out), ``current`` the replica count last set; None on the first step."""
+        before, self.samples = self.samples, dict(samples)
+        if not self.measured:
+            self.measured, self.history = True, ((now_s, current),)
+            return None
+        ready = min(ready_pods, current)
+        signals = window(
+            before,
+            samples,
+            ready=ready,
+            starting=max(0, current - ready),
+            capacity_tokens_per_s=capacity_tokens_per_s,
+            target=target,
+        )
+        decision = decide(signals, params, self.history, now_s)
+        self.history = decision.history
+        return ScaleStep(signals, decision)

@@ -7,6 +7,13 @@ output-length bounds: a new request gets the analyzer's submission bound, a runn
 every ``refine_every_tokens`` generated tokens (the predictor runs off the event loop, all of a report's
 requests in one call), and finished ones teach the online estimator and calibration. The same report
 is what the sidecar's state stream serves routers (:func:`slo_sidecar.grpc_service.pod_state`).
+
+The reports also feed the counters the proxy-mode sidecar exports, with the same meaning (what the
+operator's autoscaler scrapes, :mod:`slo_core.scaling`): prompt tokens when a request is first seen
+(or, for one that came and went between two reports, when it finishes); output tokens, the SLO outcome
+per tier the engine judged by core's rule and policy rejections when it finishes (an abort counts no
+outcome); and, per report, the outstanding admitted tokens (prompts not yet started plus output
+bounds left), the requests of compound programs and the engine's waiting queue as gauges.
 """
 
 from __future__ import annotations
@@ -18,6 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from slo_core.slo import SLOTier
+from slo_proto import slofleet_pb2 as pb
 from slo_sidecar.analyzer import CompoundAnalyzer
 from slo_sidecar.calibration import CalibrationHub
 from slo_sidecar.config import SidecarKnobs
@@ -90,11 +98,16 @@ class EngineMirror:
         """Apply one report; returns (request key, bound, sub-deadline or 0) of every live request."""
         self.report, self.received_s = report, self.clock()
         self.reports += 1
-        self._finish(report.finished, report.snapshot_unix_s)
-        new = [r for r in report.requests if r.request_key not in self.tracked]
+        live = report.requests
+        if report.finished:
+            self._finish(report.finished, report.snapshot_unix_s)
+            # a row that ended after the engine took this report's snapshot is gone, not new
+            done = {f.request_key for f in report.finished}
+            live = [r for r in live if r.request_key not in done]
+        new = [r for r in live if r.request_key not in self.tracked]
         due = [
             r
-            for r in report.requests
+            for r in live
             if (t := self.tracked.get(r.request_key)) is not None
             and r.generated_tokens - t.refined_at_tokens >= self.knobs.refine_every_tokens
         ]
@@ -103,15 +116,39 @@ class EngineMirror:
                 self._estimate(new, due)
             else:  # a forest pass per request: off the event loop, the whole batch in one call
                 await asyncio.to_thread(self._estimate, new, due)
+        prompts = self.metrics.prompt_tokens
         for r in new:
+            prompts.labels(r.tier or "-", "-").inc(int(r.prompt_tokens))  # admitted: counted once
             if r.program_id and r.request_key in self.tracked:
                 self._place_in_program(r, self.tracked[r.request_key])
+        self._gauges(report, live)
         if self.reports % 100 == 0:
             self._expire_programs(report.snapshot_unix_s)
         return [
             (r.request_key, self.bound_of(r.request_key, r.max_tokens), self.deadline_of(r.request_key))
             for r in report.requests
         ]
+
+    def _gauges(self, report: Any, live: list[Any]) -> None:
+        """The proxy sidecar's gauges from the engine's view: admitted work not yet done (prompts not
+        yet started plus output bounds left), requests of compound programs, the engine's queue."""
+        outstanding = programs = 0
+        tracked = self.tracked
+        for r in live:  # proto int64 fields read as ints
+            t = tracked.get(r.request_key)
+            generated = r.generated_tokens
+            if t is None:
+                bound = r.max_tokens
+            elif (bound := t.bound) < generated:  # as the proxy's tracker: a bound generated tokens passed
+                bound = t.bound = min(t.max_tokens, generated + 1)
+            left = bound - generated
+            outstanding += (left if left > 0 else 0) + (0 if generated else r.prompt_tokens)
+            if r.program_id:
+                programs += 1
+        m = self.metrics
+        m.outstanding_tokens.set(outstanding)
+        m.program_requests.set(programs)
+        m.engine_waiting.set(int(report.waiting))
 
     def _place_in_program(self, r: Any, t: Tracked) -> None:
         """A compound call: its program (deadline from the tags) and its stage's sub-deadline φ(s)·D."""
@@ -179,12 +216,27 @@ class EngineMirror:
                     now_s=now,
                 )
             tier = f.tier or (t.tier if t is not None else "") or "-"
-            status = "ok" if f.finish_reason in ("stop", "length") else "aborted"
-            self.metrics.requests.labels(tier, "-", status).inc()
-            self.metrics.output_tokens.labels(tier, "-").inc(int(f.generated_tokens))
+            self._count(f, tier, seen=t is not None)
             if f.finish_reason != "stop":  # only a natural end is a true length sample
                 continue
             if learn is not None:
                 learn(int(f.generated_tokens))
             if self.calibration is not None and t is not None and t.plan is not None:
                 self.calibration.observe(t.plan, int(f.generated_tokens), t.bound_at_arrival)
+
+    def _count(self, f: Any, tier: str, *, seen: bool) -> None:
+        """A finished request's counters, as the proxy sidecar's end-of-request accounting."""
+        m = self.metrics
+        outcome = f.outcome
+        if outcome == pb.SLO_OUTCOME_REJECTED:
+            status = "rejected"
+        else:
+            status = "ok" if f.finish_reason in ("stop", "length") else "aborted"
+        m.requests.labels(tier, "-", status).inc()
+        m.output_tokens.labels(tier, "-").inc(int(f.generated_tokens))
+        if not seen and f.prompt_tokens > 0:  # it came and went between two reports
+            m.prompt_tokens.labels(tier, "-").inc(int(f.prompt_tokens))
+        if outcome == pb.SLO_OUTCOME_REJECTED:
+            m.rejects.labels(tier, "-", "engine_policy").inc()
+        if outcome != pb.SLO_OUTCOME_UNSPECIFIED:
+            m.slo_result(tier, "-", outcome == pb.SLO_OUTCOME_MET)

@@ -459,9 +459,10 @@ class Sidecar:
 
     def update_gauges(self) -> None:
         m = self.metrics
-        m.outstanding_tokens.set(self.outstanding_tokens())
-        m.program_requests.set(sum(1 for j in list(self.jobs.values()) if j.live.program_id))
-        m.engine_waiting.set(self.waiting())
+        if not (self.knobs.mode == "engine" and self.mirror.seen):  # else set by each engine report
+            m.outstanding_tokens.set(self.outstanding_tokens())
+            m.program_requests.set(sum(1 for j in list(self.jobs.values()) if j.live.program_id))
+            m.engine_waiting.set(self.waiting())
         if self.calibration is not None and self.calibration_gauges is not None:
             self.calibration_gauges.update(self.calibration)
         for gauge in (m.queue_depth, m.running):

@@ -4,12 +4,13 @@ Its own asyncio task beside kopf, not a kopf timer: kopf puts a finalizer on eve
 so deleting a ModelDeployment would hang while the operator is down. Under peering it acts only while
 no live peer has a higher priority (kopf's rule for pausing), read from the peering object.
 
-A tick reads the fleet's signals from the ready engine pods' sidecar ``/metrics``
-(:mod:`slo_operator.fleetmetrics`), asks :func:`slo_core.scaling.decide` — the function the simulator's
-autoscaler calls — for the replica count, and writes it through the Deployment's ``scale`` subresource,
-within ``replicas.min``/``replicas.max``. Before a scale-down it sets
-``controller.kubernetes.io/pod-deletion-cost`` on the ready pods from their outstanding work, so the
-ReplicaSet removes the least-loaded pod and keeps pods holding calls of in-flight programs.
+A tick scrapes the ready engine pods' sidecar ``/metrics`` (:mod:`slo_operator.fleetmetrics`) and steps
+the ModelDeployment's :class:`slo_core.scaling.ScalingLoop` — the signal window and decision the
+simulator's autoscaler steps on the counters its replicas keep — for the replica count, and writes it
+through the Deployment's ``scale`` subresource, within ``replicas.min``/``replicas.max``. Before a
+scale-down it sets ``controller.kubernetes.io/pod-deletion-cost`` on the ready pods
+(:func:`slo_core.scaling.deletion_cost` of their scrape), so the ReplicaSet removes the least-loaded
+pod and keeps pods holding calls of in-flight programs.
 
 It never fights another autoscaler: while a HorizontalPodAutoscaler (KEDA's included) targets the engine
 Deployment it only reports ``External``. Stabilization is the HPA's (scale up to the lowest
@@ -38,10 +39,16 @@ from pydantic import ValidationError
 
 from slo_core.crd.deployment import ModelDeploymentSpec
 from slo_core.perf.profiles import load_profile
-from slo_core.scaling import FleetSignals, ScaleDecision, ScalingParams, decide
+from slo_core.scaling import (
+    FleetSignals,
+    PodCounters,
+    ScaleDecision,
+    ScalingLoop,
+    ScalingParams,
+    deletion_cost,
+)
 from slo_core.sim.autoscale import capacity_tokens_per_s
 from slo_operator import fleetmetrics
-from slo_operator.fleetmetrics import PodSample
 from slo_operator.kubeapi import ApiError, path
 from slo_operator.model import MD_PLURAL, POLICY_PLURAL, view
 from slo_operator.reconcile import GROUP_VERSION, Reconciler, utc_now
@@ -99,21 +106,8 @@ class ScaleMetrics:
 class Memory:
     """What the loop keeps per ModelDeployment between ticks (lost on restart: see the module docstring)."""
 
-    history: tuple[tuple[float, int], ...] = ()
-    samples: dict[str, PodSample] = field(default_factory=dict)
+    loop: ScalingLoop = field(default_factory=ScalingLoop)
     last_scale_time: str | None = None
-
-
-class ScalingState:
-    """The decision half of the loop: the same :func:`decide` call the simulator makes, with its history."""
-
-    def __init__(self, params: ScalingParams, history: tuple[tuple[float, int], ...] = ()) -> None:
-        self.params, self.history = params, history
-
-    def step(self, signals: FleetSignals, now_s: float) -> ScaleDecision:
-        decision = decide(signals, self.params, self.history, now_s)
-        self.history = decision.history
-        return decision
 
 
 def _ready(pod: dict[str, Any]) -> bool:
@@ -174,10 +168,9 @@ class Autoscaler:
         with self._guard:
             self._memory.pop((namespace, name), None)
 
-    def _mem(self, namespace: str, name: str) -> tuple[Memory, bool]:
+    def _mem(self, namespace: str, name: str) -> Memory:
         with self._guard:
-            fresh = (namespace, name) not in self._memory
-            return self._memory.setdefault((namespace, name), Memory()), fresh
+            return self._memory.setdefault((namespace, name), Memory())
 
     # ------------------------------------------------------------------------------------- the loop
 
@@ -274,26 +267,23 @@ class Autoscaler:
         ready = [p for p in pods if _ready(p)]
         now = self.clock()
         samples = self._scrape(ready, now, namespace, name)
-        mem, fresh = self._mem(namespace, name)
-        before, mem.samples = mem.samples, samples
-        if fresh:  # no window yet; and wait a full down window before removing anything
-            mem.history = ((now, current),)
+        mem = self._mem(namespace, name)
+        step = mem.loop.step(
+            params,
+            samples,
+            now_s=now,
+            current=current,
+            ready_pods=len(ready),
+            capacity_tokens_per_s=capacity or 1.0,
+            target=spec.autoscaling.target,
+        )
+        if step is None:  # no window yet; and it waits a full down window before removing anything
             return self._report(
                 body,
                 {"mode": params.metric.capitalize(), "desiredReplicas": current, "reason": "measuring"},
                 mem,
             )
-        signals = fleetmetrics.window(
-            before,
-            samples,
-            ready=min(len(ready), current),
-            starting=max(0, current - len(ready)),
-            capacity_tokens_per_s=capacity or 1.0,
-            target=spec.autoscaling.target,
-        )
-        state = ScalingState(params, mem.history)
-        decision = state.step(signals, now)
-        mem.history = state.history
+        signals, decision = step.signals, step.decision
         if decision.desired != current:
             self._scale(
                 body=body, dep=dep, current=current, decision=decision, ready=ready, samples=samples, mem=mem
@@ -311,10 +301,10 @@ class Autoscaler:
 
     def _scrape(
         self, pods: list[dict[str, Any]], now: float, namespace: str, name: str
-    ) -> dict[str, PodSample]:
+    ) -> dict[str, PodCounters]:
         urls = {p["metadata"]["name"]: metrics_url(p) for p in pods}
         jobs = {pod: self._pool.submit(self.fetch, url, SCRAPE_TIMEOUT_S) for pod, url in urls.items() if url}
-        out: dict[str, PodSample] = {}
+        out: dict[str, PodCounters] = {}
         for pod, job in jobs.items():
             try:
                 out[pod] = fleetmetrics.parse(job.result(), now)
@@ -333,7 +323,7 @@ class Autoscaler:
         current: int,
         decision: ScaleDecision,
         ready: list[dict[str, Any]],
-        samples: dict[str, PodSample],
+        samples: dict[str, PodCounters],
         mem: Memory,
     ) -> None:
         meta = dep["metadata"]
@@ -341,7 +331,7 @@ class Autoscaler:
         down = decision.desired < current
         if down:  # the ReplicaSet removes the lowest cost first: the least-loaded pod, never a program's
             for pod in ready:
-                cost = str(fleetmetrics.deletion_cost(samples.get(pod["metadata"]["name"])))
+                cost = str(deletion_cost(samples.get(pod["metadata"]["name"])))
                 if ((pod["metadata"].get("annotations") or {}).get(DELETION_COST)) != cost:
                     patch = {"metadata": {"annotations": {DELETION_COST: cost}}}
                     where = path("v1", "pods", ns, pod["metadata"]["name"])

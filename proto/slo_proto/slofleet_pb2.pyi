@@ -1,10 +1,22 @@
 from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
 from collections.abc import Iterable as _Iterable, Mapping as _Mapping
 from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
+
+class SloOutcome(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    SLO_OUTCOME_UNSPECIFIED: _ClassVar[SloOutcome]
+    SLO_OUTCOME_MET: _ClassVar[SloOutcome]
+    SLO_OUTCOME_MISSED: _ClassVar[SloOutcome]
+    SLO_OUTCOME_REJECTED: _ClassVar[SloOutcome]
+SLO_OUTCOME_UNSPECIFIED: SloOutcome
+SLO_OUTCOME_MET: SloOutcome
+SLO_OUTCOME_MISSED: SloOutcome
+SLO_OUTCOME_REJECTED: SloOutcome
 
 class BoundsRequest(_message.Message):
     __slots__ = ("request_keys",)
@@ -73,16 +85,20 @@ class EngineRequest(_message.Message):
     def __init__(self, request_key: _Optional[str] = ..., phase: _Optional[str] = ..., prompt_tokens: _Optional[int] = ..., generated_tokens: _Optional[int] = ..., max_tokens: _Optional[int] = ..., arrival_unix_s: _Optional[float] = ..., kind: _Optional[str] = ..., tier: _Optional[str] = ..., priority_weight: _Optional[float] = ..., ttft_s: _Optional[float] = ..., tbt_s: _Optional[float] = ..., deadline_s: _Optional[float] = ..., deadline_unix_s: _Optional[float] = ..., tenant: _Optional[str] = ..., program_id: _Optional[str] = ..., stage: _Optional[int] = ..., output_bound: _Optional[int] = ..., first_token_unix_s: _Optional[float] = ...) -> None: ...
 
 class FinishedRequest(_message.Message):
-    __slots__ = ("request_key", "generated_tokens", "finish_reason", "tier")
+    __slots__ = ("request_key", "generated_tokens", "finish_reason", "tier", "outcome", "prompt_tokens")
     REQUEST_KEY_FIELD_NUMBER: _ClassVar[int]
     GENERATED_TOKENS_FIELD_NUMBER: _ClassVar[int]
     FINISH_REASON_FIELD_NUMBER: _ClassVar[int]
     TIER_FIELD_NUMBER: _ClassVar[int]
+    OUTCOME_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     request_key: str
     generated_tokens: int
     finish_reason: str
     tier: str
-    def __init__(self, request_key: _Optional[str] = ..., generated_tokens: _Optional[int] = ..., finish_reason: _Optional[str] = ..., tier: _Optional[str] = ...) -> None: ...
+    outcome: SloOutcome
+    prompt_tokens: int
+    def __init__(self, request_key: _Optional[str] = ..., generated_tokens: _Optional[int] = ..., finish_reason: _Optional[str] = ..., tier: _Optional[str] = ..., outcome: _Optional[_Union[SloOutcome, str]] = ..., prompt_tokens: _Optional[int] = ...) -> None: ...
 
 class EngineReport(_message.Message):
     __slots__ = ("snapshot_unix_s", "step", "waiting", "running", "kv_usage", "kv_cache_tokens", "requests", "finished", "policy", "degraded_reason", "max_model_len", "models")

@@ -217,6 +217,24 @@ def test_the_sidecar_serves_the_engines_reported_view_with_its_bounds(fleet: Fle
         "the sidecar to count the engine's finished requests",
         30,
     )
+    # each finished one with the SLO outcome the plugin judged by core's rule, and its prompt counted
+    text = httpx.get(f"{fleet.sidecar_url}/metrics", timeout=5).text
+    ok = _batch(text, "requests_total", outcome="ok")
+    assert ok >= 1 and _batch(text, "slo_met_total") + _batch(text, "slo_missed_total") == ok
+    assert _batch(text, "prompt_tokens_total") > 0
+
+
+def _batch(text: str, name: str, **labels: str) -> float:
+    """The sum of a sidecar metric's samples for the "batch" tier (and the given labels)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    want = {"tier": "batch", **labels}
+    return sum(
+        s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+        if s.name == f"slofleet_sidecar_{name}" and all(s.labels.get(k) == v for k, v in want.items())
+    )
 
 
 @pytest.fixture(scope="module")

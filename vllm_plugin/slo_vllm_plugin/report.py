@@ -5,6 +5,11 @@ scheduler (vLLM plugin, engine-sim) snapshots its requests (phase, token counts,
 per report interval, and the analyzer client's thread turns the newest snapshot into one
 ``Analyzer.Report`` call, whose answer carries the bounds the policy schedules by. A step only stores a
 tuple of plain rows (no proto, no I/O); everything else happens on the client's thread.
+
+A request leaving the engine is reported with its SLO outcome, judged by core's rule
+(:class:`slo_core.gain.SLOWatch`) from its tags, arrival and the times its output count grew: the
+engine keeps one :func:`watch` per request, feeds it after each step that made tokens for it, and
+:func:`judge` turns it and the finish reason into the row's outcome.
 """
 
 from __future__ import annotations
@@ -13,7 +18,13 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from slo_core.gain import SLOWatch
+from slo_core.slo import RequestKind, SLOTargets
 from slo_core.wire.tags import EngineTags
+
+BEST_EFFORT = SLOTargets(RequestKind.BEST_EFFORT)
+# a finished request's outcome (proto SloOutcome): "" none (aborted), met, missed, rejected (by the policy)
+MET, MISSED, REJECTED = "met", "missed", "rejected"
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,12 +60,31 @@ class EngineSnapshot:
 
 @dataclass(frozen=True, slots=True)
 class Finished:
-    """A request that left the engine (stop, length or abort) with its output length."""
+    """A request that left the engine (stop, length or abort): its output length, SLO outcome, prompt."""
 
     key: str
     generated_tokens: int
     finish_reason: str
     tier: str = ""
+    outcome: str = ""  # "" (no outcome: aborted) | met | missed | rejected
+    prompt_tokens: int = 0
+
+
+def watch(tags: EngineTags | None, arrival_unix_s: float) -> SLOWatch:
+    """A request's SLO watch: its tags' targets and absolute deadline (untagged: best effort)."""
+    if tags is None:
+        return SLOWatch(BEST_EFFORT, arrival_unix_s)
+    return SLOWatch(tags.targets, arrival_unix_s, tags.deadline_at_s)
+
+
+def judge(w: SLOWatch | None, finish_reason: str, *, rejected: bool = False) -> str:
+    """The outcome of a request that left the engine: rejected by the policy, none when aborted (the
+    client left, as the proxy sidecar counts it), else met or missed by core's rule."""
+    if rejected:
+        return REJECTED
+    if w is None or finish_reason not in ("stop", "length"):
+        return ""
+    return MET if w.met(True) else MISSED
 
 
 class Throttle:
@@ -102,6 +132,12 @@ def to_report(snapshot: EngineSnapshot, finished: Iterable[Finished]) -> Any:
     """The ``EngineReport`` message of a snapshot (called on the analyzer client's thread)."""
     from slo_proto import slofleet_pb2 as pb
 
+    outcomes = {
+        "": pb.SLO_OUTCOME_UNSPECIFIED,
+        MET: pb.SLO_OUTCOME_MET,
+        MISSED: pb.SLO_OUTCOME_MISSED,
+        REJECTED: pb.SLO_OUTCOME_REJECTED,
+    }
     return pb.EngineReport(
         snapshot_unix_s=snapshot.snapshot_unix_s,
         step=snapshot.step,
@@ -116,6 +152,8 @@ def to_report(snapshot: EngineSnapshot, finished: Iterable[Finished]) -> Any:
                 generated_tokens=f.generated_tokens,
                 finish_reason=f.finish_reason,
                 tier=f.tier,
+                outcome=outcomes[f.outcome],
+                prompt_tokens=f.prompt_tokens,
             )
             for f in finished
         ],

@@ -19,7 +19,10 @@ ignored here; the simulator and engine-sim honour it.
 Engine mode: at most once per ``SLOFLEET_REPORT_INTERVAL_S`` a step snapshots its requests (phase,
 token counts, verified SLO tags) and KV use for the analyzer client's thread, which reports them to the
 sidecar (``Analyzer.Report``: the engine view routers get) and brings back refined bounds; the step
-never waits on it. Requests leaving the engine are reported with their output length.
+never waits on it. Requests leaving the engine are reported with their output length, prompt and SLO
+outcome, judged when it is freed by its :func:`~slo_vllm_plugin.report.watch`; a latency request's
+watch is also fed its output count after every step that made tokens for it (two dict lookups and a
+compare per request in the step's outputs), the other kinds need only their finish time.
 
 Any policy error, or an analyzer that stopped answering, degrades to vLLM's stock order for that
 step: requests are never failed by the plugin. Requires ``--scheduling-policy fcfs`` (the default);
@@ -38,10 +41,11 @@ from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.request import RequestStatus
 
 from slo_core.policies.base import Decision, EngineView
+from slo_core.slo import RequestKind
 from slo_vllm_plugin.bridge import PolicyBridge
 from slo_vllm_plugin.engine_trace import EngineTrace
 from slo_vllm_plugin.metrics import PluginMetrics
-from slo_vllm_plugin.report import EngineSnapshot, Finished, RequestRow, Throttle
+from slo_vllm_plugin.report import EngineSnapshot, Finished, RequestRow, Throttle, judge, watch
 from slo_vllm_plugin.settings import PluginSettings, load_policy
 
 # vLLM configures only its own "vllm" logger (handler, format, INFO): under it the plugin's start line
@@ -93,6 +97,8 @@ class SLOScheduler(Scheduler):  # type: ignore[misc]
         self._slo_degraded_reason = ""
         self._slo_report = Throttle(self.slo_settings.report_interval_s)
         self._slo_finished: list[Finished] = []
+        self._slo_watches: dict[str, Any] = {}  # request id -> SLOWatch of latency requests (engine mode)
+        self._slo_rejecting: set[str] = set()
         log.info(
             "slofleet scheduler: policy=%s analyzer=%s tags=%s",
             policy.name,
@@ -117,6 +123,10 @@ class SLOScheduler(Scheduler):  # type: ignore[misc]
     def add_request(self, request: Any) -> None:
         super().add_request(request)
         self.slo_bridge.note_event()
+        if self.slo_analyzer is not None:
+            tags = self.slo_bridge.tags(request)
+            if tags is not None and tags.targets.kind is RequestKind.LATENCY:  # per-token deadlines
+                self._slo_watches[request.request_id] = watch(tags, float(request.arrival_time))
         self._slo_publish(force=False)  # an arrival shows in the sidecar's state without waiting a step
         if self.slo_trace.enabled:
             rid = request.request_id
@@ -161,8 +171,12 @@ class SLOScheduler(Scheduler):  # type: ignore[misc]
     def update_from_output(self, scheduler_output: Any, model_runner_output: Any) -> Any:
         outputs = super().update_from_output(scheduler_output, model_runner_output)
         done = []
+        watches, requests, now = self._slo_watches, self.requests, time.time()
         for engine_outputs in outputs.values():
             for out in engine_outputs.outputs:
+                w = watches.get(out.request_id)  # finished ones were judged (and dropped) when freed
+                if w is not None and (req := requests.get(out.request_id)) is not None:
+                    w.tokens(req.num_output_tokens, now)
                 if out.finish_reason is not None:
                     done.append(out.request_id)
                     self.slo_trace.event("finish", request_id=out.request_id, reason=str(out.finish_reason))
@@ -175,13 +189,19 @@ class SLOScheduler(Scheduler):  # type: ignore[misc]
 
     def _free_request(self, request: Any, *args: Any, **kwargs: Any) -> Any:
         if self.slo_analyzer is not None:
+            rid = request.request_id
             tags = self.slo_bridge.tags(request)
+            reason = str(request.get_finished_reason() or "abort")
+            w = self._slo_watches.pop(rid, None) or watch(tags, float(request.arrival_time))
+            w.tokens(int(request.num_output_tokens), time.time())  # this step's tokens, freed in it
             self._slo_finished.append(
                 Finished(
-                    (tags.request_key if tags else "") or request.request_id,
+                    (tags.request_key if tags else "") or rid,
                     int(request.num_output_tokens),
-                    str(request.get_finished_reason() or "abort"),
+                    reason,
                     (tags.tier if tags else None) or "",
+                    judge(w, reason, rejected=rid in self._slo_rejecting),
+                    int(request.num_prompt_tokens),
                 )
             )
         return super()._free_request(request, *args, **kwargs)
@@ -323,7 +343,11 @@ class SLOScheduler(Scheduler):  # type: ignore[misc]
 
     def _apply_rejections(self, decision: Decision) -> None:
         if decision.reject:
-            rejected = super().finish_requests(list(decision.reject), RequestStatus.FINISHED_ABORTED)
+            self._slo_rejecting = set(decision.reject)  # judged as rejected when freed
+            try:
+                rejected = super().finish_requests(list(decision.reject), RequestStatus.FINISHED_ABORTED)
+            finally:
+                self._slo_rejecting = set()
             for req in rejected:
                 self.slo_metrics.rejection()
                 self.slo_trace.event("reject", request_id=req.request_id, reason=decision.reason)

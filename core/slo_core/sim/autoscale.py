@@ -1,12 +1,21 @@
 """Autoscaling in the simulator: replicas start (taking the profile's start-up time), serve, drain, stop.
 
-The fleet is built with ``max_replicas`` engines; an :class:`Autoscaler` attached to it keeps each in
-one of four states (off, starting, ready, draining). Every ``period_s`` it measures the window's
-signals (per-tier SLO attainment of the requests that ended, rejections, admitted work, arrival rate,
-queue length, replicas holding in-flight programs; output lengths are expected at the mean observed
-so far, as a router without length bounds would learn them), asks :func:`slo_core.scaling.decide` — the same
-function the operator calls — and starts or drains replicas. Only ready replicas are offered to the
-routing policy. A replica costs GPU time (``tensor_parallel`` GPUs) from its start until it has drained.
+The fleet is built with at least ``max_replicas`` engines; an :class:`Autoscaler` attached to it keeps
+each in one of four states (off, starting, ready, draining). As a Deployment does, a scale-up starts a
+new replica (start-up time) while removed ones finish draining, so a fleet needs spare engines for the
+replicas still draining (the diurnal bench gives it twice ``max_replicas``); when no engine is off, a
+draining replica is taken back instead. Each replica keeps the counters its sidecar
+would export (:class:`slo_core.scaling.PodCounters`), updated at the same points: prompt tokens when a
+replica admits a request; output tokens, SLO met/missed per tier and rejections when the request ends
+there (an abort counts no outcome, as the sidecar's); outstanding admitted tokens (unprefilled prompt
+plus the output bound left, the figure the replica reports to routers), program calls and waiting
+requests as gauges. Every ``period_s`` it "scrapes" the ready replicas and steps a
+:class:`slo_core.scaling.ScalingLoop` — the signal window and decision the operator steps on the
+sidecars' ``/metrics`` — and starts or drains replicas; a scale-down drains the ready replica with
+the lowest :func:`slo_core.scaling.deletion_cost` (the annotation the operator sets), never one holding
+a program's call. Requests the router refused reach no replica and count nowhere, as live. Only ready
+replicas are offered to the routing policy. A replica costs GPU time (``tensor_parallel`` GPUs) from
+its start until it has drained.
 
 Start-up time from the profile: weight bytes (from the profile's provenance) read at
 ``LOAD_BYTES_PER_S`` per GPU, plus ``ENGINE_INIT_S`` (container start, CUDA init, vLLM's profiling
@@ -22,8 +31,15 @@ from typing import TYPE_CHECKING
 from slo_core.gain import Delivery, request_goodput
 from slo_core.perf.model import PerfProfile
 from slo_core.perf.profiles import profile_document
-from slo_core.scaling import FleetSignals, ScaleDecision, ScalingParams, TierSignal, decide
-from slo_core.sim.request import FINISHED, REJECTED, SimRequest
+from slo_core.scaling import (
+    PodCounters,
+    ScaleDecision,
+    ScaleStep,
+    ScalingLoop,
+    ScalingParams,
+    deletion_cost,
+)
+from slo_core.sim.request import ABORTED, FINISHED, REJECTED, SimRequest
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
@@ -33,7 +49,6 @@ if TYPE_CHECKING:
 OFF, STARTING, READY, DRAINING = "off", "starting", "ready", "draining"
 LOAD_BYTES_PER_S = 2.0e9  # per GPU, from a node-local model cache
 ENGINE_INIT_S = 45.0
-DEFAULT_OUTPUT_TOKENS = 256.0  # expected output before any request finished
 
 
 def startup_time_s(profile: PerfProfile, profile_name: str | None = None) -> float:
@@ -66,6 +81,27 @@ class _Replica:
 
 
 @dataclass
+class _Counters:
+    """A replica's sidecar counters (cumulative since the replica started serving)."""
+
+    met: dict[str, int] = field(default_factory=dict)
+    missed: dict[str, int] = field(default_factory=dict)
+    rejected: int = 0
+    prompt_tokens: int = 0
+    output_tokens: int = 0
+
+    def ended(self, r: SimRequest) -> None:
+        """``r`` left this replica: as the sidecar's end-of-request accounting."""
+        self.output_tokens += r.generated
+        if r.state == ABORTED:
+            return
+        self.rejected += r.state == REJECTED
+        tier = r.tier or r.slo.priority_class
+        outcome = self.met if r.state == FINISHED and _met(r) else self.missed  # a rejection missed
+        outcome[tier] = outcome.get(tier, 0) + 1
+
+
+@dataclass
 class ScaleEvent:
     t_s: float
     ready: int
@@ -73,6 +109,8 @@ class ScaleEvent:
     draining: int
     desired: int
     reason: str
+    step: ScaleStep | None = None  # the period's signals and decision; None on the first (measuring)
+    samples: Mapping[str, PodCounters] = field(default_factory=dict)  # what the period scraped
 
 
 @dataclass
@@ -83,20 +121,20 @@ class Autoscaler:
     startup_s: float
     capacity_tokens_per_s: float
     tier_targets: Mapping[str, float]
+    default_target: float = 0.9  # a tier absent from tier_targets (the CRD's attainmentTarget default)
     period_s: float = 15.0
     initial: int | None = None
     gpus_per_replica: int = 1
     timeline: list[ScaleEvent] = field(default_factory=list)
     _replicas: list[_Replica] = field(default_factory=list)
-    _history: tuple[tuple[float, int], ...] = ()
+    _loop: ScalingLoop = field(default_factory=ScalingLoop)
+    _counters: list[_Counters] = field(default_factory=list)
     _pending: list[SimRequest] = field(default_factory=list)
     _seen: int = 0
     _last_s: float = 0.0
     _gpu_s: float = 0.0
     _ready_ids: frozenset[str] = frozenset()
     _ready_until: float = -1.0
-    _out_sum: float = 0.0
-    _out_n: int = 0
 
     # ---- the fleet's hooks ------------------------------------------------------------------------
 
@@ -108,6 +146,8 @@ class Autoscaler:
             )
         first = self.params.min_replicas if self.initial is None else self.initial
         self._replicas = [_Replica(READY if i < first else OFF) for i in range(n)]
+        self._counters = [_Counters() for _ in range(n)]
+        self._loop = ScalingLoop()
         self._fleet = fleet
         self._ready_until = -1.0
 
@@ -118,10 +158,23 @@ class Autoscaler:
                 rep.state = READY
             elif rep.state == DRAINING and not _busy(fleet, i):
                 rep.state, rep.since_s = OFF, t
-        signals = self._signals(fleet, t)
-        decision = decide(signals, self.params, self._history, t)
-        self._history = decision.history
-        self._apply(fleet, decision, t)
+        self._count(fleet)
+        samples = self.scrape(fleet, t)
+        current = sum(r.state in (READY, STARTING) for r in self._replicas)
+        step = self._loop.step(
+            self.params,
+            samples,
+            now_s=t,
+            current=current,
+            ready_pods=len(samples),
+            capacity_tokens_per_s=self.capacity_tokens_per_s,
+            target=lambda tier: self.tier_targets.get(tier, self.default_target),
+        )
+        if step is None:
+            self._event(current, "measuring", None, samples, t)
+        else:
+            self._apply(fleet, step.decision, t, samples)
+            self._event(step.decision.desired, step.decision.reason, step, samples, t)
         self._ready_until = -1.0
 
     # ---- what routing sees ------------------------------------------------------------------------
@@ -151,107 +204,100 @@ class Autoscaler:
 
     # ---- signals and actions ----------------------------------------------------------------------
 
-    def _signals(self, fleet: FleetSim, t: float) -> FleetSignals:
+    def _count(self, fleet: FleetSim) -> None:
+        """Bring every replica's counters up to now: requests admitted and ended since the last period."""
         requests = fleet._requests
-        new = requests[self._seen :]
+        for r in requests[self._seen :]:
+            if r.replica >= 0:  # admitted by a replica (the router's refusals reach none)
+                self._counters[r.replica].prompt_tokens += r.prompt_tokens
+                self._pending.append(r)
         self._seen = len(requests)
-        window = t - self.timeline[-1].t_s if self.timeline else self.period_s
-        out_mean = self._out_sum / self._out_n if self._out_n else DEFAULT_OUTPUT_TOKENS
-        demand = sum(r.prompt_tokens + min(out_mean, r.max_tokens) for r in new) / max(window, 1e-9)
-        self._pending.extend(new)
-        finished: dict[str, int] = {}
-        met: dict[str, int] = {}
-        rejected = 0
         still = []
         for r in self._pending:
-            if r.state not in (FINISHED, REJECTED):
+            if r.state in (FINISHED, REJECTED, ABORTED):
+                self._counters[r.replica].ended(r)
+            else:
                 still.append(r)
-                continue
-            rejected += r.state == REJECTED
-            if r.state == FINISHED:
-                self._out_sum += r.generated
-                self._out_n += 1
-            tier = r.tier or r.slo.priority_class
-            finished[tier] = finished.get(tier, 0) + 1
-            if r.state == FINISHED and r.program is None and _met(r):
-                met[tier] = met.get(tier, 0) + 1
-            elif r.state == FINISHED and r.program is not None:
-                met[tier] = met.get(tier, 0) + (
-                    r.finish_s is not None and r.finish_s <= (r.deadline_at_s or math.inf)
-                )
         self._pending = still
-        tiers = tuple(
-            TierSignal(name, finished.get(name, 0), met.get(name, 0), target)
-            for name, target in sorted(self.tier_targets.items())
-        )
-        states = [r.state for r in self._replicas]
-        admitted = 0.0
-        queue = 0
-        protected = 0
-        for i, e in enumerate(fleet.engines):
-            if states[i] in (READY, DRAINING):
-                for q in (*e.running, *e.waiting):
-                    admitted += max(0, q.prompt_tokens - q.computed) + max(0.0, out_mean - q.generated)
-                queue += len(e.waiting)
-            if states[i] == READY and any(r.program is not None for r in (*e.running, *e.waiting)):
-                protected += 1
-        return FleetSignals(
-            ready=states.count(READY),
-            starting=states.count(STARTING),
-            tiers=tiers,
-            rejected=rejected,
-            admitted_tokens=admitted,
-            demand_tokens_per_s=demand,
-            capacity_tokens_per_s=self.capacity_tokens_per_s,
-            protected=protected,
-            queue_len=queue,
-        )
 
-    def _apply(self, fleet: FleetSim, d: ScaleDecision, t: float) -> None:
+    def scrape(self, fleet: FleetSim, t: float) -> dict[str, PodCounters]:
+        """What the operator reads off the ready replicas' sidecars now."""
+        out = {}
+        for i, rep in enumerate(self._replicas):
+            if rep.state != READY:
+                continue
+            e, c = fleet.engines[i], self._counters[i]
+            out[e.engine_id] = PodCounters(
+                t_s=t,
+                met=dict(c.met),
+                missed=dict(c.missed),
+                rejected=c.rejected,
+                prompt_tokens=c.prompt_tokens,
+                output_tokens=c.output_tokens,
+                outstanding_tokens=e.prompt_left_tokens + e.output_left_tokens,
+                program_requests=sum(q.program is not None for q in (*e.running, *e.waiting)),
+                waiting=len(e.waiting),
+            )
+        return out
+
+    def _apply(self, fleet: FleetSim, d: ScaleDecision, t: float, samples: Mapping[str, PodCounters]) -> None:
         reps = self._replicas
         current = sum(1 for r in reps if r.state in (READY, STARTING))
         if d.desired > current:
             for _ in range(d.desired - current):
-                i = _first(reps, DRAINING)  # a draining replica still runs: take it back at once
-                if i is not None:
+                i = _first(reps, OFF)  # a new pod: a deleted one finishes terminating meanwhile
+                if i is None:  # no spare engine in the fleet: take a draining one back (unlike live)
+                    i = _first(reps, DRAINING)
+                    if i is None:
+                        break
                     reps[i].state = READY
                     continue
-                i = _first(reps, OFF)
-                if i is None:
-                    break
                 reps[i].state, reps[i].ready_at_s, reps[i].since_s = STARTING, t + self.startup_s, t
+                self._counters[i] = _Counters()  # its sidecar counts from zero
         elif d.desired < current:
             for _ in range(current - d.desired):
-                self._drain_one(fleet, t)
+                self._drain_one(fleet, t, samples)
+
+    def _event(
+        self,
+        desired: int,
+        reason: str,
+        step: ScaleStep | None,
+        samples: Mapping[str, PodCounters],
+        t: float,
+    ) -> None:
+        reps = self._replicas
         self.timeline.append(
             ScaleEvent(
                 t,
                 sum(r.state == READY for r in reps),
                 sum(r.state == STARTING for r in reps),
                 sum(r.state == DRAINING for r in reps),
-                d.desired,
-                d.reason,
+                desired,
+                reason,
+                step,
+                samples,
             )
         )
 
-    def _drain_one(self, fleet: FleetSim, t: float) -> None:
-        """Stop a starting replica first, else drain the least-loaded ready one holding no program."""
+    def _drain_one(self, fleet: FleetSim, t: float, samples: Mapping[str, PodCounters] | None = None) -> None:
+        """Stop a starting replica first, else drain the ready one of lowest deletion cost (the period's
+        scrape, as the operator's annotation) unless it holds a program's call."""
         reps = self._replicas
         starting = [i for i, r in enumerate(reps) if r.state == STARTING]
         if starting:
             i = max(starting, key=lambda k: reps[k].ready_at_s)
             reps[i].state, reps[i].since_s = OFF, t
             return
-        free = [
-            i
-            for i, r in enumerate(reps)
-            if r.state == READY
-            and not any(q.program is not None for q in (*fleet.engines[i].running, *fleet.engines[i].waiting))
-        ]
-        if not free:
+        scraped = samples if samples is not None else self.scrape(fleet, t)
+        engines = fleet.engines
+        ready = [i for i, r in enumerate(reps) if r.state == READY]
+        if not ready:
             return
-        e = fleet.engines
-        i = min(free, key=lambda k: e[k].prompt_left_tokens + e[k].output_left_tokens)
+        i = min(ready, key=lambda k: deletion_cost(scraped.get(engines[k].engine_id)))
+        e = engines[i]
+        if any(q.program is not None for q in (*e.running, *e.waiting)):
+            return  # every ready replica holds a program's call
         reps[i].state, reps[i].since_s = DRAINING, t
 
 
@@ -265,5 +311,8 @@ def _first(reps: list[_Replica], state: str) -> int | None:
 
 
 def _met(r: SimRequest) -> bool:
+    """A finished request met its SLO; a program's call, when it ended by its stage's deadline."""
+    if r.program is not None:
+        return r.finish_s is not None and r.finish_s <= (r.deadline_at_s or math.inf)
     d = Delivery(r.slo, r.arrival_s, r.prompt_tokens, tuple(r.token_times), True)
     return request_goodput(d) > 0

@@ -25,6 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from slo_core.gain import SLOWatch
 from slo_core.policies.base import EnginePolicy
 from slo_core.policies.registry import make_engine_policy
 from slo_core.sim.engine import SimEngine
@@ -34,7 +35,7 @@ from slo_core.sim.request import REJECTED, RUNNING, ProgramState, SimRequest
 from slo_core.slo import RequestKind, SLOTargets
 from slo_core.wire.keyring import KeyFile
 from slo_core.wire.tags import EngineTags, distrust
-from slo_vllm_plugin.report import EngineSnapshot, Finished, RequestRow, Throttle
+from slo_vllm_plugin.report import EngineSnapshot, Finished, RequestRow, Throttle, judge, watch
 
 from .policy_hook import GuardedPolicy, observes_feedback
 from .settings import EngineSimSettings, resolve_profile, sped_up
@@ -72,6 +73,7 @@ class Handle:
     first_token_s: float | None = None
     last_token_s: float | None = None
     finish_reason: str | None = None
+    watch: SLOWatch | None = None  # its SLO outcome so far (core's rule, as the vLLM plugin keeps it)
 
     @property
     def request_id(self) -> str:
@@ -197,7 +199,7 @@ class EngineRunner:
             raise ValueError(f"request id {sub.request_id!r} is already running")
         now = self.clock()
         sim = self._sim_request(sub, now)
-        h = Handle(sub, sim)
+        h = Handle(sub, sim, watch=watch(sub.tags, sim.arrival_s))
         if not self.alive:  # stopped or dead: the request ends at once instead of hanging
             h.finish_reason = "abort"
             h.events.put_nowait((0, now, "abort"))
@@ -337,7 +339,7 @@ class EngineRunner:
             h = self.live.get(r.request_id)
             if h is not None and r.state == REJECTED:
                 self.rejected += 1
-                self._finish(h, "abort", now)
+                self._finish(h, "abort", now, rejected=True)
         engine.done.clear()
 
     def _deliver(self, emitted: list[SimRequest], finished: list[SimRequest]) -> None:
@@ -354,6 +356,8 @@ class EngineRunner:
             for listener in self.listeners:
                 listener.on_tokens(h, new, t)
             h.seen_tokens = r.generated
+            if h.watch is not None:
+                h.watch.tokens(r.generated, t)
             if h.first_token_s is None:
                 h.first_token_s = t
             h.last_token_s = t
@@ -365,11 +369,11 @@ class EngineRunner:
                 self._priority.pop(r.request_id, None)
                 for listener in self.listeners:
                     listener.on_finish(h, reason, t)
-                self._finished_rows.append(Finished(self._key(h), r.generated, reason, self._tier(h)))
+                self._finished_rows.append(self._row(h, reason))
             h.events.put_nowait((new, t, reason))
         self._report_dirty = True
 
-    def _finish(self, h: Handle, reason: str, now: float) -> None:
+    def _finish(self, h: Handle, reason: str, now: float, *, rejected: bool = False) -> None:
         if self.live.pop(h.request_id, None) is None:
             return
         self._priority.pop(h.request_id, None)
@@ -377,8 +381,13 @@ class EngineRunner:
         h.events.put_nowait((0, now, reason))
         for listener in self.listeners:
             listener.on_finish(h, reason, now)
-        self._finished_rows.append(Finished(self._key(h), h.seen_tokens, reason, self._tier(h)))
+        self._finished_rows.append(self._row(h, reason, rejected=rejected))
         self._report_dirty = True
+
+    def _row(self, h: Handle, reason: str, *, rejected: bool = False) -> Finished:
+        """The request's Finished row: output length, tier, SLO outcome (core's rule) and prompt."""
+        outcome = judge(h.watch, reason, rejected=rejected)
+        return Finished(self._key(h), h.seen_tokens, reason, self._tier(h), outcome, h.sub.prompt_tokens)
 
     # ---- engine mode: the engine view published to the sidecar ------------------------------------
 

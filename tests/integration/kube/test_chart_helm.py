@@ -341,7 +341,8 @@ def test_the_operator_runs_with_the_charts_settings_and_serves_the_default_polic
 def test_the_router_reads_the_charts_policy_within_its_read_only_role(
     chart: helm.Chart, installed: Cluster
 ) -> None:
-    """The router's discovery, configured as the chart configures it, needs nothing its Role lacks."""
+    """The router's discovery, configured as the chart configures it, needs nothing its Role lacks and
+    serves every ModelDeployment of the namespace."""
     import kubernetes
 
     from slo_core.crd.loads import parse_policy
@@ -366,6 +367,17 @@ def test_the_router_reads_the_charts_policy_within_its_read_only_role(
         "data": {"keys": key},
     }
     installed.kubectl("apply", "-n", NS, "-f", "-", stdin=yaml.safe_dump(secret))
+    for name, served, hf in (
+        ("llama", "llama-8b", "meta-llama/Llama-3.1-8B-Instruct"),
+        ("qwen", "qwen-7b", "x/q"),
+    ):
+        md = {
+            "apiVersion": "slofleet.io/v1alpha1",
+            "kind": "ModelDeployment",
+            "metadata": {"name": name, "namespace": NS},
+            "spec": {"model": {"servedName": served, "source": {"hfId": hf}}, "gpu": {"type": "L4"}},
+        }
+        installed.kubectl("apply", "-f", "-", stdin=yaml.safe_dump(md))
 
     state = build_state(config, KeyStore(), {})
     api = kubernetes.config.new_client_from_config(
@@ -382,7 +394,8 @@ def test_the_router_reads_the_charts_policy_within_its_read_only_role(
     async def until_watching() -> None:
         task = asyncio.create_task(discovery.run())
         for _ in range(100):  # until it watches pods and ModelDeployments and has read the keys
-            if {("pods", "watch"), ("modeldeployments", "watch"), ("secrets", "get")} <= seen():
+            watching = {("pods", "watch"), ("modeldeployments", "watch"), ("secrets", "get")} <= seen()
+            if watching and len(state.catalog) == 2:
                 break
             await asyncio.sleep(0.1)
         task.cancel()
@@ -392,6 +405,8 @@ def test_the_router_reads_the_charts_policy_within_its_read_only_role(
 
     asyncio.run(until_watching())
     assert state.keys.tenant_of("sk-test-key") == "default"
+    # one router for the namespace: both ModelDeployments' models are listed (and their pods selected)
+    assert dict(state.catalog) == {"llama-8b": "llama", "qwen-7b": "qwen"}
     (role,) = [d for d in docs if d["kind"] == "Role" and d["metadata"]["name"].endswith("-router")]
     records = [r for r in installed.call(lambda: list(installed.emulator.audit)) if r.user == ROUTER_SA]
     assert {r.namespace for r in records} == {role["metadata"]["namespace"]}

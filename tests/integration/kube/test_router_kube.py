@@ -66,16 +66,16 @@ def b64(text: str) -> str:
     return base64.b64encode(text.encode()).decode()
 
 
-def pod_object(name: str, running: RunningPod) -> dict[str, Any]:
+def pod_object(name: str, running: RunningPod, model: str = "llama-8b", md: str = "llama") -> dict[str, Any]:
     return {
         "apiVersion": "v1",
         "kind": "Pod",
         "metadata": {
             "name": name,
             "namespace": "default",
-            "labels": {"app.kubernetes.io/name": "slofleet-engine", "slofleet.io/model-deployment": "llama"},
+            "labels": {"app.kubernetes.io/name": "slofleet-engine", "slofleet.io/model-deployment": md},
             "annotations": {
-                "slofleet.io/served-model": "llama-8b",
+                "slofleet.io/served-model": model,
                 "slofleet.io/http-port": str(running.http_port),
                 "slofleet.io/grpc-port": str(running.grpc_port),
                 "slofleet.io/gpu-class": "h100",
@@ -336,3 +336,75 @@ async def test_a_failed_secret_read_keeps_the_last_good_keys(
     logged = "\n".join(r.getMessage() for r in caplog.records)
     assert "keeping its last good 1 keys" in logged
     assert "sk-one" not in logged
+
+
+async def test_two_modeldeployments_behind_one_router_each_get_only_their_models_requests(
+    cluster: Cluster,
+) -> None:
+    """Two ModelDeployments (two models) in one namespace behind one router: /v1/models lists both with
+    their owners, and every request, streamed or not, chat or completion, reaches a pod of its own
+    model only; an unknown model is 404 model_not_found."""
+    api = await client_with_crds(cluster, modeldeployment_crd())
+    core = kubernetes.client.CoreV1Api(api)
+    custom = kubernetes.client.CustomObjectsApi(api)
+    qwen_md = {
+        **MD,
+        "metadata": {"name": "qwen", "namespace": "default"},
+        "spec": {
+            **MD["spec"],
+            "model": {"servedName": "qwen-7b", "source": {"hfId": "Qwen/Qwen2.5-7B-Instruct"}},
+            "capabilities": {"gpuClass": "h100"},
+        },
+    }
+    for body in (MD, qwen_md):
+        custom.create_namespaced_custom_object("slofleet.io", "v1alpha1", "default", "modeldeployments", body)
+    secret = {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "product-keys"}}
+    core.create_namespaced_secret("default", {**secret, "data": {"keys": b64("sk-one\n")}})
+    pods = {
+        "llama-8b": [RunningPod(FakePod(f"l{i}", models=("llama-8b",))) for i in range(2)],
+        "qwen-7b": [RunningPod(FakePod(f"q{i}", models=("qwen-7b",))) for i in range(2)],
+    }
+    for model, running in pods.items():
+        for i, p in enumerate(running):
+            await p.__aenter__()
+            name = f"{model.split('-')[0]}-{i}"
+            core.create_namespaced_pod("default", pod_object(name, p, model, model.split("-")[0]))
+            core.patch_namespaced_pod_status(name, "default", READY)
+
+    state = build_state(from_policy(parse_policy(POLICY).spec), KeyStore(), {})
+    discovery = KubeDiscovery(state, api_client=api, secrets_every_s=0.2, backoff_s=0.2, watch_timeout_s=1)
+    jobs = [discovery.run, StateFeed(state.endpoints, interval_ms=20).run]
+    try:
+        async with ServedApp(create_app(state, background=[lambda s, j=j: j() for j in jobs])) as router:
+            client = openai.AsyncOpenAI(base_url=router.url + "/v1", api_key="sk-one", max_retries=0)
+            await until(lambda: len([e for e in state.endpoints.values() if e.usable]) == 4, what="4 pods")
+            await until(lambda: len(state.catalog) == 3, what="both ModelDeployments")
+            listed = {m.id: m.owned_by for m in (await client.models.list()).data}
+            assert listed == {"llama-8b": "llama", "llama-sql": "llama", "qwen-7b": "qwen"}
+
+            def served(model: str) -> int:
+                return sum(p.pod.served for p in pods[model])
+
+            for model, other in (("llama-8b", "qwen-7b"), ("qwen-7b", "llama-8b")):
+                before, before_other = served(model), served(other)
+                for _ in range(4):
+                    out = await client.completions.create(model=model, prompt="hi", max_tokens=3)
+                    assert out.model == model and out.choices[0].text == "xxx"
+                    chat = await client.chat.completions.create(
+                        model=model, messages=[{"role": "user", "content": "hi"}], max_tokens=2
+                    )
+                    assert chat.model == model
+                    stream = await client.chat.completions.create(
+                        model=model, messages=[{"role": "user", "content": "hi"}], max_tokens=4, stream=True
+                    )
+                    text = "".join([c.choices[0].delta.content or "" async for c in stream if c.choices])
+                    assert text == "xxxx"
+                assert served(model) == before + 12 and served(other) == before_other
+
+            with pytest.raises(openai.NotFoundError) as err:
+                await client.completions.create(model="mistral-7b", prompt="hi", max_tokens=1)
+            assert err.value.code == "model_not_found"
+    finally:
+        for running in pods.values():
+            for p in running:
+                await p.kill()

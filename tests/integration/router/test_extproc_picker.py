@@ -21,6 +21,7 @@ from google.protobuf import struct_pb2
 
 from slo_lab.loopback_pods import LoopbackPods, close_all
 from slo_router.app import create_app
+from slo_router.endpoints import EndpointState
 from slo_router.extproc import messages as m
 from slo_router.extproc.server import EndpointPicker, server_options
 
@@ -229,4 +230,36 @@ async def test_health_services_follow_policy_and_pods() -> None:
             assert await status("liveness") == serving
     finally:
         task.cancel()
+        await server.stop(grace=0)
+
+
+def for_model(requests: list[pb.ProcessingRequest], model: str) -> list[pb.ProcessingRequest]:
+    """The recording with another model named in its body (one letter: the length is unchanged)."""
+    out = [pb.ProcessingRequest.FromString(r.SerializeToString()) for r in requests]
+    body = json.loads(out[1].request_body.body)
+    out[1].request_body.body = json.dumps({**body, "model": model}, separators=(",", ":")).encode()
+    return out
+
+
+async def test_the_picker_picks_only_pods_of_the_requested_model() -> None:
+    """Two models behind one picker: pod a serves n, pod b serves m. FirstReady would take a for any
+    request; the model filter leaves it only the pods of the model asked for, and an unknown model
+    is answered 404 model_not_found."""
+    state = router_state(PODS)
+    a = state.endpoints["a"]
+    state.endpoints["a"] = EndpointState(dataclasses.replace(a.spec, models=("n",)))
+    server, target = await serve(state)
+    try:
+        recorded = with_header(load_recording(RECORDING), "authorization", "Bearer k-acme")
+        picks = {}
+        for model in ("m", "n", "m", "n"):
+            answers = await play(target, for_model(recorded, model))
+            picks.setdefault(model, set()).add(
+                set_headers(answers[0].request_headers.response)[m.DESTINATION_HEADER]
+            )
+        assert picks == {"m": {"10.0.0.2:8100"}, "n": {"10.0.0.1:8100"}}
+        unknown = await play(target, for_model(recorded, "z"))
+        assert unknown[0].immediate_response.status.code == 404
+        assert json.loads(unknown[0].immediate_response.body)["error"]["code"] == "model_not_found"
+    finally:
         await server.stop(grace=0)

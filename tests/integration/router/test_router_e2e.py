@@ -11,6 +11,7 @@ import asyncio
 import signal
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import httpx
 import openai
@@ -203,3 +204,43 @@ async def test_engine_killed_mid_load(fleet: LocalFleet) -> None:
     assert delta(outcome="ok") == first_done.count("ok") + 24
     assert delta(outcome="error") == first_done.count("error")
     assert delta() == 48
+
+
+def test_a_local_fleet_of_two_engine_groups_serves_two_models_each_on_its_own_engines(
+    tmp_path: Path,
+) -> None:
+    """``slofleet up``'s spec: one engine group per model; the router lists both and sends each model's
+    requests to its own group's engines only (the router's per-pod choice counter)."""
+    (tmp_path / "policy.yaml").write_text(POLICY)
+    (tmp_path / "keys.yaml").write_text(KEYS)
+    spec = FleetSpec(
+        engines=[EngineGroup(count=1, model="alpha"), EngineGroup(count=1, model="beta")],
+        port=0,
+        policy_file=tmp_path / "policy.yaml",
+        keys_file=tmp_path / "keys.yaml",
+        workdir=tmp_path,
+    )
+    with LocalFleet(spec) as f:
+        client = openai.OpenAI(base_url=f.router_url + "/v1", api_key="sk-product", max_retries=0)
+        assert sorted(x.id for x in client.models.list().data) == ["alpha", "beta"]
+        pod_of = {p.model: p.pod_id for p in f.pods}
+        for name in ("alpha", "beta", "alpha", "beta"):
+            before = prom(f)
+            client.chat.completions.create(
+                model=name, messages=[{"role": "user", "content": "hi"}], max_tokens=3
+            )
+            text = "".join(
+                c.choices[0].text
+                for c in client.completions.create(model=name, prompt="x", max_tokens=3, stream=True)
+                if c.choices
+            )
+            assert text
+            after = prom(f)
+            chosen = {
+                m: metric(after, "slofleet_router_chosen_total", endpoint=pod_of[m])
+                - metric(before, "slofleet_router_chosen_total", endpoint=pod_of[m])
+                for m in ("alpha", "beta")
+            }
+            assert chosen == {name: 2, ({"alpha", "beta"} - {name}).pop(): 0}
+        with pytest.raises(openai.NotFoundError):
+            client.completions.create(model="gamma", prompt="x", max_tokens=1)

@@ -12,6 +12,7 @@ from slo_core.gain import (
     GOODPUT_FUNCTIONS,
     Delivery,
     GainParams,
+    SLOWatch,
     goodput_function,
     ideal_gain,
     latency_token_outcome,
@@ -200,3 +201,44 @@ def test_latency_token_outcome_equals_the_three_functions(
     n = len(times) + extra
     expected = (token_goodput(d), ideal_gain(d, "token", output_tokens=n), request_goodput(d))
     assert latency_token_outcome(d, n) == expected
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    gap_list=st.lists(st.floats(0.0, 1.5), max_size=30),
+    batch=st.lists(st.integers(1, 4), min_size=1, max_size=30),
+    slo_idx=st.integers(0, 3),
+    arrival=st.floats(0.0, 1.7e9),
+    completed=st.booleans(),
+)
+def test_the_running_watch_judges_as_request_goodput(
+    gap_list: list[float], batch: list[int], slo_idx: int, arrival: float, completed: bool
+) -> None:
+    """Steps that each make one or more tokens at one time, fed as counts (what an engine keeps):
+    the watch's verdict is request_goodput's on every token's time."""
+    slo, watch = KINDS[slo_idx], SLOWatch(KINDS[slo_idx], arrival)
+    times: list[float] = []
+    t = arrival
+    for k, gap in enumerate(gap_list):
+        t += gap
+        times += [t] * batch[k % len(batch)]
+        watch.tokens(len(times), t)
+        watch.tokens(len(times), t + 1.0)  # a step that made no token for it changes nothing
+    expected = request_goodput(Delivery(slo, arrival, 50, times, completed=completed)) > 0
+    assert watch.met(completed) is expected
+
+
+def test_the_watch_takes_a_gap_early_tokens_made_up_for_and_an_absolute_deadline() -> None:
+    """The rule is the token deadlines TTFT + i·TBT, not the longest gap: a 0.3 s stall after ten fast
+    tokens is on time; a first token after TTFT is not; a tag's absolute deadline replaces arrival + D."""
+    w = SLOWatch(LAT, 100.0)  # TTFT 2 s, TBT 0.1 s
+    w.tokens(10, 100.5)
+    w.tokens(11, 100.8)
+    assert w.met(True) and not w.met(False)
+    slow = SLOWatch(LAT, 100.0)
+    slow.tokens(1, 102.5)
+    assert not slow.met(True)
+    tagged = SLOWatch(DL, 100.0, deadline_at_s=105.0)
+    tagged.tokens(3, 106.0)
+    assert not tagged.met(True)
+    assert not SLOWatch(DL, 100.0).met(True), "no token: not met"

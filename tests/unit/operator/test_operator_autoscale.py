@@ -1,24 +1,26 @@
-"""The operator's scaling loop, pure parts: the same decision as the simulator's autoscaler on the same
-inputs, the signals read off real sidecar metrics, deletion costs, the parameters from the CRD."""
+"""The operator's scaling loop, pure parts: the same signals and decisions as the simulator's autoscaler
+on the same counter stream, the signals read off real sidecar metrics, deletion costs, the parameters
+from the CRD."""
 
 from __future__ import annotations
+
+from typing import Any
 
 import pytest
 import yaml
 from prometheus_client import generate_latest
 from repo_paths import ROOT
 
-import slo_core.sim.autoscale as sim_autoscale
 from slo_core.crd.autoscaling import AutoscalingSpec
 from slo_core.perf.profiles import load_profile
-from slo_core.scaling import FleetSignals, ScaleDecision, ScalingParams
+from slo_core.scaling import PodCounters, ScaleStep, ScalingLoop, deletion_cost, window
 from slo_core.sim.autoscale import Autoscaler, capacity_tokens_per_s, startup_time_s
 from slo_core.sim.fleet import FleetSim, ReplicaSpec, SimConfig
 from slo_core.slo import RequestKind, SLOTargets
 from slo_core.workloads.jobs import Job
 from slo_operator import fleetmetrics
 from slo_operator.autoscaler import Autoscaler as OperatorAutoscaler
-from slo_operator.autoscaler import ScalingState, metrics_url, tightest_tbt_s
+from slo_operator.autoscaler import Memory, metrics_url, tightest_tbt_s
 from slo_operator.reconcile import Reconciler
 from slo_operator.settings import OperatorSettings
 from slo_sidecar.metrics import SidecarMetrics
@@ -34,39 +36,107 @@ def burst(start_s: float, n: int, gap_s: float) -> list[Job]:
     ]
 
 
-def test_the_operator_decides_as_the_simulator_on_the_same_signals(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Every decision of a simulated day with a burst, replayed through the operator's decision state."""
-    spec = AutoscalingSpec(down_window_s=30.0, attainment_target=0.95)
-    params = spec.params(1, 4)
-    seen: list[tuple[FleetSignals, float, ScaleDecision]] = []
-    real = sim_autoscale.decide
+def exposition(c: PodCounters) -> str:
+    """A replica's counters as its sidecar exports them: the sidecar's own metrics, rendered."""
+    m = SidecarMetrics()
+    for tier, n in c.met.items():
+        m.slo_met.labels(tier, tier).inc(n)
+    for tier, n in c.missed.items():
+        m.slo_missed.labels(tier, tier).inc(n)
+    m.rejects.labels("-", "-", "deadline").inc(c.rejected)
+    m.prompt_tokens.labels("gold", "gold").inc(c.prompt_tokens)
+    m.output_tokens.labels("gold", "gold").inc(c.output_tokens)
+    m.outstanding_tokens.set(c.outstanding_tokens)
+    m.program_requests.set(c.program_requests)
+    m.engine_waiting.set(c.waiting)
+    return generate_latest(m.registry).decode()
 
-    def recording(signals: FleetSignals, p: ScalingParams, history: tuple, now_s: float) -> ScaleDecision:
-        decision = real(signals, p, history, now_s)
-        seen.append((signals, now_s, decision))
-        return decision
 
-    monkeypatch.setattr(sim_autoscale, "decide", recording)
+def ready_pod(name: str, ip: str) -> dict[str, Any]:
+    sidecar = {"name": "sidecar", "ports": [{"name": "metrics", "containerPort": 9090}]}
+    return {
+        "metadata": {"name": name},
+        "spec": {"containers": [sidecar]},
+        "status": {"podIP": ip, "conditions": [{"type": "Ready", "status": "True"}]},
+    }
+
+
+class RecordingLoop(ScalingLoop):
+    def __init__(self) -> None:
+        super().__init__()
+        self.steps: list[ScaleStep | None] = []
+
+    def step(self, *args: Any, **kw: Any) -> ScaleStep | None:
+        out = super().step(*args, **kw)
+        self.steps.append(out)
+        return out
+
+
+def test_one_counter_stream_gives_operator_and_simulator_the_same_signals_and_decisions() -> None:
+    """A simulated burst and trickle: every period, the ready replicas' counters are rendered as sidecar
+    /metrics and scraped by the operator's loop against an in-memory API; it measures the same signals
+    and takes the same decisions as the simulator's autoscaler, period by period."""
+    md = yaml.safe_load((ROOT / "examples" / "modeldeployment-llama-8b-h100.yaml").read_text())
+    md["metadata"]["uid"] = "u"
+    capacity = capacity_tokens_per_s(PROFILE, tbt_s=0.1)
+    md["spec"]["autoscaling"] = {
+        "capacityTokensPerS": capacity,
+        "downWindowS": 30,
+        "tierTargets": {"gold": 0.95},
+        "minSamples": 5,
+    }
+    spec = AutoscalingSpec.model_validate(md["spec"]["autoscaling"])
     scaler = Autoscaler(
-        params=params,
+        params=spec.params(1, 4),
         startup_s=startup_time_s(PROFILE),
-        capacity_tokens_per_s=capacity_tokens_per_s(PROFILE, tbt_s=0.1),
-        tier_targets={"gold": spec.target("gold")},
+        capacity_tokens_per_s=capacity,
+        tier_targets=spec.tier_targets,
+        default_target=spec.attainment_target,
         period_s=10.0,
     )
     fleet = FleetSim(
         [ReplicaSpec(PROFILE)] * 4, "sarathi", "min-load", config=SimConfig(drain="all"), autoscaler=scaler
     )
-    fleet.run(burst(0.0, 3000, 0.02) + burst(100.0, 60, 5.0))
-    desired = [d.desired for _, _, d in seen]
+    bronze = SLOTargets(RequestKind.LATENCY, ttft_s=0.5, tbt_s=0.05, priority_class="bronze")
+    tight = [
+        Job(f"b{i}", 20.0 + i * 0.5, bronze, 3000, 100, max_tokens=512, tier="bronze") for i in range(60)
+    ]
+    fleet.run(burst(0.0, 3000, 0.02) + burst(100.0, 60, 5.0) + tight)
+    steps = [e.step for e in scaler.timeline]
+    desired = [e.desired for e in scaler.timeline]
     assert max(desired) > 1 and desired[-1] < max(desired)  # it scaled up and back down: a real test
+    tiers = {t.tier for s in steps if s is not None for t in s.signals.tiers}
+    assert tiers == {"gold", "bronze"}
+    assert any(t.met < t.finished for s in steps if s is not None for t in s.signals.tiers)
 
-    state = ScalingState(params)
-    for signals, now_s, decision in seen:
-        assert state.step(signals, now_s) == decision
+    api = LoopApi(md, 1, [])
+    now = [0.0]
+    texts: dict[str, str] = {}
+    loop = RecordingLoop()
+    operator = OperatorAutoscaler(
+        Reconciler(api, OperatorSettings(priority=1)),  # type: ignore[arg-type]
+        fetch=lambda url, _t: texts[url],
+        clock=lambda: now[0],
+    )
+    operator._memory[("llm", "llama-8b")] = Memory(loop=loop)
+    try:
+        for event in scaler.timeline:
+            now[0] = event.t_s
+            api.replicas = (
+                event.step.signals.ready + event.step.signals.starting if event.step else event.desired
+            )
+            api.pods, texts = [], {}
+            for k, (name, counters) in enumerate(sorted(event.samples.items())):
+                api.pods.append(ready_pod(name, f"10.0.0.{k}"))
+                texts[f"http://10.0.0.{k}:9090/metrics"] = exposition(counters)
+            status = operator.tick("llm", "llama-8b")
+            assert status is not None and status["desiredReplicas"] == event.desired
+        assert loop.steps == steps
+    finally:
+        operator.close()
 
 
-def scrape(m: SidecarMetrics, t_s: float) -> fleetmetrics.PodSample:
+def scrape(m: SidecarMetrics, t_s: float) -> PodCounters:
     return fleetmetrics.parse(generate_latest(m.registry).decode(), t_s)
 
 
@@ -88,7 +158,7 @@ def test_signals_come_from_the_sidecar_counters_over_the_period() -> None:
     b.program_requests.set(2)
     a.engine_waiting.set(5)
     now = {"a": scrape(a, 10.0), "b": scrape(b, 10.0), "new": scrape(SidecarMetrics(), 10.0)}
-    s = fleetmetrics.window(
+    s = window(
         before,
         now,
         ready=3,
@@ -111,7 +181,7 @@ def test_a_restarted_sidecar_counts_from_zero() -> None:
     fresh = SidecarMetrics()
     for _ in range(4):
         fresh.slo_result("gold", "gold", False)
-    s = fleetmetrics.window(
+    s = window(
         before,
         {"p": scrape(fresh, 5.0)},
         ready=1,
@@ -128,13 +198,13 @@ def test_a_response_without_sidecar_metrics_is_refused() -> None:
 
 
 def test_deletion_cost_orders_idle_before_busy_before_program_holders() -> None:
-    idle = fleetmetrics.PodSample(0.0)
-    busy = fleetmetrics.PodSample(0.0, outstanding_tokens=5000)
-    program = fleetmetrics.PodSample(0.0, outstanding_tokens=1, program_requests=1)
-    costs = [fleetmetrics.deletion_cost(x) for x in (None, idle, busy, program)]
+    idle = PodCounters(0.0)
+    busy = PodCounters(0.0, outstanding_tokens=5000)
+    program = PodCounters(0.0, outstanding_tokens=1, program_requests=1)
+    costs = [deletion_cost(x) for x in (None, idle, busy, program)]
     assert costs == [0, 0, 5000, 1_000_000_001]
     assert (
-        fleetmetrics.deletion_cost(fleetmetrics.PodSample(0.0, outstanding_tokens=1e12, program_requests=1))
+        deletion_cost(PodCounters(0.0, outstanding_tokens=1e12, program_requests=1))
         == 2_000_000_000  # both parts capped: within int32, programs still above any load
     )
 

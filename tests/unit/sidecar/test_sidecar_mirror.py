@@ -127,3 +127,54 @@ async def test_a_compound_call_gets_its_stage_sub_deadline_in_the_answer_and_the
     assert sub1 == pytest.approx(t0 + 50.0)  # stages 0-1: half of it, counted from the program's arrival
     (row,) = pod_state(sc).requests
     assert row.deadline_unix_s == pytest.approx(sub1)
+
+
+def _count(sc: Sidecar, metric: str, *labels: str) -> float:
+    value = sc.metrics.registry.get_sample_value(
+        f"slofleet_sidecar_{metric}", dict(zip(_LABELS[metric], labels, strict=True))
+    )
+    return value or 0.0
+
+
+_LABELS = {
+    "prompt_tokens_total": ("tier", "priority_class"),
+    "slo_met_total": ("tier", "priority_class"),
+    "slo_missed_total": ("tier", "priority_class"),
+    "rejects_total": ("tier", "priority_class", "reason"),
+    "requests_total": ("tier", "priority_class", "outcome"),
+}
+
+
+async def test_reports_count_prompts_once_outcomes_per_tier_and_set_the_work_gauges() -> None:
+    """Prompt tokens when a request is first reported (or at its finish, if no report saw it live);
+    met/missed per tier and rejections as the engine judged them, aborts no outcome; the gauges."""
+    sc = _sidecar()
+    now = time.time()
+    await sc.mirror.take(_report(0, now=now))
+    await sc.mirror.take(_report(4, now=now))
+    assert _count(sc, "prompt_tokens_total", "chat", "-") == 50  # c1 once, though reported twice
+    assert _count(sc, "prompt_tokens_total", "-", "-") == 8  # direct-1 (untagged)
+    m = sc.metrics
+    bound = sc.mirror.bound_of("c1", 0)
+    assert m.outstanding_tokens._value.get() == (bound - 4) + sc.mirror.bound_of("direct-1", 0) + 8
+    assert (m.program_requests._value.get(), m.engine_waiting._value.get()) == (0, 1)
+    sc.update_gauges()  # what /metrics calls: engine mode keeps the engine's figures
+    assert m.outstanding_tokens._value.get() > 0 and m.engine_waiting._value.get() == 1
+    done = [
+        pb.FinishedRequest(request_key="c1", generated_tokens=9, finish_reason="stop", tier="chat",
+                           outcome=pb.SLO_OUTCOME_MET, prompt_tokens=50),
+        pb.FinishedRequest(request_key="gone", generated_tokens=3, finish_reason="length", tier="chat",
+                           outcome=pb.SLO_OUTCOME_MISSED, prompt_tokens=70),
+        pb.FinishedRequest(request_key="no", generated_tokens=0, finish_reason="abort", tier="chat",
+                           outcome=pb.SLO_OUTCOME_REJECTED, prompt_tokens=5),
+        pb.FinishedRequest(request_key="left", generated_tokens=2, finish_reason="abort", tier="chat",
+                           prompt_tokens=6),
+    ]  # fmt: skip
+    # c1 finished after this report's snapshot was taken: still in its requests, not a new request
+    await sc.mirror.take(_report(9, done, now=now))
+    assert "c1" not in sc.mirror.tracked
+    assert _count(sc, "prompt_tokens_total", "chat", "-") == 50 + 70 + 5 + 6
+    assert (_count(sc, "slo_met_total", "chat", "-"), _count(sc, "slo_missed_total", "chat", "-")) == (1, 2)
+    assert _count(sc, "rejects_total", "chat", "-", "engine_policy") == 1
+    assert [_count(sc, "requests_total", "chat", "-", o) for o in ("ok", "rejected", "aborted")] == [2, 1, 1]
+    assert m.outstanding_tokens._value.get() == sc.mirror.bound_of("direct-1", 0) + 8

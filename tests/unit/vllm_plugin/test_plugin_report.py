@@ -9,8 +9,20 @@ from typing import Any
 
 from slo_core.slo import RequestKind, SLOTargets
 from slo_core.wire.tags import EngineTags
+from slo_proto import slofleet_pb2 as pb
 from slo_vllm_plugin.analyzer_client import AnalyzerClient
-from slo_vllm_plugin.report import EngineSnapshot, Finished, RequestRow, Throttle
+from slo_vllm_plugin.report import (
+    MET,
+    MISSED,
+    REJECTED,
+    EngineSnapshot,
+    Finished,
+    RequestRow,
+    Throttle,
+    judge,
+    to_report,
+    watch,
+)
 
 TAGS = EngineTags(
     SLOTargets(RequestKind.DEADLINE, deadline_s=30.0), request_key="k1", tenant="t", tier="batch"
@@ -100,3 +112,31 @@ def test_finishes_survive_a_failed_report_and_stale_bounds_read_as_unreachable()
 def test_the_throttle_lets_one_snapshot_through_per_interval() -> None:
     t = Throttle(0.05)
     assert [t.due(x) for x in (0.0, 0.01, 0.049, 0.05, 0.06, 0.2)] == [True, False, False, True, False, True]
+
+
+def test_a_finished_row_carries_its_outcome_by_the_tags_and_its_prompt() -> None:
+    """The watch takes the tags' targets and absolute deadline; an abort has no outcome, a policy
+    rejection is one; the report carries outcome and prompt tokens."""
+    chat = EngineTags(SLOTargets(RequestKind.LATENCY, ttft_s=1.0, tbt_s=0.1), request_key="c", tier="chat")
+    on_time, late = watch(chat, 100.0), watch(chat, 100.0)
+    on_time.tokens(5, 100.9)  # first token by TTFT, the next four due by 1.4 s
+    late.tokens(1, 100.5)
+    late.tokens(3, 101.3)  # token 1 was due at 1.1 s
+    assert (judge(on_time, "stop"), judge(late, "length")) == (MET, MISSED)
+    assert judge(on_time, "abort") == "" and judge(None, "stop") == ""
+    assert judge(watch(None, 0.0), "abort", rejected=True) == REJECTED
+    tagged = watch(EngineTags(SLOTargets(RequestKind.DEADLINE, deadline_s=30.0), deadline_at_s=110.0), 100.0)
+    tagged.tokens(2, 111.0)  # within arrival + 30 s but after the tags' absolute deadline
+    assert judge(tagged, "stop") == MISSED
+    untagged = watch(None, 100.0)  # best effort: the default deadline
+    untagged.tokens(1, 101.0)
+    assert judge(untagged, "stop") == MET
+    rows = [Finished("a", 5, "stop", "chat", MET, 40), Finished("b", 0, "abort", "", REJECTED, 9)]
+    msg = to_report(_snapshot(1), rows)
+    assert [(f.outcome, f.prompt_tokens) for f in msg.finished] == [
+        (pb.SLO_OUTCOME_MET, 40),
+        (pb.SLO_OUTCOME_REJECTED, 9),
+    ]
+    assert (
+        to_report(_snapshot(1), [Finished("c", 1, "abort")]).finished[0].outcome == pb.SLO_OUTCOME_UNSPECIFIED
+    )

@@ -83,3 +83,33 @@ def test_a_replica_holding_a_program_is_never_drained() -> None:
     assert [r.state for r in a._replicas[:2]] == ["ready", "draining"]
     a._drain_one(fleet, 2.0)
     assert a._replicas[0].state == "ready"  # nothing else may go
+
+
+def test_replicas_keep_the_counters_their_sidecars_export() -> None:
+    """Prompt tokens when admitted, output tokens and one SLO outcome per tier when a request ends; the
+    router's refusals (a prompt longer than any context) reach no replica's counters."""
+    a = Autoscaler(
+        params=ScalingParams(min_replicas=2, max_replicas=2),
+        startup_s=60.0,
+        capacity_tokens_per_s=1e6,
+        tier_targets={"gold": 0.95},
+        period_s=5.0,
+    )
+    fleet = FleetSim(
+        [ReplicaSpec(PROFILE)] * 2, "sarathi", "round-robin", config=SimConfig(drain="all"), autoscaler=a
+    )
+    jobs = burst(0.0, 40, 0.5)
+    jobs.append(Job("huge", 1.0, SLO, prompt_tokens=10**7, output_tokens=5, max_tokens=5, tier="gold"))
+    result = fleet.run(jobs)
+    assert result.rejected_by_router == 1
+    assert a.timeline[0].reason == "measuring" and a.timeline[0].step is None
+    last = a.timeline[-1].samples
+    assert sorted(last) == ["replica-0", "replica-1"]
+    served = [r for r in result.requests if r.replica >= 0]
+    assert len(served) == 40
+    assert sum(c.prompt_tokens for c in last.values()) == 40 * 800
+    assert sum(c.output_tokens for c in last.values()) == sum(r.generated for r in served) == 40 * 150
+    outcomes = sum(c.met.get("gold", 0) + c.missed.get("gold", 0) for c in last.values())
+    assert outcomes == 40 and all(c.outstanding_tokens == c.waiting == 0 for c in last.values())
+    demand = [e.step.signals.demand_tokens_per_s for e in a.timeline if e.step is not None]
+    assert max(demand) > 0
