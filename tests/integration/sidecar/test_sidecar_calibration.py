@@ -65,7 +65,7 @@ async def test_completions_calibrate_and_the_state_survives_a_restart(
             running_sidecar(sc, grpc_port=None, state_dir=tmp_path) as run,
             httpx.AsyncClient() as http,
         ):
-            await _serve_some(http, run.http_url, 40, 0)
+            await _serve_some(http, run.http_url, 56, 0)  # past a full window (50): it tightens
             metrics = (await http.get(run.http_url + "/metrics")).text
             peer_doc = (await http.get(run.http_url + calibration.PEER_PATH)).json()
         calibrated = hub.bound_at(plan, 0)
