@@ -15,8 +15,10 @@ N = ``refine_every_tokens``; stages past ``max_stage`` share the last one):
   ``α_t`` follows adaptive conformal inference (Gibbs & Candès 2021): α_{t+1} = α_t + γ(α − err_t),
   err_t = 1 when the completion exceeded the bound the current correction gives. The sliding window
   forgets the old distribution within ``window`` completions; ACI removes what bias remains.
-- Until a cell has ``min_scores`` scores its correction is 0 (the forest as trained), and it only
-  *tightens* the forest's bound (θ < 0) once it holds ``tighten_min_scores`` (default: a full window):
+- Until a cell has ``min_scores`` scores its correction is 0 (the forest as trained), and the
+  submission cell (stage 0, what admission rests on) only *tightens* the forest's bound (θ < 0) once
+  it holds ``tighten_min_scores`` (default: a full window; later stages, reached by few requests,
+  tighten after ``min_scores``):
   a bound that is too loose costs some efficiency, one that is too tight admits work that cannot
   finish in time, and a young sample is exactly the one most likely biased short (next point).
 - **Requests still generating count too** (right-censoring). Completions alone are a biased sample
@@ -72,8 +74,9 @@ class CalibrationParams(BaseModel):
     tighten_min_scores: int = Field(
         200,
         ge=1,
-        description="scores a cell needs before it may tighten the forest's bound (count, at most the "
-        "window): loosening is safe on little evidence, tightening on a young sample is not",
+        description="scores the submission cell (stage 0) needs before it may tighten the forest's bound "
+        "(count, at most the window): loosening is safe on little evidence, tightening admission on a "
+        "young sample is not",
     )
     max_stage: int = Field(20, ge=0, le=1000, description="last stage with its own correction (checkpoints)")
     tighten: bool = Field(
@@ -236,7 +239,7 @@ class OnlineCalibrator:
         else:
             k = math.ceil((n + 1) * (1.0 - cell.alpha))
             theta = float(s[min(max(k, 1), n) - 1])
-        if theta < 0.0 and n < min(self.params.tighten_min_scores, self.params.window):
+        if theta < 0.0 and stage == 0 and n < min(self.params.tighten_min_scores, self.params.window):
             theta = 0.0
         cell.theta = theta
 
