@@ -86,12 +86,25 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--profile", default="h100-llama3-8b-tp1")
     ap.add_argument("--seeds", type=int, nargs="+", default=[0])
     ap.add_argument("--trees", type=int, default=20)
+    ap.add_argument(
+        "--scenario",
+        type=int,
+        nargs="+",
+        default=[0, 1, 2],
+        help="which scenarios (0 no shift, 1 under, 2 over)",
+    )
+    ap.add_argument("--merge", nargs="+", help="only merge these goodput.json files into --out")
     args = ap.parse_args(argv)
+    if args.merge:
+        docs = [json.loads(Path(f).read_text(encoding="utf-8")) for f in args.merge]
+        return _write(
+            Path(args.out), {"args": [d["args"] for d in docs]}, [r for d in docs for r in d["records"]]
+        )
     data = sets(limit=20000)
     models: dict[str, OutputBoundEstimator] = {}
     records = []
     with tempfile.TemporaryDirectory() as tmp:
-        for label, train_name, served_name in SCENARIOS:
+        for label, train_name, served_name in (SCENARIOS[i] for i in args.scenario):
             if train_name not in models:
                 models[train_name] = train_estimator(
                     split(data[train_name])[0], n_trees=args.trees, min_samples_leaf=16
@@ -132,13 +145,43 @@ def main(argv: list[str] | None = None) -> int:
                         ),
                         file=sys.stderr,
                     )
-    out = Path(args.out)
+    return _write(Path(args.out), {"args": vars(args)}, records)
+
+
+def _write(out: Path, doc: dict[str, Any], records: list[dict[str, Any]]) -> int:
     out.mkdir(parents=True, exist_ok=True)
-    doc = {"args": vars(args), "records": records}
+    doc = {**doc, "records": records}
     (out / "goodput.json").write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")
-    (out / "goodput.md").write_text(table(records), encoding="utf-8")
-    print(table(records))
+    text = summary(records) + "\n" + table(records)
+    (out / "goodput.md").write_text(text, encoding="utf-8")
+    print(text)
     return 0
+
+
+def _mean_sd(values: list[float]) -> str:
+    m = sum(values) / len(values)
+    sd = (sum((v - m) ** 2 for v in values) / (len(values) - 1)) ** 0.5 if len(values) > 1 else 0.0
+    return f"{m:.3f} ± {sd:.3f}"
+
+
+def summary(records: list[dict[str, Any]]) -> str:
+    """Mean ± sample standard deviation over the seeds, per scenario and bounds."""
+    lines = [
+        "| scenario (train -> served) | bounds | seeds | token goodput | request goodput | attainment "
+        "| attain latency | attain deadline | attain compound |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    groups: dict[tuple[str, str, str, str], list[dict[str, Any]]] = {}
+    for r in records:
+        groups.setdefault((r["scenario"], r["train"], r["served"], r["bounds"]), []).append(r)
+    for (scenario, train, served, bounds), rs in groups.items():
+        overall = ("goodput_token_ratio", "goodput_request_ratio", "attainment")
+        cells = [_mean_sd([r[k] for r in rs]) for k in overall]
+        kinds = ("latency", "deadline", "compound")
+        cells += [_mean_sd([r["by_kind"].get(k, 0.0) for r in rs]) for k in kinds]
+        head = f"| {scenario} ({train} -> {served}) | {bounds} | {len(rs)} | "
+        lines.append(head + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
 
 
 def table(records: list[dict[str, Any]]) -> str:

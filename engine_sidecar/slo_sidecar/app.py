@@ -24,7 +24,7 @@ from starlette.types import Receive, Scope, Send
 from slo_core.wire import openai
 from slo_core.wire.api_description import DESCRIPTION_PATH, api_description
 from slo_core.wire.limits import RequestLimits, check_headers, parse_json_object, read_capped
-from slo_sidecar.calibration import PEER_PATH
+from slo_sidecar.calibration import PEER_PATH, state_endpoint
 from slo_sidecar.errors import (
     APIError,
     error_event,
@@ -273,17 +273,6 @@ async def ready(request: Request) -> Response:
     return JSONResponse({"ready": ok, "reason": reason or None}, status_code=200 if ok else 503)
 
 
-async def calibration_state(request: Request) -> Response:
-    """This replica's own calibration scores, for its peers (numbers and stratum names, no text)."""
-    sc: Sidecar = request.app.state.sidecar
-    if sc.calibration is None:
-        return JSONResponse(
-            {"error": {"message": "online calibration is off", "code": "no_calibration"}}, 404
-        )
-    doc = sc.calibration.calibrator.to_json(origin_only=True)
-    return JSONResponse(doc)
-
-
 def limits_of(sc: Sidecar) -> RequestLimits:
     """The limits this sidecar enforces now (max_tokens: the model's context)."""
     k = sc.knobs
@@ -356,14 +345,23 @@ class _SidecarApp(Starlette):
 _COMPLETIONS = {"/v1/chat/completions": _handler(CHAT), "/v1/completions": _handler(COMPLETION)}
 
 
+def create_calibration_app(sc: Sidecar) -> Starlette:
+    """The peers' calibration route alone, for a port only the ModelDeployment's engine pods reach."""
+    app = Starlette(routes=[Route(PEER_PATH, state_endpoint, methods=["GET"])])
+    app.state.sidecar = sc
+    return app
+
+
 def create_app(
     sc: Sidecar,
     lifespan: Callable[[Starlette], AbstractAsyncContextManager[None]] | None = None,
     *,
     metrics_route: bool = True,
+    calibration_route: bool = True,
 ) -> Starlette:
     """App factory: the sidecar core is built by the caller and shared by every handler
-    (``metrics_route=False``: ``/metrics`` is served on its own port, see ``--metrics-port``)."""
+    (``metrics_route=False``: ``/metrics`` is served on its own port, see ``--metrics-port``;
+    ``calibration_route=False``: the peers' calibration route is, see ``--calibration-port``)."""
     app = _SidecarApp(
         routes=[
             Route("/v1/chat/completions", _COMPLETIONS["/v1/chat/completions"], methods=["POST"]),
@@ -374,7 +372,7 @@ def create_app(
             Route(DESCRIPTION_PATH, description, methods=["GET"]),
             *([Route("/metrics", metrics, methods=["GET"])] if metrics_route else []),
             *([Route(ENGINE_METRICS_PATH, engine_metrics, methods=["GET"])] if metrics_route else []),
-            Route(PEER_PATH, calibration_state, methods=["GET"]),
+            *([Route(PEER_PATH, state_endpoint, methods=["GET"])] if calibration_route else []),
         ],
         lifespan=lifespan,
         exception_handlers=exception_handlers(),

@@ -11,7 +11,14 @@ The calibration itself is ``slo_core.predict.calibration`` (the simulator runs t
   ``--calibration-sync-s`` seconds and merges them (union by origin and sequence number: idempotent
   and commutative, so any peer list converges and a peer fetched twice counts once). A peer entry
   ``dns+http://svc:port`` resolves every address of a (headless) Service, so one flag serves every
-  replica of a ModelDeployment. A peer's answer is size-capped and validated; scores are clipped.
+  replica of a ModelDeployment (the operator renders ``<name>-peers`` and ``--calibration-port``, a
+  port only the ModelDeployment's engine pods may reach). A peer's answer is size-capped and
+  validated; scores are clipped.
+- **Peers authenticate** (with ``--tag-key-file``, as the operator renders it): the request carries
+  an ``x-slofleet-auth`` call token (``slo_core.wire.callauth``, the gRPC services' scheme) for
+  ``PEER_METHOD``, and the answer one over the SHA-256 of its body, so neither an outsider can read a
+  replica's scores nor a pod without the key feed them (401 ``unauthenticated`` / answer refused,
+  both counted).
 - **Metrics**: ``slofleet_sidecar_bound_coverage_ratio{stratum,stage}`` (share of completions whose
   true length was within the bound issued at that stage, last 200), ``..._bound_correction_factor``
   (e^θ: the factor on the forest's remaining-length bound) and ``..._calibration_scores`` (how many
@@ -21,18 +28,23 @@ The calibration itself is ``slo_core.predict.calibration`` (the simulator runs t
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import logging
 import math
 import os
 import socket
 import tempfile
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
 import httpx
-from prometheus_client import CollectorRegistry, Gauge
+from prometheus_client import CollectorRegistry, Counter, Gauge
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
 
 from slo_core.predict.calibration import (
     CalibratedEstimator,
@@ -41,12 +53,26 @@ from slo_core.predict.calibration import (
     Plan,
 )
 from slo_core.predict.estimator import OutputBoundEstimator
+from slo_core.wire.callauth import METADATA_KEY, call_token, check_call_token
+from slo_core.wire.keyring import KeyRing
 
 log = logging.getLogger(__name__)
 
 STATE_FILE = "calibration.json"
 PEER_PATH = "/slofleet/calibration"
 MAX_PEER_BYTES = 4 << 20  # a peer's state larger than this is refused
+PEER_METHOD = "GET /slofleet/calibration"  # what a peer's call token is bound to
+Keys = Callable[[], KeyRing]
+
+
+def answer_method(body: bytes) -> str:
+    """What the token on an answer is bound to: the answer's own bytes."""
+    return f"{PEER_METHOD} answer {hashlib.sha256(body).hexdigest()}"
+
+
+def sign_answer(keys: Keys, body: bytes) -> str:
+    now = time.time()
+    return call_token(keys().signing_key(now), answer_method(body), now)
 
 
 class CalibrationHub:
@@ -155,9 +181,14 @@ async def expand_peers(peers: list[str]) -> list[str]:
     return out
 
 
-async def fetch_peer(client: httpx.AsyncClient, base_url: str) -> dict[str, Any]:
-    """A peer's own scores (size-capped; raises httpx.HTTPError or ValueError)."""
-    async with client.stream("GET", base_url + PEER_PATH, timeout=5.0) as resp:
+async def fetch_peer(client: httpx.AsyncClient, base_url: str, keys: Keys | None = None) -> dict[str, Any]:
+    """A peer's own scores (size-capped; raises httpx.HTTPError or ValueError). With ``keys`` the call
+    carries a token and the answer must carry one over its body made with the same key ring."""
+    headers = {}
+    if keys is not None:
+        now = time.time()
+        headers[METADATA_KEY] = call_token(keys().signing_key(now), PEER_METHOD, now)
+    async with client.stream("GET", base_url + PEER_PATH, headers=headers, timeout=5.0) as resp:
         resp.raise_for_status()
         chunks, size = [], 0
         async for chunk in resp.aiter_bytes():
@@ -165,29 +196,60 @@ async def fetch_peer(client: httpx.AsyncClient, base_url: str) -> dict[str, Any]
             if size > MAX_PEER_BYTES:
                 raise ValueError(f"calibration state of {base_url} exceeds {MAX_PEER_BYTES} bytes")
             chunks.append(chunk)
-    doc = json.loads(b"".join(chunks))
+        token = resp.headers.get(METADATA_KEY)
+    body = b"".join(chunks)
+    if keys is not None:
+        why = check_call_token(token, answer_method(body), keys().verify_keys, time.time())
+        if why is not None:
+            raise ValueError(f"calibration answer of {base_url} not authenticated: {why}")
+    doc = json.loads(body)
     if not isinstance(doc, dict):
         raise ValueError("calibration state is not an object")
     return doc
 
 
-async def sync_once(hub: CalibrationHub, client: httpx.AsyncClient, peers: list[str]) -> int:
+async def sync_once(
+    hub: CalibrationHub, client: httpx.AsyncClient, peers: list[str], keys: Keys | None = None
+) -> int:
     """Fetch every peer once and merge; returns the number of new scores."""
     added = 0
     for url in await expand_peers(peers):
         try:
-            added += hub.merge_peer(await fetch_peer(client, url))
+            added += hub.merge_peer(await fetch_peer(client, url, keys))
         except (httpx.HTTPError, ValueError) as exc:
             hub.peer_errors += 1
             log.debug("calibration peer %s: %s", url, exc)
     return added
 
 
-async def sync_loop(hub: CalibrationHub, peers: list[str], every_s: float) -> None:
+async def sync_loop(hub: CalibrationHub, peers: list[str], every_s: float, keys: Keys | None = None) -> None:
     async with httpx.AsyncClient() as client:
         while True:
             await asyncio.sleep(every_s)
-            await sync_once(hub, client, peers)
+            await sync_once(hub, client, peers, keys)
+
+
+async def state_endpoint(request: Request) -> Response:
+    """``GET /slofleet/calibration``: this replica's own scores, for its peers (numbers and stratum
+    names, no text); with a key ring only to a caller with a call token, and the answer signed."""
+    sc = request.app.state.sidecar
+    hub: CalibrationHub | None = sc.calibration
+    if hub is None:
+        off = {"error": {"message": "online calibration is off", "code": "no_calibration"}}
+        return JSONResponse(off, 404)
+    keys: Keys | None = sc.keys
+    if keys is None:
+        return JSONResponse(hub.calibrator.to_json(origin_only=True))
+    why = check_call_token(request.headers.get(METADATA_KEY), PEER_METHOD, keys().verify_keys, time.time())
+    if why is not None:
+        if sc.calibration_gauges is not None:
+            sc.calibration_gauges.peer_refused.labels(why).inc()
+        log.debug("calibration state refused to %s: %s", request.client, why)
+        error = {"message": f"slofleet: {why}", "type": "authentication_error", "code": "unauthenticated"}
+        refused = {"error": error}
+        return JSONResponse(refused, 401)
+    body = json.dumps(hub.calibrator.to_json(origin_only=True), separators=(",", ":")).encode()
+    return Response(body, media_type="application/json", headers={METADATA_KEY: sign_answer(keys, body)})
 
 
 class CalibrationGauges:
@@ -216,6 +278,17 @@ class CalibrationGauges:
         self.peer_scores = Gauge(
             p + "calibration_peer_scores", "scores merged from peer replicas since start", registry=registry
         )
+        self.peer_refused = Counter(
+            p + "calibration_peer_refused",
+            "calls for this replica's calibration refused (401: no, stale or wrong call token), by reason",
+            ["reason"],
+            registry=registry,
+        )
+        self.peer_errors = Gauge(
+            p + "calibration_peer_errors",
+            "peer fetches that failed since start (unreachable, refused, unauthenticated or invalid answer)",
+            registry=registry,
+        )
 
     def update(self, hub: CalibrationHub) -> None:
         for g in (self.coverage, self.factor, self.scores):
@@ -227,3 +300,4 @@ class CalibrationGauges:
             self.factor.labels(*labels).set(cell["factor"])
             self.scores.labels(*labels).set(cell["scores"])
         self.peer_scores.set(hub.peer_scores)
+        self.peer_errors.set(hub.peer_errors)

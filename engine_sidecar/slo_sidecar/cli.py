@@ -27,6 +27,12 @@ def register(parser: argparse.ArgumentParser) -> None:
         "--metrics-port", type=int, help="serve /metrics on this port only (absent: on the HTTP port)"
     )
     parser.add_argument(
+        "--calibration-port",
+        type=int,
+        help="serve the peers' calibration state (GET /slofleet/calibration) on this port only "
+        "(absent: on the HTTP port)",
+    )
+    parser.add_argument(
         "--mode",
         choices=["proxy", "engine"],
         default="proxy",
@@ -112,6 +118,7 @@ def run(args: argparse.Namespace) -> int:
                 port=args.port,
                 grpc_port=args.grpc_port,
                 metrics_port=args.metrics_port,
+                calibration_port=args.calibration_port,
                 state_dir=args.state_dir,
                 policy_file=args.policy_file,
             )

@@ -21,7 +21,7 @@ import httpx
 import uvicorn
 
 from slo_sidecar import calibration, lifecycle
-from slo_sidecar.app import create_app, create_metrics_app
+from slo_sidecar.app import create_app, create_calibration_app, create_metrics_app
 from slo_sidecar.engine_client import new_session, probe
 from slo_sidecar.grpc_service import start_grpc
 from slo_sidecar.service import Sidecar
@@ -38,6 +38,7 @@ class Running:
     grpc_target: str
     server: uvicorn.Server
     metrics_url: str = ""  # with a metrics port: where /metrics is served ("" : on http_url)
+    calibration_url: str = ""  # with a calibration port: where peers fetch the calibration ("": http_url)
 
 
 class _Server(uvicorn.Server):
@@ -83,6 +84,7 @@ async def running_sidecar(
     policy_file: Path | None = None,
     reload_every_s: float = 1.0,
     metrics_port: int | None = None,
+    calibration_port: int | None = None,
 ) -> AsyncIterator[Running]:
     """Start the sidecar on this event loop; on exit drain it, checkpoint and stop everything."""
     if state_dir is not None:
@@ -101,21 +103,19 @@ async def running_sidecar(
         jobs.append(lifecycle.watch_config(sc, policy_file, reload_every_s))
     peers = [p.strip() for p in sc.knobs.calibration_peers.split(",") if p.strip()]
     if sc.calibration is not None and peers:
-        jobs.append(calibration.sync_loop(sc.calibration, peers, sc.knobs.calibration_sync_s))
+        jobs.append(calibration.sync_loop(sc.calibration, peers, sc.knobs.calibration_sync_s, sc.keys))
     tasks = [asyncio.create_task(j) for j in jobs]
     grpc_server, bound_grpc = (None, 0)
     if grpc_port is not None:
         grpc_server, bound_grpc = await start_grpc(sc, host, grpc_port)
-    metrics_server, metrics_task, metrics_url = None, None, ""
+    side: list[tuple[uvicorn.Server, asyncio.Task[None]]] = []
+    metrics_url = calibration_url = ""
     if metrics_port is not None:  # /metrics on its own port, off the public one
-        msock = _listen(host, metrics_port)
-        metrics_url = f"http://{host}:{msock.getsockname()[1]}"
-        metrics_server = uvicorn.Server(
-            uvicorn.Config(create_metrics_app(sc), log_level="warning", lifespan="off", access_log=False)
-        )
-        metrics_task = asyncio.create_task(metrics_server._serve(sockets=[msock]))
+        metrics_url = _side_server(create_metrics_app(sc), host, metrics_port, side)
+    if calibration_port is not None:  # the peers' calibration route on a port only peers may reach
+        calibration_url = _side_server(create_calibration_app(sc), host, calibration_port, side)
     config = uvicorn.Config(
-        create_app(sc, metrics_route=metrics_port is None),
+        create_app(sc, metrics_route=metrics_port is None, calibration_route=calibration_port is None),
         log_level="warning",
         lifespan="off",
         timeout_graceful_shutdown=5,
@@ -127,17 +127,29 @@ async def running_sidecar(
     while not server.started and not serve_task.done():
         await asyncio.sleep(0.01)
     try:
-        yield Running(sc, f"http://{host}:{http_port}", f"{host}:{bound_grpc}", server, metrics_url)
+        yield Running(
+            sc, f"http://{host}:{http_port}", f"{host}:{bound_grpc}", server, metrics_url, calibration_url
+        )
     finally:
-        if metrics_server is not None and metrics_task is not None:
-            metrics_server.should_exit = True
-            await metrics_task
+        for side_server, side_task in side:
+            side_server.should_exit = True
+            await side_task
         if not server.should_exit:
             await lifecycle.drain(sc, sc.knobs.drain_timeout_s)
             server.should_exit = True
         await serve_task
         await _stop(sc, tasks, grpc_server, state_dir)
         sock.close()
+
+
+def _side_server(
+    app: Any, host: str, port: int, side: list[tuple[uvicorn.Server, asyncio.Task[None]]]
+) -> str:
+    """Serve ``app`` on its own port (appended to ``side``); returns its base URL."""
+    sock = _listen(host, port)
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off", access_log=False))
+    side.append((server, asyncio.create_task(server._serve(sockets=[sock]))))
+    return f"http://{host}:{sock.getsockname()[1]}"
 
 
 async def _stop(
@@ -167,6 +179,7 @@ async def serve_forever(
     state_dir: Path | None,
     policy_file: Path | None,
     metrics_port: int | None = None,
+    calibration_port: int | None = None,
 ) -> None:
     """Serve until SIGTERM/SIGINT (then drain, checkpoint and return)."""
     async with running_sidecar(
@@ -177,6 +190,7 @@ async def serve_forever(
         state_dir=state_dir,
         policy_file=policy_file,
         metrics_port=metrics_port,
+        calibration_port=calibration_port,
     ) as run:
         log.info(
             "sidecar (%s mode) on %s, gRPC %s, engine %s",

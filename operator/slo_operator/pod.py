@@ -183,6 +183,11 @@ def _engine_resources(md: ModelDeploymentView, gpus: dict[str, str]) -> dict[str
     }
 
 
+def peers_service_name(md: ModelDeploymentView) -> str:
+    """The headless Service whose DNS name lists the pods' addresses (calibration peers)."""
+    return f"{md.name}-peers"
+
+
 def sidecar_args(md: ModelDeploymentView, settings: OperatorSettings) -> list[str]:
     """``slofleet sidecar`` in engine mode: SLO tags travel in ``vllm_xargs`` to the in-engine scheduler,
     which asks this sidecar's gRPC analyzer for bounds; it drains for the pod's drain time on SIGTERM."""
@@ -195,6 +200,10 @@ def sidecar_args(md: ModelDeploymentView, settings: OperatorSettings) -> list[st
         f"--policy-file={POLICY_DIR}/{POLICY_FILE}",
         f"--grpc-port={settings.sidecar_grpc_port}",
         f"--metrics-port={settings.sidecar_metrics_port}",  # /metrics off the port the router calls
+        # the replicas share the bound calibration: each fetches every other through the headless Service
+        f"--calibration-port={settings.sidecar_calibration_port}",
+        f"--calibration-peers=dns+http://{peers_service_name(md)}.{md.namespace}.svc:"
+        f"{settings.sidecar_calibration_port}",
         f"--state-dir={STATE_DIR}",
         f"--model-name={md.served_name}",
         "--pod=$(POD_NAME)",
@@ -224,6 +233,7 @@ def _sidecar_container(md: ModelDeploymentView, settings: OperatorSettings) -> d
             {"name": "http", "containerPort": settings.sidecar_http_port, "protocol": "TCP"},
             {"name": "grpc", "containerPort": settings.sidecar_grpc_port, "protocol": "TCP"},
             {"name": "metrics", "containerPort": settings.sidecar_metrics_port, "protocol": "TCP"},
+            {"name": "calibration", "containerPort": settings.sidecar_calibration_port, "protocol": "TCP"},
         ],
         "resources": resources,
         "livenessProbe": _http_probe("/health", "http", 10, 3),

@@ -1,4 +1,5 @@
-"""Pure rendering of what one ModelDeployment becomes: a Deployment, a Service, a ConfigMap and a PDB.
+"""Pure rendering of what one ModelDeployment becomes: a Deployment, two Services (the pods' and the
+sidecars' headless peers Service), a ConfigMap and a PDB.
 
 Deterministic functions of plain data (no clock, no I/O), so re-applying them changes nothing and golden
 files pin them. Every child carries the same labels, which the router selects on, and a controller owner
@@ -153,6 +154,29 @@ def service(md: ModelDeploymentView, settings: OperatorSettings) -> dict[str, An
     }
 
 
+def peers_service(md: ModelDeploymentView, settings: OperatorSettings) -> dict[str, Any]:
+    """A headless Service over the same pods, only for the sidecars' calibration exchange: its DNS name
+    resolves to every ready pod's address (``--calibration-peers=dns+http://…``), so the replicas of a
+    ModelDeployment share one calibration without any pod reading the API server."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": _meta(md, pod.peers_service_name(md)),
+        "spec": {
+            "clusterIP": "None",
+            "selector": selector_labels(md),
+            "ports": [
+                {
+                    "name": "calibration",
+                    "port": settings.sidecar_calibration_port,
+                    "targetPort": "calibration",
+                    "protocol": "TCP",
+                }
+            ],
+        },
+    }
+
+
 def _compact_json(value: dict[str, Any]) -> str:
     return json.dumps(value, sort_keys=True, separators=(",", ":"))
 
@@ -195,6 +219,7 @@ def children(
     return [
         config_map(md, policy),
         service(md, settings),
+        peers_service(md, settings),
         pod_disruption_budget(md),
         deployment(md, settings, autoscaled=autoscaled, replicas=replicas),
     ]

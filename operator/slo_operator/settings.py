@@ -59,6 +59,12 @@ class OperatorSettings(BaseModel):
         description="the sidecar's /metrics port (port name 'metrics'; it names tenants): scraped by the "
         "chart's PodMonitor, absent from the pods' Service, reached only by Prometheus (NetworkPolicy)",
     )
+    sidecar_calibration_port: int = Field(
+        default=9465,
+        description="the sidecar's port for its peers' bound-calibration exchange (port name 'calibration'; "
+        "in the '<name>-peers' headless Service only, reached only by engine pods (NetworkPolicy), calls "
+        "authenticated with the tag key)",
+    )
     engine_port: int = Field(default=8001, description="vLLM's OpenAI server port inside the pod")
     plugin_metrics_port: int = Field(
         default=9400,

@@ -15,7 +15,23 @@ N = ``refine_every_tokens``; stages past ``max_stage`` share the last one):
   ``α_t`` follows adaptive conformal inference (Gibbs & Candès 2021): α_{t+1} = α_t + γ(α − err_t),
   err_t = 1 when the completion exceeded the bound the current correction gives. The sliding window
   forgets the old distribution within ``window`` completions; ACI removes what bias remains.
-- Until a cell has ``min_scores`` scores its correction is 0 (the forest as trained).
+- Until a cell has ``min_scores`` scores its correction is 0 (the forest as trained), and the
+  submission cell (stage 0, what admission rests on) only *tightens* the forest's bound (θ < 0) once
+  it holds ``tighten_min_scores`` (default: a full window; later stages, reached by few requests,
+  tighten after ``min_scores``):
+  a bound that is too loose costs some efficiency, one that is too tight admits work that cannot
+  finish in time, and a young sample is exactly the one most likely biased short (next point).
+- **Requests still generating count too** (right-censoring). Completions alone are a biased sample
+  whenever the traffic is not in steady state (after a start, a restart without state, a shift, an
+  overload): the short requests of a cohort finish first, so the first scores are the smallest ones
+  and the correction tightens below the target (measured in the simulator: the compound stratum's
+  factor sat at 0.54-0.9 for the first ~50 s of an overloaded run whose final factor was 1.6, and
+  GMAX filled the engine with calls it believed short). A request that has generated g tokens past
+  checkpoint jN is a censored score ``s ≥ log((g − jN)/(raw[j] − jN))`` (how far it has run past the
+  bound is known, its end is not); ``track``/``untrack`` register the requests in flight, and the
+  correction is then the product-limit (Kaplan–Meier) quantile of completed and censored scores —
+  with no request in flight exactly the conformal order statistic above. How long a request has run
+  does not depend on how long it will run, so the censoring is uninformative, as KM needs.
 
 Because every stage is calibrated on the requests that actually reached it, a refined bound is no
 longer forced to stay above the submission bound: it is the calibrated conditional quantile of the
@@ -34,7 +50,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 from pydantic import BaseModel, Field
@@ -55,6 +71,13 @@ class CalibrationParams(BaseModel):
     )
     gamma: float = Field(0.005, ge=0.0, le=0.2, description="ACI step on the miscoverage level (fraction)")
     min_scores: int = Field(20, ge=1, description="scores a cell needs before it corrects the forest (count)")
+    tighten_min_scores: int = Field(
+        200,
+        ge=1,
+        description="scores the submission cell (stage 0) needs before it may tighten the forest's bound "
+        "(count, at most the window): loosening is safe on little evidence, tightening admission on a "
+        "young sample is not",
+    )
     max_stage: int = Field(20, ge=0, le=1000, description="last stage with its own correction (checkpoints)")
     tighten: bool = Field(
         True, description="refined bounds may fall below earlier ones (calibrated conditional quantile)"
@@ -76,6 +99,16 @@ class Plan:
             return self.raw[stage]
         g = stage * self.every_tokens
         return max(g * self.tail_growth, g + self.every_tokens)
+
+
+class LiveBound(Protocol):
+    """A request in flight, as :meth:`OnlineCalibrator.track` reads it (its plan, tokens so far)."""
+
+    @property
+    def plan(self) -> Plan: ...
+
+    @property
+    def generated_tokens(self) -> int: ...
 
 
 @dataclass(slots=True)
@@ -105,6 +138,7 @@ class OnlineCalibrator:
         self.origin = origin
         self._clock = clock
         self._cells: dict[tuple[str, int], _Cell] = {}
+        self._live: dict[str, dict[int, LiveBound]] = {}  # stratum -> id -> request in flight
         self._seq = 0
         self._lock = threading.Lock()
         self.updates = 0
@@ -129,6 +163,31 @@ class OnlineCalibrator:
         return max(min(max(value, g + 1), plan.max_tokens), g, 1)
 
     # ---- learning -----------------------------------------------------------------------------
+    def track(self, live: LiveBound) -> None:
+        """``live`` is in flight: its progress counts as a censored score until :meth:`untrack`."""
+        with self._lock:
+            self._live.setdefault(live.plan.stratum, {})[id(live)] = live
+
+    def untrack(self, live: LiveBound) -> None:
+        """``live`` left (finished, aborted or dropped); idempotent."""
+        with self._lock:
+            group = self._live.get(live.plan.stratum)
+            if group is not None:
+                group.pop(id(live), None)
+
+    def _censored(self, stratum: str, stage: int) -> list[float]:
+        """Censored scores of the requests in flight that passed checkpoint ``stage`` (its cell)."""
+        group = self._live.get(stratum)
+        if not group:
+            return []
+        out = []
+        for live in group.values():
+            plan, g = live.plan, live.generated_tokens
+            c = stage * plan.every_tokens
+            if g > c:
+                out.append(_clip(math.log((g - c) / max(plan.raw_at(stage) - c, 1e-9))))
+        return out
+
     def observe(self, plan: Plan, output_tokens: int, issued: Sequence[int] | None = None) -> None:
         """A request of ``plan`` finished naturally with ``output_tokens`` tokens.
 
@@ -158,7 +217,7 @@ class OnlineCalibrator:
                 cell.alpha = min(max(cell.alpha + self.params.gamma * (alpha0 - err), 1e-3), 0.5)
                 self._seq += 1
                 cell.scores.append((self.origin, self._seq, now, _clip(score)))
-                self._refresh(cell)
+                self._refresh(cell, plan.stratum, min(j, self.params.max_stage))
             self.updates += 1
 
     def _cell(self, stratum: str, stage: int) -> _Cell:
@@ -168,14 +227,21 @@ class OnlineCalibrator:
             self._cells[(stratum, stage)] = cell
         return cell
 
-    def _refresh(self, cell: _Cell) -> None:
+    def _refresh(self, cell: _Cell, stratum: str, stage: int) -> None:
         n = len(cell.scores)
         if n < self.params.min_scores:
             cell.theta = 0.0
             return
         s = np.sort(np.fromiter((x[3] for x in cell.scores), dtype=np.float64, count=n))
-        k = math.ceil((n + 1) * (1.0 - cell.alpha))
-        cell.theta = float(s[min(max(k, 1), n) - 1])
+        censored = self._censored(stratum, stage)
+        if censored:
+            theta = km_quantile(s, np.sort(np.asarray(censored, dtype=np.float64)), cell.alpha)
+        else:
+            k = math.ceil((n + 1) * (1.0 - cell.alpha))
+            theta = float(s[min(max(k, 1), n) - 1])
+        if theta < 0.0 and stage == 0 and n < min(self.params.tighten_min_scores, self.params.window):
+            theta = 0.0
+        cell.theta = theta
 
     # ---- figures for metrics and reports ------------------------------------------------------
     def snapshot(self) -> list[dict[str, Any]]:
@@ -242,7 +308,7 @@ class OnlineCalibrator:
                 cell.seen, cell.covered = c.seen, min(c.covered, c.seen)
                 cell.recent.extend(1 if x else 0 for x in c.recent[-200:])
                 self._add_scores(cell, c.scores)
-                self._refresh(cell)
+                self._refresh(cell, c.stratum, min(c.stage, self.params.max_stage))
 
     def merge(self, doc: dict[str, Any]) -> int:
         """Merge a peer's state: its scores join ours (dedup by origin and sequence, newest
@@ -256,7 +322,7 @@ class OnlineCalibrator:
                     continue
                 cell = self._cell(c.stratum, min(c.stage, self.params.max_stage))
                 added += self._add_scores(cell, foreign)
-                self._refresh(cell)
+                self._refresh(cell, c.stratum, min(c.stage, self.params.max_stage))
         return added
 
     def _add_scores(self, cell: _Cell, rows: Iterable[tuple[str, int, float, float]]) -> int:
@@ -288,6 +354,28 @@ class CalibrationState(BaseModel):
     target: float = Field(0.95, gt=0.0, lt=1.0)
     window: int = Field(200, ge=1)
     cells: list[CellState] = Field(default_factory=list, max_length=10_000)
+
+
+def km_quantile(events: F64, censored: F64, alpha: float) -> float:
+    """The smallest completed score θ with product-limit P(S > θ) ≤ 1 − (1 − α)(n + 1)/n.
+
+    ``events``: completed scores, ``censored``: lower bounds of scores still running (both sorted);
+    n counts both. Without censored scores this is the conformal ⌈(n+1)(1−α)⌉-th order statistic.
+    When the requests in flight keep the estimate above the level past every completed score, θ is
+    the largest score seen, completed or running (the bound must at least cover what is known).
+    """
+    n_ev, n = len(events), len(events) + len(censored)
+    level = 1.0 - (1.0 - alpha) * (n + 1) / n
+    surv, i = 1.0, 0
+    while i < n_ev:
+        t = events[i]
+        d = int(np.searchsorted(events, t, side="right")) - i
+        at_risk = (n_ev - i) + (len(censored) - int(np.searchsorted(censored, t, side="left")))
+        surv *= 1.0 - d / at_risk
+        if surv <= level + 1e-12:
+            return float(t)
+        i += d
+    return float(max(events[-1], censored[-1] if len(censored) else events[-1]))
 
 
 def _clip(v: float) -> float:

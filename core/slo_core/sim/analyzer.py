@@ -29,15 +29,21 @@ __all__ = ["LLM_STAGE", "SimAnalyzer"]
 
 
 class CalibratedSchedule:
-    """A request's bounds through the live calibration: ``at(g)`` as the sidecar's refinement gives."""
+    """A request's bounds through the live calibration: ``at(g)`` as the sidecar's refinement gives.
 
-    __slots__ = ("calibrated", "plan")
+    One per request: it is tracked by the calibration while the request is in flight (its progress is
+    a censored score, see slo_core.predict.calibration) until :meth:`SimAnalyzer.request_finished`.
+    """
+
+    __slots__ = ("calibrated", "generated_tokens", "plan")
 
     def __init__(self, calibrated: CalibratedEstimator, plan: Plan) -> None:
         self.calibrated = calibrated
         self.plan = plan
+        self.generated_tokens = 0
 
     def at(self, generated_tokens: int) -> int:
+        self.generated_tokens = generated_tokens
         return self.calibrated.bound_at(self.plan, generated_tokens)
 
 
@@ -90,17 +96,23 @@ class SimAnalyzer:
         if self.calibrated is not None:
             if key not in self._plans:
                 self._compute([key])
-            return CalibratedSchedule(self.calibrated, self._plans[key])
+            schedule = CalibratedSchedule(self.calibrated, self._plans[key])
+            self.calibrated.calibrator.track(schedule)
+            return schedule
         if key not in self._schedules:
             self._compute([key])
         return self._schedules[key]
 
-    def request_finished(self, schedule: object, output_tokens: int, max_tokens: int) -> None:
+    def request_finished(
+        self, schedule: object, output_tokens: int, max_tokens: int, finished: bool = True
+    ) -> None:
         """A request left its engine having emitted ``output_tokens``: a natural end (below its cap)
-        teaches the calibration, as a completion with finish_reason "stop" does in the sidecar."""
+        teaches the calibration, as a completion with finish_reason "stop" does in the sidecar; a
+        rejected or aborted one (``finished=False``) only stops counting as in flight."""
         if self.calibrated is None or not isinstance(schedule, CalibratedSchedule):
             return
-        if 0 < output_tokens < max_tokens:
+        self.calibrated.calibrator.untrack(schedule)
+        if finished and 0 < output_tokens < max_tokens:
             self.calibrated.observe(schedule.plan, output_tokens)
 
     # ---- compound programs -----------------------------------------------------------------------

@@ -294,8 +294,10 @@ class FleetSim:
         done = engine.done
         engine.done = []
         for r in done:
-            if self.analyzer is not None and r.state == FINISHED:  # online calibration learns
-                self.analyzer.request_finished(r.bound_schedule, r.generated, r.max_tokens)
+            if self.analyzer is not None:  # online calibration learns (and stops tracking it)
+                self.analyzer.request_finished(
+                    r.bound_schedule, r.generated, r.max_tokens, finished=r.state == FINISHED
+                )
             p = r.program
             if p is None:
                 continue

@@ -110,6 +110,14 @@ def test_only_the_router_reaches_engine_pods_and_only_prometheus_their_metrics(
         for port in (http, grpc, engine, plugin, metrics):
             assert not admitted(policies, pod, ns, stranger, ns, port), f"any pod reaches port {port}"
         assert not admitted(policies, pod, ns, router_labels, NS, metrics), "metrics name tenants"
+        # the sidecars share their bound calibration with the engine pods of their namespace , that port only
+        calibration, engine_labels = s.sidecar_calibration_port, pod["metadata"]["labels"]
+        assert admitted(policies, pod, ns, engine_labels, ns, calibration)
+        assert not admitted(policies, pod, ns, stranger, ns, calibration)
+        assert not admitted(policies, pod, ns, router_labels, NS, calibration)
+        assert not admitted(policies, pod, ns, engine_labels, "elsewhere", calibration)
+        for port in (http, grpc, engine, metrics):
+            assert not admitted(policies, pod, ns, engine_labels, ns, port), port
         prometheus = {"app.kubernetes.io/name": "prometheus"}
         assert admitted(policies, pod, ns, prometheus, "monitoring", plugin)
         assert admitted(policies, pod, ns, prometheus, "monitoring", metrics)

@@ -117,6 +117,7 @@ class Replay:
         self.ports = {"sidecar_http_port": free_port(), "sidecar_grpc_port": free_port()}
         self.ports["sidecar_metrics_port"] = free_port()  # the router binds the chart's metrics port
         self.ports["engine_port"] = free_port()
+        self.ports["sidecar_calibration_port"] = free_port()
         self.forwarded: dict[str, str] = {}
         self.env = {
             **{k: v for k, v in os.environ.items() if not k.startswith("KUBERNETES_")},

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import random
+import time
 from pathlib import Path
 
 import httpx
@@ -13,6 +14,7 @@ import pytest
 from slo_core.predict import BoundQuery, OutputBoundEstimator
 from slo_core.predict.training import LengthRow, train_estimator
 from slo_core.slo import PriorityClass, RequestKind, SLOTier
+from slo_core.wire.keyring import KeyRing
 from slo_lab.fake_engine import FakeEngine, serve_fake_engine
 from slo_sidecar import calibration
 from slo_sidecar.config import PolicyConfig, SidecarKnobs
@@ -63,7 +65,7 @@ async def test_completions_calibrate_and_the_state_survives_a_restart(
             running_sidecar(sc, grpc_port=None, state_dir=tmp_path) as run,
             httpx.AsyncClient() as http,
         ):
-            await _serve_some(http, run.http_url, 40, 0)
+            await _serve_some(http, run.http_url, 56, 0)  # past a full window (50): it tightens
             metrics = (await http.get(run.http_url + "/metrics")).text
             peer_doc = (await http.get(run.http_url + calibration.PEER_PATH)).json()
         calibrated = hub.bound_at(plan, 0)
@@ -95,11 +97,11 @@ async def test_without_apply_the_forest_bounds_are_issued_and_coverage_is_observ
     async with serve_fake_engine(FakeEngine()) as url:
         sc = _sidecar(url, forest)  # the default: learn and export, issue the forest's bounds
         async with running_sidecar(sc, grpc_port=None) as run, httpx.AsyncClient() as http:
-            await _serve_some(http, run.http_url, 25, 2)
+            await _serve_some(http, run.http_url, 51, 2)  # past a full window (50): it may tighten
         rows = list(sc.history.rows)
         hub = sc.calibration
         assert hub is not None
-        assert len(rows) == 25
+        assert len(rows) == 51
         for i, r in enumerate(rows):  # what was issued is the forest's bound, not the calibrated one
             text = f"question 2-{i}"
             body = {"model": "fake-model", "prompt": text, "max_tokens": 300}
@@ -111,7 +113,7 @@ async def test_without_apply_the_forest_bounds_are_issued_and_coverage_is_observ
             assert r["bound_at_arrival"] > hub.bound_at(plan, 0)
         assert sc.calibration is not None
         cell = sc.calibration.calibrator.snapshot()[0]
-        assert cell["completions"] == 25 and cell["coverage"] == 1.0  # the loose forest covered all
+        assert cell["completions"] == 51 and cell["coverage"] == 1.0  # the loose forest covered all
         assert cell["factor"] < 1.0  # and the calibration learned it could be tighter
 
 
@@ -146,3 +148,48 @@ async def test_replicas_share_calibration_and_ignore_hostile_peers(forest: Outpu
             assert await calibration.sync_once(b.calibration, http, bad) == 0
             assert b.calibration.calibrator.snapshot() == before
             assert b.calibration.peer_errors >= 2
+
+
+RING = KeyRing(b"c" * 32, b"p" * 32, rotated_at_s=time.time() - 3600)
+OTHER_RING = KeyRing(b"x" * 32)
+
+
+async def test_with_a_key_ring_peers_authenticate_both_ways_on_the_calibration_port(
+    forest: OutputBoundEstimator,
+) -> None:
+    """As the operator renders it: the state only on --calibration-port, only to callers with a call
+    token, and a fetcher takes only answers signed with the same key ring."""
+    async with serve_fake_engine(FakeEngine()) as url:
+        a, b = _sidecar(url, forest), _sidecar(url, forest)
+        a.keys = b.keys = lambda: RING
+        assert a.calibration is not None and b.calibration is not None
+        async with (
+            running_sidecar(a, grpc_port=None, calibration_port=0) as run_a,
+            httpx.AsyncClient() as http,
+        ):
+            await _serve_some(http, run_a.http_url, 30, 1)
+            # not on the public port any more, and refused without a token or with a foreign key's
+            assert (await http.get(run_a.http_url + calibration.PEER_PATH)).status_code == 404
+            refused = await http.get(run_a.calibration_url + calibration.PEER_PATH)
+            assert refused.status_code == 401 and refused.json()["error"]["code"] == "unauthenticated"
+            assert await calibration.sync_once(b.calibration, http, [run_a.calibration_url]) == 0
+            foreign = await calibration.sync_once(
+                b.calibration, http, [run_a.calibration_url], lambda: OTHER_RING
+            )
+            assert foreign == 0 and b.calibration.calibrator.snapshot() == []
+            metrics = (await http.get(run_a.http_url + "/metrics")).text
+            assert 'slofleet_sidecar_calibration_peer_refused_total{reason="no token"} 2.0' in metrics
+            assert 'slofleet_sidecar_calibration_peer_refused_total{reason="wrong key"} 1.0' in metrics
+            # the same ring: shared
+            assert await calibration.sync_once(b.calibration, http, [run_a.calibration_url], b.keys) > 0
+            plan = a.calibration.plan(None, 5, "latency", 300, "fake-model", "default")
+            assert b.calibration.bound_at(plan, 0) == a.calibration.bound_at(plan, 0)
+            # a responder without the key (an unkeyed sidecar answering at a peer's address) is not merged
+            c = _sidecar(url, forest)
+            assert c.calibration is not None
+            async with running_sidecar(c, grpc_port=None) as run_c:
+                await _serve_some(http, run_c.http_url, 30, 2)
+                before, errors = b.calibration.calibrator.snapshot(), b.calibration.peer_errors
+                assert await calibration.sync_once(b.calibration, http, [run_c.http_url], b.keys) == 0
+                assert b.calibration.calibrator.snapshot() == before
+                assert b.calibration.peer_errors == errors + 1

@@ -89,6 +89,7 @@ def test_converging_twice_writes_nothing_the_second_time() -> None:
         "Deployment",
         "PodDisruptionBudget",
         "Service",
+        "Service",
     ]
     before = len(api.writes)
     assert reconciler.converge("llm", "llama-8b") == "Progressing"

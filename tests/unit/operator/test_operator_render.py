@@ -62,7 +62,8 @@ def test_children_match_golden_files(md_file: str) -> None:
 @pytest.mark.parametrize("md_file", DEPLOYMENTS)
 def test_children_are_valid_kubernetes_objects_owned_by_the_model_deployment(md_file: str) -> None:
     objs = rendered(md_file)
-    assert [o["kind"] for o in objs] == ["ConfigMap", "Service", "PodDisruptionBudget", "Deployment"]
+    kinds = ["ConfigMap", "Service", "Service", "PodDisruptionBudget", "Deployment"]
+    assert [o["kind"] for o in objs] == kinds
     for obj in objs:
         kubernetes_validate.validate(obj, "1.32.0", strict=True)
         (ref,) = obj["metadata"]["ownerReferences"]
@@ -72,7 +73,7 @@ def test_children_are_valid_kubernetes_objects_owned_by_the_model_deployment(md_
 
 
 def test_pod_runs_vllm_with_the_plugin_copied_in_and_the_sidecar_in_front() -> None:
-    dep = rendered("modeldeployment-llama-8b-h100.yaml")[3]
+    dep = rendered("modeldeployment-llama-8b-h100.yaml")[-1]
     spec = dep["spec"]["template"]["spec"]
     (init,) = spec["initContainers"]
     vllm, sidecar = spec["containers"]
@@ -85,7 +86,7 @@ def test_pod_runs_vllm_with_the_plugin_copied_in_and_the_sidecar_in_front() -> N
     assert env["SLOFLEET_POLICY"]["valueFrom"]["configMapKeyRef"]["name"] == "llama-8b-policy"
     assert vllm["resources"]["limits"] == {"memory": "64Gi", "nvidia.com/gpu": "1"}
     assert any(m["mountPath"] == "/dev/shm" for m in vllm["volumeMounts"])
-    assert {p["name"] for p in sidecar["ports"]} == {"http", "grpc", "metrics"}
+    assert {p["name"] for p in sidecar["ports"]} == {"http", "grpc", "metrics", "calibration"}
     assert "--policy-file=/etc/slofleet/policy/policy.yaml" in sidecar["args"]
     assert spec["nodeSelector"] == {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}
     assert spec["terminationGracePeriodSeconds"] > SETTINGS.drain_s
@@ -102,7 +103,7 @@ def test_scheduler_class_path_names_the_plugin_class() -> None:
 
 
 def test_pvc_weights_are_mounted_read_only_and_passed_as_the_model_path() -> None:
-    dep = rendered("modeldeployment-llama-70b-h100x4.yaml")[3]
+    dep = rendered("modeldeployment-llama-70b-h100x4.yaml")[-1]
     spec = dep["spec"]["template"]["spec"]
     vllm = spec["containers"][0]
     assert "--model=/models/meta-llama/Llama-3.1-70B-Instruct" in vllm["args"]
@@ -112,9 +113,13 @@ def test_pvc_weights_are_mounted_read_only_and_passed_as_the_model_path() -> Non
 
 
 def test_service_and_pods_carry_the_labels_the_router_selects() -> None:
-    _cm, svc, pdb, dep = rendered("modeldeployment-llama-8b-h100.yaml")
+    _cm, svc, peers, pdb, dep = rendered("modeldeployment-llama-8b-h100.yaml")
     pod_labels = dep["spec"]["template"]["metadata"]["labels"]
-    for selector in (svc["spec"]["selector"], pdb["spec"]["selector"]["matchLabels"]):
+    for selector in (
+        svc["spec"]["selector"],
+        peers["spec"]["selector"],
+        pdb["spec"]["selector"]["matchLabels"],
+    ):
         assert selector.items() <= pod_labels.items()
     assert pod_labels[render.MD_LABEL] == "llama-8b"
     notes = dep["spec"]["template"]["metadata"]["annotations"]
@@ -178,7 +183,7 @@ def test_sidecar_arguments_are_accepted_by_the_sidecar_command() -> None:
 
     parser = argparse.ArgumentParser()
     register(parser)
-    sidecar = rendered("modeldeployment-llama-8b-h100.yaml")[3]["spec"]["template"]["spec"]["containers"][1]
+    sidecar = rendered("modeldeployment-llama-8b-h100.yaml")[-1]["spec"]["template"]["spec"]["containers"][1]
     assert sidecar["args"][0] == "sidecar"
     args = parser.parse_args(sidecar["args"][1:])
     assert args.mode == "engine" and args.grpc_port == SETTINGS.sidecar_grpc_port
@@ -192,7 +197,7 @@ def test_sidecar_metrics_are_on_their_own_named_port_that_the_service_leaves_out
 
     children = rendered("modeldeployment-llama-8b-h100.yaml")
     (deployment,) = [c for c in children if c["kind"] == "Deployment"]
-    (service,) = [c for c in children if c["kind"] == "Service"]
+    (service,) = [c for c in children if c["kind"] == "Service" and c["metadata"]["name"] == "llama-8b"]
     sidecar = next(c for c in deployment["spec"]["template"]["spec"]["containers"] if c["name"] == "sidecar")
     ports = {p["name"]: p["containerPort"] for p in sidecar["ports"]}
     parser = argparse.ArgumentParser()
@@ -220,3 +225,28 @@ def test_images_default_to_the_operators_unless_the_spec_chooses_one() -> None:
     body["spec"]["engine"]["image"] = "mine/vllm:1"
     vllm, sidecar = render.deployment(model.view(body), settings)["spec"]["template"]["spec"]["containers"]
     assert (vllm["image"], sidecar["image"]) == ("mine/vllm:1", "mine/sidecar:1")
+
+
+def test_replicas_share_calibration_through_a_headless_service_on_a_port_of_its_own() -> None:
+    import argparse
+
+    from slo_sidecar.cli import register
+
+    children = rendered("modeldeployment-llama-8b-h100.yaml")
+    (peers,) = [c for c in children if c["metadata"]["name"] == "llama-8b-peers"]
+    (service,) = [c for c in children if c["kind"] == "Service" and c["metadata"]["name"] == "llama-8b"]
+    deployment = children[-1]
+    sidecar = next(c for c in deployment["spec"]["template"]["spec"]["containers"] if c["name"] == "sidecar")
+    ports = {p["name"]: p["containerPort"] for p in sidecar["ports"]}
+    parser = argparse.ArgumentParser()
+    register(parser)
+    args = parser.parse_args(sidecar["args"][1:])
+    # a headless Service over exactly the ModelDeployment's pods: its DNS name lists every pod
+    assert peers["spec"]["clusterIP"] == "None"
+    assert peers["spec"]["selector"] == deployment["spec"]["selector"]["matchLabels"]
+    assert [p["targetPort"] for p in peers["spec"]["ports"]] == ["calibration"]
+    assert args.calibration_port == ports["calibration"] == SETTINGS.sidecar_calibration_port
+    assert args.calibration_port not in (args.port, args.grpc_port, args.metrics_port)
+    assert args.calibration_peers == f"dns+http://llama-8b-peers.llm.svc:{ports['calibration']}"
+    # the router's Service does not carry it
+    assert "calibration" not in {p["targetPort"] for p in service["spec"]["ports"]}

@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 import random
 
+import numpy as np
 import pytest
 from pydantic import ValidationError
 
@@ -15,6 +16,7 @@ from slo_core.predict.calibration import (
     CalibrationParams,
     OnlineCalibrator,
     Plan,
+    km_quantile,
 )
 from slo_core.predict.training import LengthRow, train_estimator
 from slo_core.sim.analyzer import CalibratedSchedule, SimAnalyzer
@@ -153,7 +155,7 @@ def test_absurd_peer_scores_are_clipped() -> None:
 
 
 def test_the_simulator_runs_the_same_calibrated_bounds(est: OutputBoundEstimator) -> None:
-    cal = OnlineCalibrator(0.95)
+    cal = OnlineCalibrator(0.95, CalibrationParams(tighten_min_scores=50))
     sim = SimAnalyzer(est, patterns=False, calibrator=cal)
     sched = sim.schedule(120, "latency", 4096)
     assert isinstance(sched, CalibratedSchedule)
@@ -166,3 +168,81 @@ def test_the_simulator_runs_the_same_calibrated_bounds(est: OutputBoundEstimator
     assert sched.at(0) < before
     sim.request_finished(sched, 4096, 4096)  # hit max_tokens: censored, not learned from
     assert cal.updates == 60
+
+
+def test_a_young_cell_loosens_at_once_but_tightens_only_on_a_full_window(est: OutputBoundEstimator) -> None:
+    cal = CalibratedEstimator(est, OnlineCalibrator(0.95, CalibrationParams(window=100)))
+    plan = cal.plan(None, 120, "latency", 4096)
+    forest = cal.bound_at(plan, 0)
+    for _ in range(99):
+        cal.observe(plan, 10)
+    assert cal.bound_at(plan, 0) == forest  # 99 short completions: not yet
+    cal.observe(plan, 10)
+    assert cal.bound_at(plan, 0) < forest / 4  # a full window: tightened
+    longer = cal.plan(None, 120, "deadline", 4096)  # another stratum, same forest bound
+    for _ in range(20):
+        cal.observe(longer, 4000)
+    assert cal.bound_at(longer, 0) >= 4000 > forest  # 20 long completions: loosened at once
+
+
+# ---- requests still generating count as censored scores ------------------------------------------
+
+
+@pytest.mark.parametrize("n", [20, 57, 200])
+@pytest.mark.parametrize("alpha", [0.05, 0.1, 0.3])
+def test_without_requests_in_flight_the_product_limit_is_the_conformal_order_statistic(
+    n: int, alpha: float
+) -> None:
+    rng = random.Random(n)
+    s = np.sort(np.array([rng.gauss(0, 1) for _ in range(n)]))
+    k = min(math.ceil((n + 1) * (1 - alpha)), n)
+    assert km_quantile(s, np.zeros(0), alpha) == s[k - 1]
+
+
+class _Live:
+    def __init__(self, plan: Plan, length: int) -> None:
+        self.plan, self.length, self.generated_tokens = plan, length, 0
+
+
+def _staggered(track: bool, ticks: int = 800, seed: int = 0) -> tuple[float, float]:
+    """One arrival per tick, one token per tick each, true lengths log-normal (σ = 1, median 100) and a
+    forest bound at the median (under-covering); returns (θ, truth θ) after ``ticks``."""
+    rng = random.Random(seed)
+    cal = OnlineCalibrator(0.95, CalibrationParams(window=10_000, gamma=0.0, max_stage=0))
+    plan = Plan("s", 1_000_000, 100_000, (100.0,))
+    flight: list[_Live] = []
+    for _ in range(ticks):
+        live = _Live(plan, max(1, int(100 * math.exp(rng.gauss(0, 1)))))
+        flight.append(live)
+        if track:
+            cal.track(live)
+        for r in list(flight):
+            r.generated_tokens += 1
+            if r.generated_tokens >= r.length:
+                flight.remove(r)
+                cal.untrack(r)
+                cal.observe(plan, r.length)
+    return cal.correction("s", 0), 1.645
+
+
+def test_requests_in_flight_keep_a_young_calibration_from_tightening_on_the_short_ones() -> None:
+    """Completions alone over-represent short requests until the long ones of the same period end:
+    the correction sits far below the truth; counting the requests in flight removes most of that."""
+    for seed in range(3):
+        biased, truth = _staggered(track=False, seed=seed)
+        censored, _ = _staggered(track=True, seed=seed)
+        assert biased < truth - 0.4, biased  # e^-0.4: bounds a third too tight
+        assert abs(censored - truth) < 0.2, censored
+
+
+def test_the_simulator_tracks_each_request_until_it_leaves() -> None:
+    est = train_estimator(rows(200, 3), n_trees=3, min_samples_leaf=8)
+    cal = OnlineCalibrator(0.95)
+    an = SimAnalyzer(est, calibrator=cal, patterns=False)
+    a, b = an.schedule(50, "latency", 4000), an.schedule(50, "latency", 4000)
+    assert isinstance(a, CalibratedSchedule) and a is not b  # one per request, same plan
+    a.at(120)
+    assert cal._censored("latency", 0) == [pytest.approx(math.log(120 / a.plan.raw[0]))]
+    an.request_finished(a, 130, 4000)
+    an.request_finished(b, 0, 4000, finished=False)  # dropped before it started: only forgotten
+    assert cal._censored("latency", 0) == [] and cal.updates == 1
