@@ -51,6 +51,7 @@ class Tracked:
     program_id: str = ""
     stage: int | None = None
     prompt_tokens: int = 0
+    generated_tokens: int = 0  # as of the newest report (the calibration reads it while in flight)
 
 
 class EngineMirror:
@@ -141,6 +142,8 @@ class EngineMirror:
                 bound = r.max_tokens
             elif (bound := t.bound) < generated:  # as the proxy's tracker: a bound generated tokens passed
                 bound = t.bound = min(t.max_tokens, generated + 1)
+            if t is not None:
+                t.generated_tokens = generated
             left = bound - generated
             outstanding += (left if left > 0 else 0) + (0 if generated else r.prompt_tokens)
             if r.program_id:
@@ -185,9 +188,12 @@ class EngineMirror:
             if r.output_bound > 0:  # the router's bound (from the tags) when it is tighter
                 bound = min(bound, int(r.output_bound))
             bound = max(bound, int(r.generated_tokens) + 1) if r.generated_tokens else max(1, bound)
-            self.tracked[r.request_key] = Tracked(
+            t = self.tracked[r.request_key] = Tracked(
                 bound, bound, int(r.generated_tokens), kind, r.tier, max_tokens, plan
             )
+            t.generated_tokens = int(r.generated_tokens)
+            if hub is not None and plan is not None:  # in flight: a censored score until it finishes
+                hub.calibrator.track(t)
         for r in due:
             t = self.tracked[r.request_key]
             generated = int(r.generated_tokens)
@@ -200,12 +206,17 @@ class EngineMirror:
                 )
             t.bound = max(int(value), min(t.max_tokens, generated + 1))
         while len(self.tracked) > MAX_TRACKED:  # rows whose finish never arrived (engine restarted)
-            self.tracked.pop(next(iter(self.tracked)))
+            self._untrack(self.tracked.pop(next(iter(self.tracked))))
+
+    def _untrack(self, t: Tracked | None) -> None:
+        if t is not None and t.plan is not None and self.calibration is not None:
+            self.calibration.calibrator.untrack(t)
 
     def _finish(self, finished: Any, now: float) -> None:
         learn = getattr(self.estimator, "observe", None)
         for f in finished:
             t = self.tracked.pop(f.request_key, None)
+            self._untrack(t)
             if t is not None and t.program_id and (prog := self.compound.programs.get(t.program_id)):
                 self.compound.call_ended(
                     prog,

@@ -184,6 +184,8 @@ class Sidecar:
             request_id=self._request_id(headers.get("x-request-id")),
         )
         live.plan = plan
+        if hub is not None and plan is not None:  # in flight: a censored score until it ends (as simulated)
+            hub.calibrator.track(live)
         job = Job(live, parsed)
         self.jobs[live.request_id] = job
         self.tier_inflight[tier_name] += 1
@@ -411,6 +413,8 @@ class Sidecar:
         live, m = job.live, self.metrics
         tier, pclass = live.tier.name, live.targets.priority_class
         self.tier_inflight[tier] -= 1
+        if self.calibration is not None and live.plan is not None:
+            self.calibration.calibrator.untrack(live)
         outcome = self.tracker.outcome(
             live, status == "ok", self.config.objective.goodput, self.config.objective.gain
         )

@@ -175,6 +175,11 @@ class OnlineCalibrator:
             if group is not None:
                 group.pop(id(live), None)
 
+    def in_flight(self) -> int:
+        """How many tracked requests are in flight (all strata)."""
+        with self._lock:
+            return sum(len(group) for group in self._live.values())
+
     def _censored(self, stratum: str, stage: int) -> list[float]:
         """Censored scores of the requests in flight that passed checkpoint ``stage`` (its cell)."""
         group = self._live.get(stratum)

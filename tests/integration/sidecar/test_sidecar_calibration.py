@@ -12,10 +12,12 @@ import httpx
 import pytest
 
 from slo_core.predict import BoundQuery, OutputBoundEstimator
+from slo_core.predict.calibration import LiveBound
 from slo_core.predict.training import LengthRow, train_estimator
 from slo_core.slo import PriorityClass, RequestKind, SLOTier
 from slo_core.wire.keyring import KeyRing
 from slo_lab.fake_engine import FakeEngine, serve_fake_engine
+from slo_proto import slofleet_pb2 as pb
 from slo_sidecar import calibration
 from slo_sidecar.config import PolicyConfig, SidecarKnobs
 from slo_sidecar.front import COMPLETION, parse_body
@@ -193,3 +195,57 @@ async def test_with_a_key_ring_peers_authenticate_both_ways_on_the_calibration_p
                 assert await calibration.sync_once(b.calibration, http, [run_c.http_url], b.keys) == 0
                 assert b.calibration.calibrator.snapshot() == before
                 assert b.calibration.peer_errors == errors + 1
+
+
+async def test_requests_in_flight_count_in_the_calibration_until_they_end_in_both_modes(
+    forest: OutputBoundEstimator, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """As in the simulator (core's analyzer tracks every scheduled request): a request in flight is a
+    censored score from admission until it ends, whatever the mode and however it ends."""
+    # engine mode: the mirror tracks what the engine reports and lets go of what finished
+    sc = Sidecar(
+        knobs=SidecarKnobs(mode="engine", pod="p"),
+        config=CONFIG,
+        engine_url="http://127.0.0.1:9",
+        estimator=forest,
+    )
+    hub = sc.calibration
+    assert hub is not None
+    now = time.time()
+
+    def row(key: str, generated: int) -> pb.EngineRequest:
+        return pb.EngineRequest(
+            request_key=key, phase="decode" if generated else "waiting", prompt_tokens=5,
+            generated_tokens=generated, max_tokens=300, arrival_unix_s=now - 1, kind="latency",
+            tier="gold", ttft_s=5.0, tbt_s=1.0,
+        )  # fmt: skip
+
+    await sc.mirror.take(pb.EngineReport(snapshot_unix_s=now, requests=[row("a", 0), row("b", 0)]))
+    assert hub.calibrator.in_flight() == 2
+    await sc.mirror.take(pb.EngineReport(snapshot_unix_s=now, requests=[row("a", 7), row("b", 3)]))
+    assert sc.mirror.tracked["a"].generated_tokens == 7, "the censored score reads the newest progress"
+    done = [pb.FinishedRequest(request_key="a", generated_tokens=9, finish_reason="stop", tier="gold")]
+    await sc.mirror.take(pb.EngineReport(snapshot_unix_s=now, requests=[row("b", 4)], finished=done))
+    assert hub.calibrator.in_flight() == 1
+    gone = [pb.FinishedRequest(request_key="b", generated_tokens=4, finish_reason="abort", tier="gold")]
+    await sc.mirror.take(pb.EngineReport(snapshot_unix_s=now, finished=gone))
+    assert hub.calibrator.in_flight() == 0, "an aborted request stops counting too"
+
+    # proxy mode: tracked from admission to the end of the request
+    eng = FakeEngine()
+    async with serve_fake_engine(eng) as url:
+        sc = _sidecar(url, forest)
+        hub = sc.calibration
+        assert hub is not None
+        seen: list[int] = []
+        track = hub.calibrator.track
+
+        def spy(live: LiveBound) -> None:
+            track(live)
+            seen.append(hub.calibrator.in_flight())
+
+        monkeypatch.setattr(hub.calibrator, "track", spy)
+        async with running_sidecar(sc) as run, httpx.AsyncClient(timeout=30) as http:
+            await _serve_some(http, run.http_url, 5, seed=7)
+        assert seen == [1, 1, 1, 1, 1], "each request was in flight alone, and counted"
+        assert hub.calibrator.in_flight() == 0
