@@ -311,8 +311,8 @@ def _first(reps: list[_Replica], state: str) -> int | None:
 
 
 def _met(r: SimRequest) -> bool:
-    """A finished request met its SLO; a program's call, when it ended by its stage's deadline."""
-    if r.program is not None:
-        return r.finish_s is not None and r.finish_s <= (r.deadline_at_s or math.inf)
-    d = Delivery(r.slo, r.arrival_s, r.prompt_tokens, tuple(r.token_times), True)
+    """A finished request met its SLO, judged as the sidecar judges it (``Tracker.outcome``): a
+    program's call against its program's deadline (the program's arrival plus its deadline)."""
+    arrival = r.program.arrival_s if r.program is not None else r.arrival_s
+    d = Delivery(r.slo, arrival, r.prompt_tokens, tuple(r.token_times), True)
     return request_goodput(d) > 0

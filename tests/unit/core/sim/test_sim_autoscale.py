@@ -113,3 +113,22 @@ def test_replicas_keep_the_counters_their_sidecars_export() -> None:
     assert outcomes == 40 and all(c.outstanding_tokens == c.waiting == 0 for c in last.values())
     demand = [e.step.signals.demand_tokens_per_s for e in a.timeline if e.step is not None]
     assert max(demand) > 0
+
+
+def test_a_program_call_is_judged_against_its_programs_deadline_as_the_sidecar_judges_it() -> None:
+    """The replicas' met/missed counters follow the sidecar's rule (``Tracker.outcome``: a compound
+    call's delivery measured from its program's arrival against the program's deadline), not the
+    stage sub-deadline the scheduler plans with."""
+    from slo_core.sim.autoscale import _met
+    from slo_core.sim.request import ProgramState, SimRequest
+
+    slo = SLOTargets(RequestKind.COMPOUND, deadline_s=10.0, priority_class="gold")
+    program = ProgramState("p", 0.0, slo, (((10, 5),), ((10, 5),)))
+    call = SimRequest(
+        "p/s1/c0", 4.0, slo, 10, output_tokens=5, max_tokens=5, deadline_at_s=6.0, program=program, stage=1
+    )
+    call.token_times = [6.5, 7.0, 7.5, 8.0, 8.5]  # after the stage's 6 s, before the program's 10 s
+    call.finish_s = 8.5
+    assert _met(call)
+    call.token_times[-1] = call.finish_s = 10.5  # past the program's deadline
+    assert not _met(call)
