@@ -105,7 +105,7 @@ class Task:
             profiles=(load_profile(PROFILE),),
             replicas=self.replicas,
             engine=EngineConfig(),
-            objective=Objective(goodput=self.objectives[0]),  # type: ignore[arg-type]
+            objective=Objective(goodput=self.objectives[0]),
         )
 
     def file(self, objective: str) -> str:
@@ -113,14 +113,14 @@ class Task:
 
 
 def tasks(args: argparse.Namespace) -> list[Task]:
-    """Every run of the sweep in the order they start: seed, replicas, family, load, policy (so an
-    interrupted sweep has whole points, every policy at a load, for the seeds it reached)."""
+    """Every run of the sweep in the order they start: replicas, family, seed, load, policy (so an
+    interrupted sweep has whole points, every policy at a load, with every seed it reached)."""
     policies = tuple(engine_policy_names()) if args.policies == "all" else tuple(args.policies.split(","))
     objectives = tuple(args.objective.split(","))
     out = []
-    for seed in (int(s) for s in args.seeds.split(",")):
-        for replicas in (int(r) for r in args.replicas.split(",")):
-            for family in args.families.split(","):
+    for replicas in (int(r) for r in args.replicas.split(",")):
+        for family in args.families.split(","):
+            for seed in (int(s) for s in args.seeds.split(",")):
                 for rps in _rates(args.rps, family, replicas):
                     for policy in policies:
                         groups = [(o,) for o in objectives] if objective_aware(policy) else [objectives]
