@@ -1,16 +1,21 @@
 """Issue 15's evidence: every registered policy vs the default (gmax), its oracle, the envelope and
 an offline upper bound, over workload families × replicas × loads × seeds.
 
-Run (one process per seed is the natural split; records land in OUT/records-*.json):
+Runs are spread over every core (``--workers``, processes; a record is the same from any worker),
+saved as each ends into OUT/records-<family>-r<replicas>-s<seed>-<objective>.json, and an interrupted
+sweep resumes: runs already recorded are skipped. A progress bar shows runs done and the time left;
+OUT/timing.jsonl records each run's CPU and wall seconds and the load average. A policy that does not
+read the objective runs once for all objectives listed (its schedule does not depend on it).
 
     .venv/bin/python bench/gmax_sweep.py run --out bench/results/gmax/sweep \\
         --families conv --replicas 1 --rps 8,12 --seeds 0 --duration 60
     .venv/bin/python bench/gmax_sweep.py tables --out bench/results/gmax/sweep
 
-The full sweep the issue asks for (>= 300 s windows, >= 3 seeds, three families, 1/2/4 replicas)::
+The full sweep the issue asks for (>= 300 s windows, >= 3 seeds, three families, 1/2/4 replicas,
+token and request goodput)::
 
-    for s in 0 1 2; do .venv/bin/python bench/gmax_sweep.py run --out OUT --families conv,tot,sharegpt \\
-        --replicas 1,2,4 --rps overload,light --seeds $s --duration 300 --policies all & done; wait
+    .venv/bin/python bench/gmax_sweep.py run --out OUT --families conv,tot,sharegpt --replicas 1,2,4 \\
+        --rps overload,light --seeds 0,1,2 --duration 300 --policies all --objective token,request
 
 ``--rps overload,light`` picks per family the load where FCFS attains < 50 % and a lighter one
 (per replica, times the replica count). ``tables`` prints mean ± spread (min–max over seeds) of the
@@ -22,17 +27,22 @@ from __future__ import annotations
 
 import argparse
 import json
+import multiprocessing
+import os
 import statistics
 import sys
+import time
 from collections import defaultdict
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from slo_core.bench.runner import BenchConfig, run_bench
+from slo_core.bench.runner import BenchConfig, run_one_timed
 from slo_core.metrics.ceiling import offline_bound
 from slo_core.objective import Objective
 from slo_core.perf import load_profile
-from slo_core.policies.registry import engine_policy_names
+from slo_core.policies.registry import engine_policy_names, objective_aware
 from slo_core.sim.engine_types import EngineConfig
 from slo_core.workloads import WorkloadSpec, build_workload
 
@@ -72,35 +82,173 @@ def _rates(text: str, family: str, replicas: int) -> list[float]:
     return out
 
 
+@dataclass(frozen=True)
+class Task:
+    """One run of the sweep; its record goes to every objective in ``objectives`` (a policy that does
+    not read the objective runs once and serves all of them: its schedule is the same)."""
+
+    family: str
+    replicas: int
+    seed: int
+    rps: float
+    policy: str
+    objectives: tuple[str, ...]
+    duration_s: float
+    router: str
+
+    def config(self) -> BenchConfig:
+        return BenchConfig(
+            workload=_spec(self.family, self.duration_s, self.seed, self.rps),
+            rps=(self.rps,),
+            policies=(self.policy,),
+            routers=(self.router,),
+            profiles=(load_profile(PROFILE),),
+            replicas=self.replicas,
+            engine=EngineConfig(),
+            objective=Objective(goodput=self.objectives[0]),
+        )
+
+    def file(self, objective: str) -> str:
+        return f"records-{self.family}-r{self.replicas}-s{self.seed}-{objective}.json"
+
+
+def tasks(args: argparse.Namespace) -> list[Task]:
+    """Every run of the sweep in the order they start: replicas, family, seed, load, policy (so an
+    interrupted sweep has whole points, every policy at a load, with every seed it reached)."""
+    policies = tuple(engine_policy_names()) if args.policies == "all" else tuple(args.policies.split(","))
+    objectives = tuple(args.objective.split(","))
+    out = []
+    for replicas in (int(r) for r in args.replicas.split(",")):
+        for family in args.families.split(","):
+            for seed in (int(s) for s in args.seeds.split(",")):
+                for rps in _rates(args.rps, family, replicas):
+                    for policy in policies:
+                        groups = [(o,) for o in objectives] if objective_aware(policy) else [objectives]
+                        for group in groups:
+                            out.append(
+                                Task(family, replicas, seed, rps, policy, group, args.duration, args.router)
+                            )
+    return out
+
+
+def _done_key(r: dict[str, Any]) -> tuple[Any, ...]:
+    return (r["policy"], r.get("rps_requested", r["rps"]), r["duration_s"], r["router"])
+
+
+def _load(out: Path) -> dict[str, list[dict[str, Any]]]:
+    files: dict[str, list[dict[str, Any]]] = {}
+    for path in sorted(out.glob("records-*.json")):
+        files[path.name] = json.loads(path.read_text(encoding="utf-8"))
+    return files
+
+
+def _save(out: Path, name: str, records: list[dict[str, Any]]) -> None:
+    records.sort(key=lambda r: (r["rps"], r["policy"]))
+    tmp = out / (name + ".tmp")
+    tmp.write_text(json.dumps(records, indent=1) + "\n", encoding="utf-8")
+    tmp.replace(out / name)
+
+
+def _loadavg() -> list[float]:
+    return [round(x, 2) for x in os.getloadavg()]
+
+
 def run(args: argparse.Namespace) -> int:
+    """Run the sweep's missing runs over ``--workers`` processes, saving each record as it ends.
+
+    Resumable: runs already in OUT/records-*.json (same policy, load, window, router) are skipped.
+    Each run is seeded and independent, so a record is the same from any worker (tests/unit/core/
+    bench/test_gmax_sweep_parallel.py). OUT/timing.jsonl gets a line per run (CPU and wall seconds,
+    the load average) and a line per invocation.
+    """
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    policies = tuple(engine_policy_names()) if args.policies == "all" else tuple(args.policies.split(","))
-    objective = Objective(goodput=args.objective)
-    for family in args.families.split(","):
-        for replicas in (int(r) for r in args.replicas.split(",")):
-            for seed in (int(s) for s in args.seeds.split(",")):
-                name = f"records-{family}-r{replicas}-s{seed}-{args.objective}.json"
-                path = out / name
-                records: list[dict[str, Any]] = []
-                for rps in _rates(args.rps, family, replicas):
-                    for policy in policies:  # one run at a time: records are saved as they come
-                        cfg = BenchConfig(
-                            workload=_spec(family, args.duration, seed, rps),
-                            rps=(rps,),
-                            policies=(policy,),
-                            routers=(args.router,),
-                            profiles=(load_profile(PROFILE),),
-                            replicas=replicas,
-                            engine=EngineConfig(),
-                            objective=objective,
-                        )
-                        for r in run_bench(cfg).records:
-                            r["family"] = family
-                            r.pop("goodput_over_time", None)
-                            records.append(r)
-                        path.write_text(json.dumps(records, indent=1) + "\n", encoding="utf-8")
-                        print(f"{path}: {policy} @ {rps:g}", file=sys.stderr, flush=True)
+    files = _load(out)
+    done = {name: {_done_key(r) for r in recs if "error" not in r} for name, recs in files.items()}
+    todo = [
+        t
+        for t in tasks(args)
+        if any(
+            (t.policy, t.rps, t.duration_s, t.router) not in done.get(t.file(o), set()) for o in t.objectives
+        )
+    ]
+    total = len(tasks(args))
+    workers = max(1, min(args.workers or os.cpu_count() or 1, len(todo) or 1))
+    timing = out / "timing.jsonl"
+    started = time.time()
+    with timing.open("a", encoding="utf-8") as log:
+        log.write(
+            json.dumps(
+                {
+                    "event": "start",
+                    "runs_total": total,
+                    "runs_todo": len(todo),
+                    "workers": workers,
+                    "at": started,
+                    "load": _loadavg(),
+                }
+            )
+            + "\n"
+        )
+    from tqdm import tqdm
+
+    bar = tqdm(total=len(todo), unit="run", file=sys.stderr, dynamic_ncols=True, disable=args.no_progress)
+    if total > len(todo):
+        bar.write(f"resuming: {total - len(todo)} of {total} runs already recorded", file=sys.stderr)
+
+    def finished(task: Task, record: dict[str, Any], cpu_s: float) -> None:
+        record.pop("goodput_over_time", None)
+        record["family"] = task.family
+        for objective in task.objectives:
+            rec = dict(record, objective=objective)
+            name = task.file(objective)
+            recs = [r for r in files.get(name, []) if _done_key(r) != _done_key(rec)]
+            recs.append(rec)
+            files[name] = recs
+            _save(out, name, recs)
+        with timing.open("a", encoding="utf-8") as log:
+            log.write(
+                json.dumps(
+                    {
+                        "event": "run",
+                        "file": task.file(task.objectives[0]),
+                        "policy": task.policy,
+                        "rps": task.rps,
+                        "objectives": list(task.objectives),
+                        "cpu_s": round(cpu_s, 3),
+                        "wall_s": record.get("wall_s"),
+                        "load": _loadavg(),
+                        "error": record.get("error"),
+                    }
+                )
+                + "\n"
+            )
+        status = record.get("error", "")[:60] or f"{cpu_s:.0f} s CPU"
+        bar.set_description_str(
+            f"{task.family} x{task.replicas} s{task.seed} {task.rps:g}rps {task.policy}: {status}",
+            refresh=False,
+        )
+        bar.update(1)
+
+    try:
+        if workers == 1:
+            for t in todo:
+                finished(t, *run_one_timed(t.config(), (t.policy, t.router, t.rps)))
+        else:
+            ctx = multiprocessing.get_context("spawn")
+            with ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as pool:
+                futures = {
+                    pool.submit(run_one_timed, t.config(), (t.policy, t.router, t.rps)): t for t in todo
+                }
+                for fut in as_completed(futures):
+                    finished(futures[fut], *fut.result())
+    finally:
+        bar.close()
+        with timing.open("a", encoding="utf-8") as log:
+            log.write(
+                json.dumps({"event": "end", "wall_s": round(time.time() - started, 1), "load": _loadavg()})
+                + "\n"
+            )
     return 0
 
 
@@ -225,7 +373,11 @@ def main() -> int:
     r.add_argument("--duration", type=float, default=60.0)
     r.add_argument("--policies", default=DEFAULT_POLICIES)
     r.add_argument("--router", default="round-robin")
-    r.add_argument("--objective", default="token", choices=("token", "request", "tempo", "tdg"))
+    r.add_argument(
+        "--objective", default="token", help="comma list of token, request, tempo, tdg (one record file each)"
+    )
+    r.add_argument("--workers", type=int, default=None, help="processes (default: every core)")
+    r.add_argument("--no-progress", action="store_true", help="no progress bar")
     r.set_defaults(func=run)
     t = sub.add_parser("tables")
     t.add_argument("--out", required=True)

@@ -12,6 +12,7 @@ import functools
 import hashlib
 import json
 import multiprocessing
+import time
 import traceback
 from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
@@ -162,6 +163,13 @@ def run_one(cfg: BenchConfig, key: Key, progress: Callable[[float], None] | None
     except Exception as exc:
         detail = "".join(traceback.format_exception_only(type(exc), exc)).strip()
         return {**head, "error": detail}, None
+
+
+def run_one_timed(cfg: BenchConfig, key: Key) -> tuple[dict[str, Any], float]:
+    """:func:`run_one`'s record (without samples) and the CPU seconds the run took in its process."""
+    c0 = time.process_time()
+    record, _ = run_one(cfg, key)
+    return record, time.process_time() - c0
 
 
 def _label(key: Key) -> str:

@@ -52,6 +52,13 @@ class AppliedDecision(Generic[T]):
 
 def ordered(items: Sequence[T], order: Sequence[str]) -> tuple[list[T], list[T]]:
     """Split ``items`` into (listed in ``order``'s order, the rest in current order); duplicates once."""
+    n = len(order)
+    if n <= len(items):  # the common case of a policy that keeps the order: a prefix already in place
+        for i in range(n):
+            if items[i].request_id != order[i]:
+                break
+        else:
+            return list(items[:n]), list(items[n:])
     by_id = {r.request_id: r for r in items}
     listed: list[T] = []
     seen: set[str] = set()

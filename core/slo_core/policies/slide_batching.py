@@ -13,6 +13,11 @@ at low load, density-first (a fractional knapsack) at high load. The batch is th
 starting at ``t_batch = t_c`` while ``t_batch < t_budget``: a decode adds its T̃_d, a prefill adds the
 largest chunk that still fits (chunked prefill), bounded by free KV, sequence slots and the token budget.
 Waiting requests outside the batch are held (``hold_unlisted``); running ones are ordered batch-first.
+
+The policy decides every engine step, so :meth:`SlideBatching.plan` runs on plain floats (the numpy
+functions below are the reference: ``tests/unit/core/policies/test_slide_batching_scalar.py`` checks
+the two agree bit for bit) and keeps each request's static terms (its T̃, due time and gain weight)
+while its snapshot object is unchanged: a request that merely waits costs a dict lookup per step.
 """
 
 from __future__ import annotations
@@ -133,6 +138,56 @@ def slide_order(m: QueueMetrics, urgent: np.ndarray) -> np.ndarray:
     return np.concatenate([urg, nor]).astype(int)
 
 
+def numpy_sum(xs: Sequence[float]) -> float:
+    """``float(np.sum(xs))`` for float64 values, on plain floats: numpy's pairwise summation (blocks of
+    up to 128 summed in 8 interleaved lanes, halved above that), so the result is bit-identical."""
+    return _pairwise_sum(xs, 0, len(xs))
+
+
+def _pairwise_sum(a: Sequence[float], lo: int, n: int) -> float:
+    if n < 8:
+        res = 0.0
+        for i in range(lo, lo + n):
+            res += a[i]
+        return res
+    if n <= 128:
+        r0, r1, r2, r3, r4, r5, r6, r7 = a[lo : lo + 8]
+        i = lo + 8
+        stop = lo + n - n % 8
+        while i < stop:
+            r0 += a[i]
+            r1 += a[i + 1]
+            r2 += a[i + 2]
+            r3 += a[i + 3]
+            r4 += a[i + 4]
+            r5 += a[i + 5]
+            r6 += a[i + 6]
+            r7 += a[i + 7]
+            i += 8
+        res = ((r0 + r1) + (r2 + r3)) + ((r4 + r5) + (r6 + r7))
+        while i < lo + n:
+            res += a[i]
+            i += 1
+        return res
+    n2 = n // 2
+    n2 -= n2 % 8
+    return _pairwise_sum(a, lo, n2) + _pairwise_sum(a, lo + n2, n - n2)
+
+
+# per request id: (the snapshot the terms were computed from, T̃ before β, next-token due time, gain)
+_Terms = tuple[RequestView, float, float, float]
+
+
+def _terms(r: RequestView, profile: PerfProfile, params: SlideBatchingParams) -> _Terms:
+    left = remaining_prompt_tokens(r)
+    if left > 0:
+        core = prefill_core_s(profile, left, r.computed_tokens)
+    else:
+        core = decode_core_s(profile, r.computed_tokens)
+    w = params.first_token_weight if r.generated_tokens == 0 else params.decode_token_weight
+    return (r, core, next_token_due_s(r), w * r.priority_weight)
+
+
 class SlideBatching(BaseEnginePolicy):
     """PROSERVE's local scheduler (see the module docstring)."""
 
@@ -154,6 +209,8 @@ class SlideBatching(BaseEnginePolicy):
     def __init__(self, params: SlideBatchingParams | None = None, **kwargs: object) -> None:
         self.params = params if params is not None else SlideBatchingParams.model_validate(kwargs)
         self.correction = OnlineCorrection(momentum=self.params.correction_momentum)
+        self._terms: dict[str, _Terms] = {}
+        self._terms_profile: PerfProfile | None = None
 
     def observe_batch(self, estimated_s: float, measured_s: float) -> float:
         """Fold one measured batch time into the correction factor β (PROSERVE §4.1)."""
@@ -162,7 +219,96 @@ class SlideBatching(BaseEnginePolicy):
     def plan(
         self, waiting: Sequence[RequestView], running: Sequence[RequestView], engine: EngineView
     ) -> SlidePlan:
-        """Order the queue and fill one batch up to the latency budget."""
+        """Order the queue and fill one batch up to the latency budget (plain floats; the same
+        arithmetic, in the same order, as queue_metrics, urgent_mask and slide_order)."""
+        profile = profile_or_fallback(engine.profile)
+        queue = [*running, *waiting]
+        if not queue:
+            return SlidePlan((), frozenset(), (), {}, self.params.eta_s, 0.0)
+        p = self.params
+        beta = self.correction.factor
+        now = engine.now_s
+        if profile is not self._terms_profile:
+            self._terms = {}
+            self._terms_profile = profile
+        old = self._terms
+        cache: dict[str, _Terms] = {}
+        n = len(queue)
+        exec_s = [0.0] * n
+        remain = [0.0] * n
+        density = [0.0] * n
+        for i, r in enumerate(queue):
+            t = old.get(r.request_id)
+            if t is None or t[0] is not r:
+                t = _terms(r, profile, p)
+            cache[r.request_id] = t
+            e = t[1] * beta
+            e = max(e, 1e-6)  # np.maximum(exec, 1e-6)
+            exec_s[i] = e
+            remain[i] = t[2] - now
+            density[i] = t[3] / e
+        self._terms = cache  # requests that left the queue drop out
+        t_c = overhead_s(profile) * beta
+        t_budget = max(min(remain), p.eta_s, t_c + 1e-3)
+        scale = t_budget / (t_budget - t_c)
+        if p.load_judgment == "aggressive":
+            bar = p.gamma * (scale * numpy_sum(exec_s))
+            urgent = [remain[i] < bar for i in range(n)]
+        else:
+            by_remain = sorted(range(n), key=remain.__getitem__)
+            urgent = [False] * n
+            cum = 0.0
+            for i in by_remain:
+                cum += exec_s[i]
+                urgent[i] = remain[i] < p.gamma * (scale * cum)
+        urg = [i for i in range(n) if urgent[i]]
+        urg.sort(key=lambda i: (-density[i], remain[i]))
+        nor = [i for i in range(n) if not urgent[i]]
+        nor.sort(key=remain.__getitem__)
+        order = urg + nor
+        n_running = len(running)
+        t_batch = t_c
+        kv_free = engine.kv_tokens_free
+        seqs = n_running
+        max_seqs = engine.max_num_seqs
+        tokens_left = engine.max_num_batched_tokens
+        batch: list[str] = []
+        chunks: dict[str, int] = {}
+        for i in order:
+            if t_batch >= t_budget or tokens_left <= 0:
+                break
+            r = queue[i]
+            is_waiting = i >= n_running
+            if is_waiting and seqs >= max_seqs:
+                continue
+            left = remaining_prompt_tokens(r)
+            if left == 0:
+                t_batch += exec_s[i]
+                chunk = 1
+            else:
+                fit = max_prefill_chunk(profile, (t_budget - t_batch) / beta, r.computed_tokens)
+                chunk = min(left, fit, tokens_left, kv_free)
+                if chunk <= 0:
+                    continue
+                t_batch += prefill_core_s(profile, chunk, r.computed_tokens) * beta
+                kv_free -= chunk
+            tokens_left -= chunk
+            seqs += int(is_waiting)
+            batch.append(r.request_id)
+            chunks[r.request_id] = chunk
+        return SlidePlan(
+            order=tuple(queue[i].request_id for i in order),
+            urgent=frozenset(queue[i].request_id for i in urg),
+            batch=tuple(batch),
+            chunks=chunks,
+            t_budget_s=t_budget,
+            t_batch_s=t_batch,
+        )
+
+    def plan_reference(
+        self, waiting: Sequence[RequestView], running: Sequence[RequestView], engine: EngineView
+    ) -> SlidePlan:
+        """:meth:`plan` through the numpy functions above (the reference the fast path must match)."""
         profile = profile_or_fallback(engine.profile)
         queue = [*running, *waiting]
         if not queue:

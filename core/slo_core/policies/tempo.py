@@ -91,14 +91,30 @@ def service_densities(
     kv_run = sum(r.kv_tokens for r in running)
     t_it = prof.iteration_time_from_sums_s(max(1, len(running)), 0.0, kv_run)
     n = len(reqs)
-    prompt = np.array([r.prompt_tokens for r in reqs], dtype=float)
-    gen = np.array([r.generated_tokens for r in reqs], dtype=float)
-    computed = np.array([r.computed_tokens for r in reqs], dtype=float)
-    l_out = np.array([expected_output_tokens(r) for r in reqs], dtype=float)
-    arrival = np.array([r.arrival_s for r in reqs])
-    weight = np.array([r.priority_weight for r in reqs])
-    latency = np.array([r.kind is RequestKind.LATENCY for r in reqs])
-    best_effort = np.array([r.kind is RequestKind.BEST_EFFORT for r in reqs])
+    # one pass over the snapshots (the fields as plain lists), then whole-array arithmetic
+    cols: list[tuple[int, int, int, int, float, float, RequestKind]] = [
+        (
+            r.prompt_tokens,
+            r.generated_tokens,
+            r.computed_tokens,
+            expected_output_tokens(r),
+            r.arrival_s,
+            r.slo.priority_weight,
+            r.slo.kind,
+        )
+        for r in reqs
+    ]
+    c_prompt, c_gen, c_computed, c_out, c_arrival, c_weight, kinds = (
+        zip(*cols, strict=True) if cols else ((),) * 7
+    )
+    prompt = np.array(c_prompt, dtype=float)
+    gen = np.array(c_gen, dtype=float)
+    computed = np.array(c_computed, dtype=float)
+    l_out = np.array(c_out, dtype=float)
+    arrival = np.array(c_arrival)
+    weight = np.array(c_weight)
+    latency = np.array([k is RequestKind.LATENCY for k in kinds])
+    best_effort = np.array([k is RequestKind.BEST_EFFORT for k in kinds])
     left_prompt = np.maximum(0.0, prompt + gen - computed)
     attn_ms = prof.b_ms_per_token_ctx * left_prompt * (computed + left_prompt)
     pref_ms = attn_ms + prof.a_ms_per_token * left_prompt
@@ -114,8 +130,13 @@ def service_densities(
         gain = np.where(~latency, base * _decay(deadline_rel, ttlt, p.alpha), 0.0)
     throttled = np.zeros(n, dtype=bool)
     if latency.any():
-        ttft = np.array([(r.slo.ttft_s or 1.0) if r.kind is RequestKind.LATENCY else 1.0 for r in reqs])
-        tbt = np.array([(r.slo.tbt_s or 1.0) if r.kind is RequestKind.LATENCY else 1.0 for r in reqs])
+        lat_kind = RequestKind.LATENCY
+        ttft = np.array(
+            [(r.slo.ttft_s or 1.0) if k is lat_kind else 1.0 for r, k in zip(reqs, kinds, strict=True)]
+        )
+        tbt = np.array(
+            [(r.slo.tbt_s or 1.0) if k is lat_kind else 1.0 for r, k in zip(reqs, kinds, strict=True)]
+        )
         elapsed = now - arrival
         first = np.where(gen == 0, p.input_weight * prompt * _decay(ttft, elapsed + t_pref, p.alpha), 0.0)
         frac = np.linspace(0.0, 1.0, _SAMPLES)
@@ -142,8 +163,9 @@ def _deadline_rel_s(r: RequestView) -> float:
 def _collective_max(reqs: Sequence[RequestView], remaining: np.ndarray) -> None:
     """A program stage completes with its slowest call: every call gets the stage's max R (in place)."""
     stages: dict[tuple[str, int | None], list[int]] = {}
+    compound = RequestKind.COMPOUND
     for i, r in enumerate(reqs):
-        if r.kind is RequestKind.COMPOUND and r.program_id is not None:
+        if r.program_id is not None and r.slo.kind is compound:
             stages.setdefault((r.program_id, r.stage), []).append(i)
     for idx in stages.values():
         if len(idx) > 1:

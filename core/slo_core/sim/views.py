@@ -9,6 +9,7 @@ service is memoized on the program and recomputed only after one of its calls ma
 from __future__ import annotations
 
 from slo_core.policies.base import RequestView
+from slo_core.predict.estimator import BoundSchedule
 from slo_core.sim.request import WAITING, SimRequest
 
 
@@ -23,10 +24,14 @@ def request_view(r: SimRequest, program_attained: int | None = None) -> RequestV
     else:
         attained = -1
     key = (r.computed, r.generated, r.preemptions, r.state, attained)
-    if r.view_key == key:
+    old = r.view_key
+    if old == key:
         return r.view  # type: ignore[return-value]
-    if r.bound_schedule is not None:  # the analyzer re-estimates the bound as tokens stream (§4.1)
-        r.output_bound = r.bound_schedule.at(r.generated)
+    sched = r.bound_schedule
+    # the analyzer re-estimates the bound as tokens stream (§4.1); a plain schedule is a pure function
+    # of the tokens generated, so only a new count needs a new bound (a calibrated one learns: always)
+    if sched is not None and (old is None or old[1] != r.generated or type(sched) is not BoundSchedule):
+        r.output_bound = sched.at(r.generated)
     view = RequestView(
         r.request_id,
         r.slo,

@@ -1,0 +1,84 @@
+"""bench/gmax_sweep.py: runs spread over processes give a serial run's records, and a sweep resumes."""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import sys
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+from repo_paths import ROOT
+
+
+def _sweep() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("gmax_sweep", ROOT / "bench" / "gmax_sweep.py")
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules["gmax_sweep"] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _args(out: Path, workers: int) -> argparse.Namespace:
+    return argparse.Namespace(
+        out=str(out),
+        families="conv",
+        replicas="1",
+        rps="6,14",
+        seeds="0",
+        duration=5.0,
+        policies="fcfs,tempo",
+        router="round-robin",
+        objective="token,request",
+        workers=workers,
+        no_progress=True,
+    )
+
+
+def _records(out: Path) -> dict[str, list[dict[str, Any]]]:
+    files = {}
+    for path in sorted(out.glob("records-*.json")):
+        rows = json.loads(path.read_text(encoding="utf-8"))
+        files[path.name] = [{k: v for k, v in r.items() if k != "wall_s"} for r in rows]
+    return files
+
+
+def _runs(out: Path) -> list[dict[str, Any]]:
+    lines = (out / "timing.jsonl").read_text(encoding="utf-8").splitlines()
+    return [e for e in map(json.loads, lines) if e["event"] == "run"]
+
+
+@pytest.mark.slow
+def test_parallel_sweep_equals_serial_and_resumes(tmp_path: Path) -> None:
+    sweep = _sweep()
+    serial, parallel = tmp_path / "serial", tmp_path / "parallel"
+    assert sweep.run(_args(serial, 1)) == 0
+    assert sweep.run(_args(parallel, 2)) == 0
+    got = _records(parallel)
+    assert got == _records(serial)
+    assert sorted(got) == ["records-conv-r1-s0-request.json", "records-conv-r1-s0-token.json"]
+    # fcfs does not read the objective: one run serves both files; tempo runs once per objective
+    assert len(_runs(serial)) == 2 * (1 + 2)
+    for name, objective in (("token", "token"), ("request", "request")):
+        rows = got[f"records-conv-r1-s0-{name}.json"]
+        assert sorted((r["policy"], r["rps"]) for r in rows) == [
+            ("fcfs", 6.0),
+            ("fcfs", 14.0),
+            ("tempo", 6.0),
+            ("tempo", 14.0),
+        ]
+        assert all(r["objective"] == objective and "error" not in r for r in rows)
+    # drop one record: a second invocation runs only that one and ends with the same records
+    path = parallel / "records-conv-r1-s0-request.json"
+    rows = json.loads(path.read_text(encoding="utf-8"))
+    kept = [r for r in rows if r["policy"] != "tempo" or r["rps"] != 14.0]
+    path.write_text(json.dumps(kept), encoding="utf-8")
+    before = len(_runs(parallel))
+    assert sweep.run(_args(parallel, 2)) == 0
+    again = _runs(parallel)[before:]
+    assert [(e["policy"], e["rps"], e["objectives"]) for e in again] == [("tempo", 14.0, ["request"])]
+    assert _records(parallel) == _records(serial)

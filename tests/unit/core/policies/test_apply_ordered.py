@@ -1,0 +1,36 @@
+"""apply.ordered: its fast path (the order already in place) gives what the general split gives."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from slo_core.policies.apply import ordered
+
+
+@dataclass(frozen=True)
+class Item:
+    request_id: str
+
+
+def reference(items: list[Item], order: list[str]) -> tuple[list[Item], list[Item]]:
+    by_id = {r.request_id: r for r in items}
+    listed: list[Item] = []
+    for rid in order:
+        if rid in by_id and by_id[rid] not in listed:
+            listed.append(by_id[rid])
+    return listed, [r for r in items if r not in listed]
+
+
+@given(
+    n=st.integers(0, 12),
+    prefix=st.booleans(),
+    order=st.lists(st.sampled_from([f"r{i}" for i in range(15)]), max_size=14),
+)
+def test_ordered_equals_the_general_split(n: int, prefix: bool, order: list[str]) -> None:
+    items = [Item(f"r{i}") for i in range(n)]
+    if prefix:  # a policy that keeps the current order (all of it or a head of it)
+        order = [r.request_id for r in items][: len(order)]
+    assert ordered(items, order) == reference(items, order)

@@ -1,0 +1,87 @@
+"""SlideBatching's plain-float plan equals its numpy reference bit for bit (order, URGENT set, batch,
+chunks, budget), across sequences of decisions that reuse snapshots (its per-request term cache)."""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from slo_core.perf import load_profile
+from slo_core.policies.base import EngineView, RequestView
+from slo_core.policies.slide_batching import SlideBatching, numpy_sum
+from slo_core.slo import RequestKind, SLOTargets
+
+PROFILE = load_profile("h100-llama3-8b-tp1")
+SLOS = (
+    SLOTargets(RequestKind.LATENCY, ttft_s=1.0, tbt_s=0.05),
+    SLOTargets(RequestKind.LATENCY, ttft_s=0.5, tbt_s=0.02, priority_weight=2.0),
+    SLOTargets(RequestKind.DEADLINE, deadline_s=8.0),
+    SLOTargets(RequestKind.DEADLINE, deadline_s=30.0, priority_weight=0.5),
+    SLOTargets(RequestKind.BEST_EFFORT),
+)
+
+
+@given(st.lists(st.floats(1e-7, 50.0), min_size=0, max_size=600))
+@settings(max_examples=300, deadline=None)
+def test_numpy_sum_is_numpys_pairwise_sum(xs: list[float]) -> None:
+    assert numpy_sum(xs) == float(np.asarray(xs, dtype=float).sum())
+
+
+def _view(rng: random.Random, i: int) -> RequestView:
+    slo = rng.choice(SLOS)
+    prompt = rng.randint(1, 6000)
+    gen = rng.choice([0, 0, rng.randint(1, 400)])
+    computed = rng.choice([0, prompt // 3, prompt + max(0, gen - 1), prompt + gen])
+    arrival = rng.uniform(0.0, 20.0)
+    deadline_at = None
+    if slo.kind is RequestKind.DEADLINE and rng.random() < 0.5:
+        deadline_at = arrival + rng.uniform(0.5, 40.0)
+    return RequestView(
+        request_id=f"r{i}",
+        slo=slo,
+        arrival_s=arrival,
+        prompt_tokens=prompt,
+        max_tokens=gen + rng.randint(1, 2000),
+        generated_tokens=gen,
+        computed_tokens=computed,
+        deadline_at_s=deadline_at,
+        output_bound=rng.choice([None, rng.randint(1, 2000)]),
+    )
+
+
+@given(
+    seed=st.integers(0, 10_000),
+    n=st.integers(1, 300),
+    judgment=st.sampled_from(["aggressive", "conservative"]),
+    gamma=st.sampled_from([0.25, 1.0, 4.0]),
+    seqs=st.sampled_from([2, 16, 256]),
+)
+@settings(max_examples=120, deadline=None)
+def test_plan_equals_numpy_reference(seed: int, n: int, judgment: str, gamma: float, seqs: int) -> None:
+    rng = random.Random(seed)
+    queue = [_view(rng, i) for i in range(n)]
+    fast = SlideBatching(load_judgment=judgment, gamma=gamma)
+    ref = SlideBatching(load_judgment=judgment, gamma=gamma)
+    for step in range(4):  # later decisions reuse some snapshots and replace others
+        if step:
+            for i in rng.sample(range(len(queue)), k=min(len(queue), 3)):
+                queue[i] = _view(rng, int(queue[i].request_id[1:]))
+            queue = queue[: max(1, len(queue) - rng.randint(0, 2))]
+            fast.observe_batch(0.02, rng.uniform(0.01, 0.04))  # β moves: cached terms are pre-β
+            ref.correction = fast.correction
+        cut = rng.randint(0, len(queue))
+        running, waiting = queue[:cut], queue[cut:]
+        view = EngineView(
+            now_s=20.0 + step * 0.03,
+            step=step,
+            max_num_seqs=max(seqs, len(running)),
+            max_num_batched_tokens=rng.choice([512, 8192]),
+            kv_blocks_total=30_000,
+            kv_blocks_free=rng.randint(0, 30_000),
+            block_size=16,
+            profile=PROFILE,
+        )
+        assert fast.plan(waiting, running, view) == ref.plan_reference(waiting, running, view)
