@@ -44,6 +44,51 @@ from slo_core.policies.seed_estimates import (
 )
 
 
+def _fill_batch(  # noqa: PLR0917 - the plan's state, shared by the scalar and numpy paths
+    queue: Sequence[RequestView],
+    order: Sequence[int],
+    exec_s: Sequence[float],
+    n_running: int,
+    t_c: float,
+    t_budget: float,
+    engine: EngineView,
+    profile: PerfProfile,
+    beta: float,
+) -> tuple[list[str], dict[str, int], float]:
+    """The step's batch in ``order`` until the time or token budget is spent: decodes cost their
+    execution time, prefills the largest chunk that fits; returns (batch, chunks, batch time)."""
+    t_batch = t_c
+    kv_free = engine.kv_tokens_free
+    seqs = n_running
+    max_seqs = engine.max_num_seqs
+    tokens_left = engine.max_num_batched_tokens
+    batch: list[str] = []
+    chunks: dict[str, int] = {}
+    for i in order:
+        if t_batch >= t_budget or tokens_left <= 0:
+            break
+        r = queue[i]
+        is_waiting = i >= n_running
+        if is_waiting and seqs >= max_seqs:
+            continue
+        left = remaining_prompt_tokens(r)
+        if left == 0:
+            t_batch += exec_s[i]
+            chunk = 1
+        else:
+            fit = max_prefill_chunk(profile, (t_budget - t_batch) / beta, r.computed_tokens)
+            chunk = min(left, fit, tokens_left, kv_free)
+            if chunk <= 0:
+                continue
+            t_batch += prefill_core_s(profile, chunk, r.computed_tokens) * beta
+            kv_free -= chunk
+        tokens_left -= chunk
+        seqs += int(is_waiting)
+        batch.append(r.request_id)
+        chunks[r.request_id] = chunk
+    return batch, chunks, t_batch
+
+
 class SlideBatchingParams(BaseModel):
     """Parameters of SlideBatching (PROSERVE §4.2)."""
 
@@ -266,36 +311,9 @@ class SlideBatching(BaseEnginePolicy):
         nor = [i for i in range(n) if not urgent[i]]
         nor.sort(key=remain.__getitem__)
         order = urg + nor
-        n_running = len(running)
-        t_batch = t_c
-        kv_free = engine.kv_tokens_free
-        seqs = n_running
-        max_seqs = engine.max_num_seqs
-        tokens_left = engine.max_num_batched_tokens
-        batch: list[str] = []
-        chunks: dict[str, int] = {}
-        for i in order:
-            if t_batch >= t_budget or tokens_left <= 0:
-                break
-            r = queue[i]
-            is_waiting = i >= n_running
-            if is_waiting and seqs >= max_seqs:
-                continue
-            left = remaining_prompt_tokens(r)
-            if left == 0:
-                t_batch += exec_s[i]
-                chunk = 1
-            else:
-                fit = max_prefill_chunk(profile, (t_budget - t_batch) / beta, r.computed_tokens)
-                chunk = min(left, fit, tokens_left, kv_free)
-                if chunk <= 0:
-                    continue
-                t_batch += prefill_core_s(profile, chunk, r.computed_tokens) * beta
-                kv_free -= chunk
-            tokens_left -= chunk
-            seqs += int(is_waiting)
-            batch.append(r.request_id)
-            chunks[r.request_id] = chunk
+        batch, chunks, t_batch = _fill_batch(
+            queue, order, exec_s, len(running), t_c, t_budget, engine, profile, beta
+        )
         return SlidePlan(
             order=tuple(queue[i].request_id for i in order),
             urgent=frozenset(queue[i].request_id for i in urg),
@@ -317,35 +335,17 @@ class SlideBatching(BaseEnginePolicy):
         m = queue_metrics(queue, engine.now_s, profile, self.params, beta)
         urgent = urgent_mask(m, self.params)
         order = slide_order(m, urgent)
-        n_running = len(running)
-        t_batch = m.t_c_s
-        kv_free = engine.kv_tokens_free
-        seqs = n_running
-        tokens_left = engine.max_num_batched_tokens
-        batch: list[str] = []
-        chunks: dict[str, int] = {}
-        for i in order:
-            if t_batch >= m.t_budget_s or tokens_left <= 0:
-                break
-            r = queue[i]
-            is_waiting = i >= n_running
-            if is_waiting and seqs >= engine.max_num_seqs:
-                continue
-            left = remaining_prompt_tokens(r)
-            if left == 0:
-                t_batch += float(m.exec_s[i])
-                chunk = 1
-            else:
-                fit = max_prefill_chunk(profile, (m.t_budget_s - t_batch) / beta, r.computed_tokens)
-                chunk = min(left, fit, tokens_left, kv_free)
-                if chunk <= 0:
-                    continue
-                t_batch += prefill_core_s(profile, chunk, r.computed_tokens) * beta
-                kv_free -= chunk
-            tokens_left -= chunk
-            seqs += int(is_waiting)
-            batch.append(r.request_id)
-            chunks[r.request_id] = chunk
+        batch, chunks, t_batch = _fill_batch(
+            queue,
+            order.tolist(),
+            m.exec_s.tolist(),
+            len(running),
+            m.t_c_s,
+            m.t_budget_s,
+            engine,
+            profile,
+            beta,
+        )
         ids = tuple(queue[i].request_id for i in order)
         return SlidePlan(
             order=ids,
