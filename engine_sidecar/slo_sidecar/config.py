@@ -68,6 +68,13 @@ class SidecarKnobs(BaseModel):
     model_name: str = Field("", description="model name when the engine reports none")
     pod: str = Field("", description="pod identity in state snapshots (default host:port)")
     profile: str = Field("", description="performance profile name reported to routers")
+    step_time_correction: float = Field(
+        1.0,
+        gt=0,
+        le=1e6,
+        description="how many times longer the engine's steps take than the profile predicts, reported to "
+        "routers, which scale the profile by it (engine-sim at --speedup X: 1/X; 1 on the profiled GPU)",
+    )
     calibration: bool = Field(
         True, description="learn an online calibration of the QRF bounds from served traffic (and export it)"
     )

@@ -76,7 +76,7 @@ def pod_state(sc: Sidecar, aggregate_only: bool = False) -> Any:
             gpu_class="",
         ),
         requests=requests,
-        step_time_correction=1.0,
+        step_time_correction=sc.knobs.step_time_correction,
     )
 
 
@@ -142,7 +142,7 @@ def reported_state(sc: Sidecar, aggregate_only: bool = False) -> Any:
             gpu_class="",
         ),
         requests=requests,
-        step_time_correction=1.0,
+        step_time_correction=sc.knobs.step_time_correction,
     )
 
 

@@ -13,7 +13,7 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
-from slo_core.perf.model import PerfProfile
+from slo_core.perf.model import PerfProfile, sped_up
 from slo_core.policies.base import ReplicaCapabilities, ReplicaView, RequestView
 from slo_core.policies.seed_estimates import DEFAULT_OUTPUT_TOKENS
 from slo_core.slo import RequestKind, SLOTargets, SLOTier
@@ -37,6 +37,21 @@ def lookup_profile(name: str) -> PerfProfile | None:
     except (ImportError, ValueError, FileNotFoundError, KeyError) as exc:
         log.info("performance profile %r unavailable (%s); routing estimates use the fallback", name, exc)
         return None
+
+
+MAX_STEP_TIME_CORRECTION = 1e6  # the sidecar's own limit: a larger report is malformed
+
+
+@functools.lru_cache(maxsize=256)
+def pod_profile(name: str, step_time_correction: float) -> PerfProfile | None:
+    """The profile a pod's steps actually follow: its named profile slowed by the step-time correction
+    it reports (engine-sim at ``--speedup X`` reports 1/X), the coefficients the simulator's engines run
+    with. A correction that is absent (0), not finite or out of range counts as 1."""
+    profile = lookup_profile(name)
+    c = step_time_correction
+    if profile is None or not 0 < c <= MAX_STEP_TIME_CORRECTION or c == 1.0:
+        return profile
+    return sped_up(profile, 1.0 / c)
 
 
 def _targets(msg: Any, tiers: Mapping[str, SLOTier]) -> SLOTargets:
@@ -136,7 +151,7 @@ def replica_view(
         max_num_seqs=DEFAULT_MAX_NUM_SEQS,
         max_num_batched_tokens=DEFAULT_MAX_BATCHED_TOKENS,
         block_size=BLOCK_SIZE_TOKENS,
-        profile=lookup_profile(msg.profile),
+        profile=pod_profile(msg.profile, float(msg.step_time_correction)),
         engine_policy=msg.engine_policy or "fcfs",
         healthy=bool(msg.healthy) and not msg.draining,
         capabilities=capabilities_of(msg),

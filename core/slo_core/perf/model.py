@@ -13,6 +13,7 @@ GPU profiles by ``bench/fit_perf.py`` and shipped as JSON under ``slo_core/data/
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -64,6 +65,27 @@ class PerfProfile:
         if n_prefills:
             ms += self.s_ms_per_prefill * n_prefills
         return ms / 1000.0
+
+
+def sped_up(profile: PerfProfile, speedup: float) -> PerfProfile:
+    """The same profile on a GPU ``speedup`` times as fast: every time coefficient divided by it (< 1:
+    slower). engine-sim runs its profile this way (``--speedup``), the demo's simulator slows its engines
+    alike, and a router scales a pod's named profile by the step-time correction the pod reports
+    (``speedup = 1 / correction``), so all three estimate with the same coefficients."""
+    if speedup == 1.0:
+        return profile
+    if not speedup > 0:
+        raise ValueError(f"speedup must be > 0, got {speedup}")
+    return dataclasses.replace(
+        profile,
+        t_c_ms=profile.t_c_ms / speedup,
+        floor_ms=profile.floor_ms / speedup,
+        a_ms_per_token=profile.a_ms_per_token / speedup,
+        b_ms_per_token_ctx=profile.b_ms_per_token_ctx / speedup,
+        d_ms_per_kv_token=profile.d_ms_per_kv_token / speedup,
+        s_ms_per_prefill=profile.s_ms_per_prefill / speedup,
+        source=f"{profile.source} (speed-up ×{speedup:g})",
+    )
 
 
 class OnlineCorrection:

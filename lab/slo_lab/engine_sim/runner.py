@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from slo_core.gain import SLOWatch
+from slo_core.perf import sped_up
 from slo_core.policies.base import EnginePolicy
 from slo_core.policies.registry import make_engine_policy
 from slo_core.sim.engine import SimEngine
@@ -38,7 +39,7 @@ from slo_core.wire.tags import EngineTags, distrust
 from slo_vllm_plugin.report import EngineSnapshot, Finished, RequestRow, Throttle, judge, watch
 
 from .policy_hook import GuardedPolicy, observes_feedback
-from .settings import EngineSimSettings, resolve_profile, sped_up
+from .settings import EngineSimSettings, resolve_profile
 
 log = logging.getLogger(__name__)
 

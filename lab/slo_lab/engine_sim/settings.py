@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -53,18 +52,3 @@ class EngineSimSettings(BaseModel):
 def resolve_profile(name: str) -> PerfProfile:
     """The named shipped profile (or profile file); ValueError lists the shipped names."""
     return load_profile(name)
-
-
-def sped_up(profile: PerfProfile, speedup: float) -> PerfProfile:
-    """The same profile on a GPU ``speedup`` times faster (every time coefficient divided)."""
-    if speedup == 1.0:
-        return profile
-    return dataclasses.replace(
-        profile,
-        t_c_ms=profile.t_c_ms / speedup,
-        floor_ms=profile.floor_ms / speedup,
-        a_ms_per_token=profile.a_ms_per_token / speedup,
-        b_ms_per_token_ctx=profile.b_ms_per_token_ctx / speedup,
-        d_ms_per_kv_token=profile.d_ms_per_kv_token / speedup,
-        source=f"{profile.source} (engine-sim speed-up ×{speedup:g})",
-    )

@@ -183,13 +183,18 @@ class LocalFleet:
         url = f"http://127.0.0.1:{port}"
         return Child(name, url, self._cmd(*args), self.workdir / "logs" / f"{name}.log"), url
 
-    def _sidecar_child(self, name: str, engine_url: str, grpc_port: int, pod: str, profile: str) -> Child:
+    def _sidecar_child(
+        self, name: str, engine_url: str, grpc_port: int, pod: str, group: EngineGroup
+    ) -> Child:
         port = free_port()
         state = self.workdir / "state" / name
         state.mkdir(parents=True, exist_ok=True)
         args = ["sidecar", "--host", "127.0.0.1", "--port", str(port), "--engine-url", engine_url]
         args += ["--policy-file", str(self.policy_file), "--grpc-port", str(grpc_port)]
-        args += ["--mode", self.spec.mode, "--state-dir", str(state), "--pod", pod, "--profile", profile]
+        args += ["--mode", self.spec.mode, "--state-dir", str(state)]
+        args += ["--pod", pod, "--profile", group.profile]
+        if group.url is None:  # engine-sim runs the profile at --speedup: routers must estimate with that
+            args += ["--step-time-correction", repr(1.0 / group.speedup)]
         url = f"http://127.0.0.1:{port}"
         return Child(name, url, self._cmd(*args), self.workdir / "logs" / f"{name}.log")
 
@@ -238,7 +243,7 @@ class LocalFleet:
                         self.children.append(child)
                         engines.append((child, url, group))
                     sidecar = self._sidecar_child(
-                        f"sidecar-{index}", engines[-1][1], grpc_port, f"pod-{index}", group.profile
+                        f"sidecar-{index}", engines[-1][1], grpc_port, f"pod-{index}", group
                     )
                     sidecar.start(env)
                     self.children.append(sidecar)

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 
 from slo_core.crd.loads import parse_policy
 from slo_core.metrics.summary import JobOutcome, job_outcomes
-from slo_core.perf import load_profile
+from slo_core.perf import load_profile, sped_up
 from slo_core.perf.model import PerfProfile
 from slo_core.sim.analyzer import SimAnalyzer
 from slo_core.sim.engine_types import EngineConfig
@@ -22,11 +22,10 @@ from slo_core.sim.fleet import FleetSim, ReplicaSpec, SimConfig
 from slo_core.workloads.jobs import Job
 
 
-def slowed(profile: PerfProfile, speedup: float) -> PerfProfile:
-    """The profile on a GPU ``speedup`` times as fast (engine-sim's --speedup, the same arithmetic)."""
-    from slo_lab.engine_sim.settings import sped_up
-
-    return sped_up(profile, speedup)
+def engine_profile(profile: str, speedup: float) -> PerfProfile:
+    """The coefficients the demo's engines run with: the named profile at engine-sim's ``--speedup``
+    (the same arithmetic; the live router gets them from the step-time correction its pods report)."""
+    return sped_up(load_profile(profile), speedup)
 
 
 def report_age_s() -> float:
@@ -55,7 +54,7 @@ def simulate(
     """Every job's outcome in the simulator (one SimEngine per live engine, the policy's routing), in
     the order of ``jobs`` (so live and simulated outcomes of one job can be compared)."""
     runtime = parse_policy(policy_text, "demo policy").spec.runtime()
-    perf = slowed(load_profile(profile), speedup)
+    perf = engine_profile(profile, speedup)
     replicas = [ReplicaSpec(perf, EngineConfig(max_num_seqs=max_num_seqs))] * engines
     sim = FleetSim.from_runtime(
         replicas,

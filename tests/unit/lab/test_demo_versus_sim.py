@@ -3,15 +3,18 @@ per-job comparison that traces a live-vs-simulated gap to the requests behind it
 
 from __future__ import annotations
 
+import time
 from dataclasses import replace
+from pathlib import Path
 
 from slo_core.crd.loads import parse_policy
 from slo_core.workloads import WorkloadSpec, build_workload, parse_mix
 from slo_core.workloads.jobs import Job
 from slo_lab.localfleet.demo import _capped, demo_policy
+from slo_lab.localfleet.launcher import LocalFleet
 from slo_lab.localfleet.report import describe_differences, job_differences
-from slo_lab.localfleet.simulate import simulate
-from slo_lab.localfleet.spec import DEFAULT_PROFILE
+from slo_lab.localfleet.simulate import engine_profile, simulate
+from slo_lab.localfleet.spec import DEFAULT_PROFILE, EngineGroup, FleetSpec
 
 
 def _jobs(duration_s: float = 10.0) -> list[Job]:
@@ -118,3 +121,40 @@ async def test_the_simulator_gets_the_max_tokens_the_replay_sends() -> None:
         simulated.setdefault(r.program.program_id if r.program else r.request_id, []).append(r.max_tokens)
     assert {k: sorted(v) for k, v in simulated.items()} == {k: sorted(v) for k, v in sent.items()}
     assert any(max(v) < 256 for v in sent.values()), "the replay sends each call's own length, not the cap"
+
+
+async def test_the_live_router_estimates_with_the_speed_the_engines_and_the_simulator_run_at(
+    tmp_path: Path,
+) -> None:
+    # The demo slows engine-sim (--speedup 0.5) and the simulator's engines alike. The live router must
+    # estimate with those slowed coefficients too, or GoRouting finds feasible what the engine (and the
+    # simulator) cannot serve in time: the launcher tells each sidecar the engine's step-time correction,
+    # the sidecar reports it in its PodState, and the router scales the named profile by it.
+    from slo_core.cli import build_parser
+    from slo_proto import slofleet_pb2 as pb
+    from slo_router.podstate import replica_view
+    from slo_sidecar.cli import _knobs
+    from slo_sidecar.config import PolicyConfig
+    from slo_sidecar.estimators import FallbackEstimator
+    from slo_sidecar.grpc_service import pod_state
+    from slo_sidecar.service import Sidecar
+
+    policy = tmp_path / "policy.yaml"
+    policy.write_text(demo_policy(2.0, "gmax", "go-routing"), encoding="utf-8")
+    group = EngineGroup(count=1, profile=DEFAULT_PROFILE, speedup=0.5)
+    fleet = LocalFleet(FleetSpec(engines=[group], port=0, policy_file=policy, workdir=tmp_path / "fleet"))
+    cmd = fleet._sidecar_child("sidecar-0", "http://127.0.0.1:9", 1, "pod-0", group).cmd
+    argv = cmd[cmd.index("sidecar") :]
+    args = build_parser(argv).parse_args(argv)
+    sc = Sidecar(
+        knobs=_knobs(args), config=PolicyConfig.default(), engine_url="http://127.0.0.1:9",
+        estimator=FallbackEstimator(),
+    )  # fmt: skip
+    now = time.time()
+    await sc.mirror.take(pb.EngineReport(snapshot_unix_s=now, policy="gmax", models=["m"]))
+    view = replica_view(pod_state(sc), replica_id="pod-0", now_s=1.0, wall_now_s=now)
+    assert view.profile == engine_profile(DEFAULT_PROFILE, 0.5)
+    assert view.profile != engine_profile(DEFAULT_PROFILE, 1.0)
+    # a pod on its profiled GPU (the default) reports no correction, and its named profile is used
+    plain = replica_view(pb.PodState(profile=DEFAULT_PROFILE), replica_id="p", now_s=1.0, wall_now_s=now)
+    assert plain.profile == engine_profile(DEFAULT_PROFILE, 1.0)

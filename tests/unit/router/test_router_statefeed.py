@@ -7,6 +7,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import pytest
+
 from slo_core.policies.go_routing import GoRouting
 from slo_core.slo import PriorityClass, RequestKind, SLOTier
 from slo_lab.fakepod import FakePod, RunningPod, _Live
@@ -201,3 +203,21 @@ def test_snapshots_are_converted_only_when_a_dispatch_reads_them() -> None:
     assert ep.reported_capabilities() == caps and not built
     assert ep.replica_view(0.0).capabilities.gpu_class == "h100"
     assert built == [4]  # only the newest, once
+
+
+def test_a_pods_profile_is_slowed_by_the_step_time_correction_it_reports_and_garbage_counts_as_one() -> None:
+    from slo_core.perf import load_profile, sped_up
+
+    named = load_profile("h100-llama3-8b-tp1")
+
+    def profile_of(correction: float) -> object:
+        msg = pod_state(profile=named.name, step_time_correction=correction)
+        return replica_view(msg, replica_id="a", now_s=1.0, wall_now_s=1000.0).profile
+
+    slow = profile_of(4.0)
+    assert slow == sped_up(named, 0.25)
+    assert slow.iteration_time_s([(512, 512)], [1000]) == pytest.approx(  # type: ignore[attr-defined]
+        4 * named.iteration_time_s([(512, 512)], [1000])
+    )
+    for garbage in (0.0, -2.0, float("nan"), float("inf"), 1e12):
+        assert profile_of(garbage) == named
