@@ -65,7 +65,7 @@ def test_a_replica_below_mu_is_used_first_to_avoid_idling() -> None:
 
 def test_avoids_a_replica_pushed_past_lambda() -> None:
     light, busy = replica("light", 3), replica("busy", 13)  # busy + req ≈ 1.6 s > λ·TTFT = 1.2 s
-    d = GoRouting(lam=0.6).route(NEW, [light, busy], NOW, RNG)
+    d = GoRouting(lam=0.6, queue_order="arrival").route(NEW, [light, busy], NOW, RNG)
     assert d.replica_id == "light"
 
 
@@ -73,15 +73,34 @@ def test_a_replica_where_the_request_would_make_others_miss_is_no_candidate() ->
     # Existing requests on "tight" only just fit their 1.0 s TTFT; adding one more breaks them.
     tight = replica("tight", 8, ttft_s=1.0)
     roomy = replica("roomy", 12)
-    g = GoRouting()
+    g = GoRouting(queue_order="arrival")
     assert g.estimate(NEW, tight, NOW).delta < 0 < g.estimate(NEW, roomy, NOW).delta
     assert g.route(NEW, [tight, roomy], NOW, RNG).replica_id == "roomy"
 
 
 def test_no_gain_anywhere_falls_back_to_least_loaded() -> None:
     hopeless = req("hopeless", ttft_s=0.01, prompt=4000)
-    d = GoRouting().route(hopeless, [replica("a", 6), replica("b", 2)], NOW, RNG)
+    d = GoRouting(queue_order="arrival").route(hopeless, [replica("a", 6), replica("b", 2)], NOW, RNG)
     assert d.replica_id == "b" and d.reason.startswith("fallback")
+
+
+def test_on_an_slo_aware_engine_a_request_waits_only_for_the_work_due_before_it() -> None:
+    # 13 queued 1000-token prompts due in 5 s take ~1.6 s together. A chat request due in 1.0 s misses
+    # behind all of them (the paper's arrival order), but an SLO-aware engine serves it first: it gains
+    # there, and still nothing on an FCFS replica in the same state.
+    urgent = req("urgent", ttft_s=1.0)
+    busy = replica("busy", 13)
+    fifo = dataclasses.replace(busy, engine_policy="fcfs")
+    g = GoRouting()
+    assert GoRouting(queue_order="arrival").estimate(urgent, busy, NOW).delta <= 0
+    e = g.estimate(urgent, busy, NOW)
+    assert e.delta > 0 and e.exec_with_req_s < 0.2 < e.exec_s
+    assert g.estimate(urgent, fifo, NOW) == GoRouting(queue_order="arrival").estimate(urgent, fifo, NOW)
+    # served first, it delays everything due later: a queued request it pushes past its due time costs
+    # its weight (here as much as the new one gains: no net gain, so no candidate)
+    tight = replica("tight", 8, ttft_s=1.0)
+    early = req("early", ttft_s=0.5)
+    assert g.estimate(early, tight, NOW).delta <= 0 < g.estimate(early, replica("roomy", 8), NOW).delta
 
 
 def test_decode_term_and_snapshot_age_change_the_estimate() -> None:
