@@ -3,7 +3,7 @@
 For each replica p, with Q_p its prefill queue (waiting and running requests that still have prompt to
 compute), n_d its decoding requests and b_d their mean per-token decode time (T̃_d of §4.1):
 
-    t_budget     = max(η, min(min_{r∈Q_p} remain_r, min TPOT_SLO))                  (§4.3, co-located)
+    t_budget     = max(η, min(min_{r∈Q_p, remain_r>0} remain_r, min TPOT_SLO))      (§4.3, co-located)
     EXEC(p, Q)   = t_budget · Σ_{r∈Q} exec_r / (t_budget − t_c − n_d·b_d) − (now − ts_p)   (φ_a + decode term,
                    minus the age of p's snapshot)
     GAIN(p, Q)   = Σ_{r∈Q} w_p·w_{p(r)} · 𝟙[EXEC(p, Q) ≤ remain_r]        (conservative: all finish last)
@@ -26,6 +26,11 @@ served them all in time. With ``queue_order="engine"`` (the default) the queue i
 first-token due time on replicas whose engine policy serves that way (:data:`DUE_ORDER_ENGINES`), each
 request finishing when the work up to it does, and kept in arrival order on the others; ``"arrival"``
 is the paper's form on every replica.
+
+**Late requests (a deviation).** A queued request whose first token is already past due has no time
+left to budget for (it gains nothing either way), so it does not set ``t_budget``: counted, one such
+request pinned the budget at η, below one step of a few hundred decodes, and the replica looked
+infinitely slow to every arrival (on the demo's workload this demoted 150 deep-research calls).
 """
 
 from __future__ import annotations
@@ -139,7 +144,7 @@ class GoRouting(BaseRouterPolicy):
         remains = [first_token_due_s(r) - now_s for r in queue]
         execs = [prefill_core_s(prof, max(1, prefill_left_tokens(r)), r.computed_tokens) for r in queue]
         weights = [self.params.first_token_weight * r.priority_weight for r in queue]
-        t_budget = max(self.params.eta_s, min([*remains, *tpots]))
+        t_budget = max(self.params.eta_s, min([*(x for x in remains if x > 0), *tpots], default=0.0))
         capacity = t_budget - t_c - n_d * b_d
         age = max(0.0, now_s - replica.snapshot_s)
         by_due = self.params.queue_order == "engine" and replica.engine_policy in DUE_ORDER_ENGINES

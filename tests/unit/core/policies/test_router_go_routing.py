@@ -103,6 +103,18 @@ def test_on_an_slo_aware_engine_a_request_waits_only_for_the_work_due_before_it(
     assert g.estimate(early, tight, NOW).delta <= 0 < g.estimate(early, replica("roomy", 8), NOW).delta
 
 
+def test_a_request_already_past_its_due_time_does_not_shrink_every_other_requests_budget() -> None:
+    # t_budget is the tightest time any queued request still has; one whose first token is already late
+    # has none left (it gains nothing either way), and counting it set the budget to η, below one step
+    # of 200 decodes: the replica looked infinitely slow and every arrival was demoted or refused.
+    late = dataclasses.replace(req("late", ttft_s=1.0), arrival_s=NOW - 5.0)
+    pod = replica("p", 2, decoding=200)
+    with_late = dataclasses.replace(pod, waiting=(*pod.waiting, late))
+    g = GoRouting()
+    assert g.estimate(NEW, with_late, NOW).delta > 0
+    assert g.estimate(NEW, with_late, NOW).exec_with_req_s < float("inf")
+
+
 def test_decode_term_and_snapshot_age_change_the_estimate() -> None:
     g = GoRouting()
     base = g.estimate(NEW, replica("r", 4), NOW).exec_s
