@@ -220,6 +220,8 @@ async def admit(state: RouterState, request: Request, labels: list[str], *, id_p
         slo=slo,
         context_tokens=model_context_tokens(state, model),
         max_tokens_limit=state.limits.max_tokens_limit,
+        programs=state.programs,
+        stage_share=state.config.tiers[tier].stage_deadline_share,
     )
     charge_rate_limit(state, tenant, view)
     return Admission(body, model, tenant, slo, tier, view)

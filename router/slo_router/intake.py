@@ -18,7 +18,8 @@ from typing import Any
 from starlette.requests import Request
 
 from slo_core.policies.base import RequestView
-from slo_core.routing import Affinity
+from slo_core.predict.compound import routing_deadline_at_s
+from slo_core.routing import Affinity, ProgramClock
 from slo_core.slo import RequestKind, SLOTargets
 from slo_core.wire.headers import INTERNAL_PREFIX, REQUEST_ID_HEADER, sign_headers
 from slo_core.wire.keyring import KeyRing
@@ -207,12 +208,27 @@ def request_view(
     slo: SLORequest,
     context_tokens: int | None = None,
     max_tokens_limit: int = UNKNOWN_CONTEXT,
+    programs: ProgramClock | None = None,
+    stage_share: tuple[float, ...] | None = None,
 ) -> RequestView:
+    """The request as the routing policy sees it. A compound call of a stated program is due when core's
+    ``routing_deadline_at_s`` says, reckoned from the program's first call (``programs``) and the tier's
+    ``stage_share``, as the simulator routes it; the pod's analyzer may narrow it for the engine."""
     deadline_at = (
         now + targets.deadline_s
         if targets.deadline_s
         else (now + targets.effective_deadline_s if targets.kind is RequestKind.BEST_EFFORT else None)
     )
+    if (
+        targets.kind is RequestKind.COMPOUND
+        and targets.deadline_s
+        and slo.program_id
+        and programs is not None
+    ):
+        first = programs.arrival_s(tenant.name, slo.program_id, now, targets.deadline_s)
+        deadline_at = routing_deadline_at_s(
+            first, targets.deadline_s, now, slo.stage, stages=slo.stages, tier_share=stage_share
+        )
     prompt_tokens = estimate_prompt_tokens(body)
     return RequestView(
         request_id=request_id,

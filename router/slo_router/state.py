@@ -16,7 +16,7 @@ import aiohttp
 
 from slo_core.policies.base import RouterPolicy
 from slo_core.policies.registry import make_router_policy
-from slo_core.routing import RoutingPipeline, SessionTable
+from slo_core.routing import ProgramClock, RoutingPipeline, SessionTable
 from slo_core.wire.keyring import KeyRing
 from slo_core.wire.limits import RequestLimits
 from slo_router.config import RouterConfig
@@ -42,6 +42,7 @@ class RouterState:
     clock: Callable[[], float] = time.monotonic
     background: list[Any] = field(default_factory=list)
     sessions: SessionTable = field(default_factory=SessionTable)
+    programs: ProgramClock = field(default_factory=ProgramClock)  # compound programs' first calls
     catalog: dict[str, str] = field(default_factory=dict)
     # False while a policy the router must follow (``--policy-name``) has not been read yet: not ready
     policy_loaded: bool = True

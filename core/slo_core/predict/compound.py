@@ -42,6 +42,28 @@ def fallback_stage_deadline_at_s(
     return program_deadline_at_s
 
 
+def routing_deadline_at_s(
+    program_arrival_s: float,
+    deadline_s: float,
+    now_s: float,
+    stage: int | None,
+    *,
+    stages: int | None,
+    tier_share: tuple[float, ...] | None = None,
+) -> float:
+    """A compound call's due time as a router knows it when the call arrives: the rule of
+    :func:`fallback_stage_deadline_at_s` on the program's deadline (``deadline_s`` after its first call
+    arrived), for the stated stage; the program's deadline when the call names no stage. The pod's
+    analyzer may then narrow it with a matched pattern (its answer reaches only the engine), so the live
+    router and the simulator's route every call on this same figure."""
+    program_deadline_at_s = program_arrival_s + deadline_s
+    if stage is None:
+        return program_deadline_at_s
+    return fallback_stage_deadline_at_s(
+        program_deadline_at_s, program_arrival_s, now_s, stage, stages=stages, tier_share=tier_share
+    )
+
+
 class CompoundTracker:
     """Matchers for running programs over one shared :class:`PatternHistory`."""
 

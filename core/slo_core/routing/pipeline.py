@@ -111,6 +111,35 @@ class SessionTable:
             self._map.popitem(last=False)
 
 
+class ProgramClock:
+    """When each compound program's first call arrived, as a router sees its calls (bounded: the least
+    recently seen programs drop first, and a program is forgotten once its deadline is long past).
+
+    A call's due time is reckoned from its program's first call (core's ``routing_deadline_at_s``), as
+    the simulator and the pod's sidecar reckon it; keyed by tenant and program id, so no tenant can move
+    another tenant's program's clock.
+    """
+
+    def __init__(self, max_entries: int = 100_000) -> None:
+        self._map: OrderedDict[tuple[str, str], tuple[float, float]] = OrderedDict()
+        self._max = max_entries
+
+    def arrival_s(self, tenant: str, program_id: str, now_s: float, deadline_s: float) -> float:
+        """The program's first-call arrival (``now_s`` for a program not seen, or seen and expired)."""
+        key = (tenant, program_id)
+        seen = self._map.get(key)
+        if seen is None or now_s > seen[1]:
+            seen = (now_s, now_s + 2.0 * deadline_s)  # kept until well after the program's deadline
+        self._map[key] = seen
+        self._map.move_to_end(key)
+        while len(self._map) > self._max:
+            self._map.popitem(last=False)
+        return seen[0]
+
+    def __len__(self) -> int:
+        return len(self._map)
+
+
 @dataclass(frozen=True, slots=True)
 class Routed(Generic[E]):
     """The pipeline's answer for one request.

@@ -20,7 +20,7 @@ from collections.abc import Sequence
 
 from slo_core.predict import BoundQuery, BoundSchedule, OutputBoundEstimator, load_estimator
 from slo_core.predict.calibration import CalibratedEstimator, OnlineCalibrator, Plan
-from slo_core.predict.compound import LLM_STAGE, CompoundTracker
+from slo_core.predict.compound import LLM_STAGE, CompoundTracker, fallback_stage_deadline_at_s
 from slo_core.predict.patterns import Stage
 from slo_core.sim.request import ProgramState
 from slo_core.workloads.jobs import Job
@@ -117,10 +117,15 @@ class SimAnalyzer:
 
     # ---- compound programs -----------------------------------------------------------------------
 
-    def stage_deadline_at_s(self, p: ProgramState, stage: int, now_s: float) -> float:
-        """The sub-deadline of ``stage`` starting now: φ(s)·D from the best match, else equal split."""
+    def stage_deadline_at_s(
+        self, p: ProgramState, stage: int, now_s: float, *, tier_share: tuple[float, ...] | None = None
+    ) -> float:
+        """The sub-deadline of ``stage`` starting now: φ(s)·D from the best match, else the sidecar's
+        fallback (the tier's stage shares, else the time left split equally over the stages left)."""
         self._stage_start_s[p.program_id] = now_s
-        fallback = p.stage_deadline_at_s(stage, now_s)
+        fallback = fallback_stage_deadline_at_s(
+            p.deadline_at_s, p.arrival_s, now_s, stage, stages=len(p.stages), tier_share=tier_share
+        )
         if self.tracker is None:
             return fallback
         deadline_s = p.deadline_at_s - p.arrival_s

@@ -11,9 +11,11 @@ router answers 503 or demotes it; routers that declare ``needs_request_snapshots
 replicas' counters only, which is much cheaper.
 
 Stage ``s+1`` of a program is released ``tool_latency_s`` after the last call of stage ``s``
-finished; each call's ``deadline_at_s`` is its stage's sub-deadline (ProgramState). A rejected call
-fails its program. The run stops when no event is left or, with ``drain="slo"``, once no delivery
-could earn SLO gain any more (every job's last token deadline has passed).
+finished. A call is routed on the due time a live router knows (core's ``routing_deadline_at_s``: the
+program's deadline split over its stated stages, or its tier's stage shares), and its engine then gets
+its stage's sub-deadline from the analyzer (the pod's sidecar live). A rejected call fails its program.
+The run stops when no event is left or, with ``drain="slo"``, once no delivery could earn SLO gain any
+more (every job's last token deadline has passed).
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from slo_core.objective import Objective
 from slo_core.perf.model import PerfProfile
 from slo_core.policies.base import EnginePolicy, ReplicaView, RequestView, RouterPolicy
 from slo_core.policies.registry import make_engine_policy, make_router_policy
+from slo_core.predict.compound import fallback_stage_deadline_at_s, routing_deadline_at_s
 from slo_core.routing import RoutingPipeline, SnapshotEndpoint, with_sent
 from slo_core.runtime_policy import AdmissionRule, RuntimePolicy
 from slo_core.sim.analyzer import SimAnalyzer
@@ -40,7 +43,7 @@ from slo_core.sim.engine_types import EngineConfig
 from slo_core.sim.outcomes import Feedback
 from slo_core.sim.request import ABORTED, FINISHED, REJECTED, WAITING, ProgramState, SimRequest
 from slo_core.sim.views import request_view
-from slo_core.slo import RequestKind
+from slo_core.slo import RequestKind, SLOTier
 from slo_core.workloads.jobs import Job
 
 _ARRIVAL = 0
@@ -138,6 +141,7 @@ class FleetSim:
         shuffle_ties: bool = True,
         objective: Objective | None = None,
         autoscaler: Ticker | None = None,
+        tiers: Mapping[str, SLOTier] | None = None,
     ) -> None:
         """``analyzer``: the sidecar's request analyzer (QRF bounds refined as tokens stream, pattern-graph
         stage sub-deadlines); None leaves bounds unknown (policies fall back to max_tokens) and splits a
@@ -146,8 +150,12 @@ class FleetSim:
         reject, as a router without a best-effort tier does); ``shuffle_ties`` as the router's;
         ``objective``: what SLO-aware policies maximize (given to the engine and router policies named
         here, and the goodput of the feedback they observe); None keeps each policy's own defaults and
-        feeds back ``config.feedback_goodput``."""
+        feeds back ``config.feedback_goodput``. ``tiers``: the SLOPolicy's tiers by name, for a compound
+        tier's stage deadline shares (as the router and the sidecar read them)."""
         self.analyzer = analyzer
+        self.stage_shares = {
+            name: t.stage_deadline_share for name, t in (tiers or {}).items() if t.stage_deadline_share
+        }
         if not replicas:
             raise ValueError("a fleet needs at least one replica")
         self.config = config or SimConfig()
@@ -189,6 +197,7 @@ class FleetSim:
             router_params=runtime.routing.kwargs(),
             admission=runtime.admission,
             objective=runtime.objective,
+            tiers=runtime.tiers,
             **kwargs,
         )
 
@@ -374,8 +383,16 @@ class FleetSim:
         calls = p.stages[s]
         p.pending_calls = len(calls)
         analyzer = self.analyzer
-        deadline_at = (
-            p.stage_deadline_at_s(s, t) if analyzer is None else analyzer.stage_deadline_at_s(p, s, t)
+        share = self.stage_shares.get(p.tier)
+        deadline_s = p.deadline_at_s - p.arrival_s
+        if analyzer is None:
+            deadline_at = fallback_stage_deadline_at_s(
+                p.deadline_at_s, p.arrival_s, t, s, stages=len(p.stages), tier_share=share
+            )
+        else:
+            deadline_at = analyzer.stage_deadline_at_s(p, s, t, tier_share=share)
+        routed_at = routing_deadline_at_s(
+            p.arrival_s, deadline_s, t, s, stages=len(p.stages), tier_share=share
         )
         new = []
         for k, (inp, out) in enumerate(calls):
@@ -388,7 +405,7 @@ class FleetSim:
                 inp,
                 output_tokens=out,
                 max_tokens=max_tokens,
-                deadline_at_s=deadline_at,
+                deadline_at_s=routed_at,
                 output_bound=None if schedule is None else schedule.at(0),
                 tier=p.tier,
                 tenant=p.tenant,
@@ -400,9 +417,12 @@ class FleetSim:
             self._requests.append(r)
             new.append(r)
         for r in new:
-            self._route(r, t)
+            self._route(r, t, deadline_at)
 
-    def _route(self, r: SimRequest, t: float) -> None:
+    def _route(self, r: SimRequest, t: float, engine_deadline_at_s: float | None = None) -> None:
+        """Route ``r`` as the router would; a compound call (``engine_deadline_at_s``: its stage's
+        sub-deadline from the analyzer) is routed on what the router knows of its due time and reaches
+        its engine with the sub-deadline, unless it was demoted to best effort."""
         r.state = WAITING
         r.waiting_since_s = t
         engines = self.engines
@@ -417,6 +437,9 @@ class FleetSim:
             r.tier = self.pipeline.admission.best_effort_tier or r.tier
             r.view_key = None  # the cached view still carries the old targets
             self._demoted_by_router += 1
+        elif engine_deadline_at_s is not None and engine_deadline_at_s != r.deadline_at_s:
+            r.deadline_at_s = engine_deadline_at_s
+            r.view_key = None  # the cached view still carries the routing deadline
         engine = self.by_id.get(routed.endpoint.endpoint_id) if routed.endpoint is not None else None
         if engine is None or not engine.accept(r, t):
             r.state = REJECTED

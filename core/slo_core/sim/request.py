@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from slo_core.predict.compound import fallback_stage_deadline_at_s
 from slo_core.slo import SLOTargets
 
 if TYPE_CHECKING:
@@ -95,13 +96,11 @@ class ProgramState:
         return total
 
     def stage_deadline_at_s(self, stage: int, release_s: float) -> float:
-        """Sub-deadline of a stage's calls: the time left split equally over the stages left.
-
-        A placeholder until the pattern-graph analyzer (slo_core.predict.patterns) supplies shares;
-        never later than the program's deadline.
-        """
-        left = len(self.stages) - stage
-        return release_s + (self.deadline_at_s - release_s) / max(1, left)
+        """Sub-deadline of a stage's calls without an analyzer or tier shares: the time left split
+        equally over the stages left (core's fallback rule, the sidecar's), never after the deadline."""
+        return fallback_stage_deadline_at_s(
+            self.deadline_at_s, self.arrival_s, release_s, stage, stages=len(self.stages)
+        )
 
 
 class SimRequest:

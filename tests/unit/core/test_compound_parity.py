@@ -100,3 +100,62 @@ def test_sidecar_and_simulator_give_the_same_stage_sub_deadlines() -> None:
         == pytest.approx(r.program.stage_deadline_at_s(r.stage or 0, r.arrival_s), abs=1e-9)
     ]
     assert len(equal_split) < len(calls)
+
+
+@pytest.mark.parametrize("share", [None, (0.5, 0.3, 0.2)])
+def test_the_router_routes_each_call_on_the_due_time_the_simulator_routes_it(
+    share: tuple[float, ...] | None,
+) -> None:
+    # The router cannot know the analyzer's pattern-matched sub-deadline before it dispatches (the pod's
+    # sidecar computes it for the engine), so both route a compound call on core's routing_deadline_at_s,
+    # reckoned from the program's first call; the engine then gets the analyzer's sub-deadline.
+    from dataclasses import replace
+
+    from slo_core.routing import ProgramClock
+    from slo_core.wire.request_slo import SLORequest
+    from slo_router.intake import request_view
+    from slo_router.tenants import Tenant
+
+    tier = replace(FLOW, stage_deadline_share=share)
+    analyzer = SimAnalyzer(load_estimator())
+    sim = FleetSim(
+        [ReplicaSpec(STEP_10MS)], "fcfs", analyzer=analyzer, config=SimConfig(drain="all"),
+        tiers={"flow": tier},
+    )  # fmt: skip
+    routed: dict[str, float | None] = {}
+    route = sim.pipeline.route
+
+    def recording(view, *args, **kwargs):  # type: ignore[no-untyped-def]
+        routed[view.request_id] = view.deadline_at_s
+        return route(view, *args, **kwargs)
+
+    sim.pipeline.route = recording  # type: ignore[method-assign]
+    jobs = [replace(j, tier="flow") for j in programs()]
+    calls = [r for r in sim.run(jobs).requests if r.program is not None]
+    programs_seen = ProgramClock()
+    tenant = Tenant("t", ("flow",), "flow")
+    narrowed = 0
+    for r in sorted(calls, key=lambda c: (c.arrival_s, c.request_id)):
+        assert r.program is not None
+        slo = SLORequest(program_id=r.program.program_id, stage=r.stage, stages=len(r.program.stages))
+        live = request_view(
+            r.request_id, r.slo, r.arrival_s, body={"prompt": "x"}, tenant=tenant, slo=slo,
+            programs=programs_seen, stage_share=share,
+        )  # fmt: skip
+        assert live.deadline_at_s == pytest.approx(routed[r.request_id], abs=1e-9), r.request_id
+        narrowed += r.deadline_at_s != pytest.approx(routed[r.request_id], abs=1e-9)
+    # the engine got the analyzer's sub-deadline, not the routing figure, where a pattern matched
+    assert narrowed > 0
+
+
+def test_the_program_clock_is_per_tenant_bounded_and_forgets_programs_long_past_their_deadline() -> None:
+    from slo_core.routing import ProgramClock
+
+    clock = ProgramClock(max_entries=2)
+    assert clock.arrival_s("a", "p", 10.0, 30.0) == 10.0
+    assert clock.arrival_s("a", "p", 25.0, 30.0) == 10.0  # a later call of the same program
+    assert clock.arrival_s("b", "p", 26.0, 30.0) == 26.0  # another tenant's program of the same id
+    assert clock.arrival_s("a", "q", 27.0, 30.0) == 27.0
+    assert len(clock) == 2  # the least recently seen, ("a", "p"), dropped: seen again, it starts anew
+    assert clock.arrival_s("a", "p", 28.0, 30.0) == 28.0
+    assert clock.arrival_s("a", "q", 27.0 + 61.0, 30.0) == 88.0  # two deadlines later: a new program
