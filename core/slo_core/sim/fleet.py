@@ -95,6 +95,7 @@ class SimResult:
     replica_stats: list[dict[str, float]]
     rejected_by_router: int = 0
     demoted_by_router: int = 0
+    demoted_by_tier: dict[str, int] = field(default_factory=dict)  # by the tier each request asked for
 
 
 PolicyFactory = Callable[[], EnginePolicy]
@@ -216,6 +217,7 @@ class FleetSim:
         self._idle = [True] * len(self.engines)
         self._rejected_by_router = 0
         self._demoted_by_router = 0
+        self._demoted_by_tier: dict[str, int] = {}
         self._reports: dict[int, ReplicaView] = {}
         self._sent: dict[int, list[tuple[float, RequestView]]] = {e.index: [] for e in self.engines}
         last_arrival = ordered[-1].arrival_s if ordered else 0.0
@@ -275,6 +277,7 @@ class FleetSim:
             replica_stats=stats,
             rejected_by_router=self._rejected_by_router,
             demoted_by_router=self._demoted_by_router,
+            demoted_by_tier=dict(self._demoted_by_tier),
         )
 
     def _tick(self, t: float, *, more: bool) -> None:
@@ -433,6 +436,7 @@ class FleetSim:
         view = request_view(r)
         routed = self.pipeline.route(view, endpoints, now_s=t, rng=self.router_rng)
         if routed.outcome == "demoted":
+            self._demoted_by_tier[r.tier] = self._demoted_by_tier.get(r.tier, 0) + 1
             r.slo, r.deadline_at_s = routed.request.slo, routed.request.deadline_at_s
             r.tier = self.pipeline.admission.best_effort_tier or r.tier
             r.view_key = None  # the cached view still carries the old targets

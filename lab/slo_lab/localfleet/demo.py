@@ -155,6 +155,7 @@ def run_fleet(label: str, spec: FleetSpec, jobs: list[Job], grace_s: float) -> d
         )
         span_s = time.monotonic() - start
         behind = [engine_behind_s(url) for url in engine_urls(fleet)]
+        demoted = router_demotions(fleet.router_url)
     fleet.cleanup()
     return {
         "records": records,
@@ -165,7 +166,34 @@ def run_fleet(label: str, spec: FleetSpec, jobs: list[Job], grace_s: float) -> d
         "span_s": span_s,
         "behind_s": behind,
         "send_lags_s": [r.send_lag_s for r in records],
+        "demoted_by_tier": demoted,
     }
+
+
+def router_demotions(router_url: str) -> dict[str, int]:
+    """How many requests or calls of each tier the live router demoted to best effort (its
+    ``slofleet_router_downgraded`` counter); empty when the router cannot be read."""
+    import httpx
+
+    try:
+        return demotions_from_metrics(httpx.get(f"{router_url}/metrics", timeout=5.0).text)
+    except (httpx.HTTPError, ValueError):
+        return {}
+
+
+def demotions_from_metrics(text: str) -> dict[str, int]:
+    """Demotions by the tier each request asked for, from the router's Prometheus text."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    out: dict[str, int] = {}
+    for family in text_string_to_metric_families(text):
+        if family.name != "slofleet_router_downgraded":
+            continue
+        for sample in family.samples:
+            if sample.name.endswith("_total"):
+                tier = sample.labels.get("tier", "")
+                out[tier] = out.get(tier, 0) + int(sample.value)
+    return out
 
 
 def engine_urls(fleet: LocalFleet) -> list[str]:
@@ -173,13 +201,16 @@ def engine_urls(fleet: LocalFleet) -> list[str]:
     return [p.engine_url for p in fleet.pods]
 
 
-def simulated(jobs: list[Job], policy_text: str, args: argparse.Namespace) -> list[JobOutcome]:
+def simulated(
+    jobs: list[Job], policy_text: str, args: argparse.Namespace, demoted_by_tier: dict[str, int] | None = None
+) -> list[JobOutcome]:
     """The same jobs, seed and policy through core's FleetSim (the code the services run), each job as
     the replay sends it (:func:`~slo_lab.localfleet.replay.as_sent`)."""
     sent = [as_sent(j) for j in jobs]
     return simulate(
-        sent, policy_text, profile=args.profile, speedup=args.speedup, engines=args.engines, seed=args.seed
-    )
+        sent, policy_text, profile=args.profile, speedup=args.speedup, engines=args.engines, seed=args.seed,
+        demoted_by_tier=demoted_by_tier,
+    )  # fmt: skip
 
 
 def summary(outs: list[JobOutcome], span_s: float, bucket_s: float) -> dict[str, Any]:
@@ -232,9 +263,10 @@ def run(args: argparse.Namespace) -> int:
         )
         for label, engine_policy, routing in fleets:  # first, so it never competes with a live run
             print(f"== {label}: simulating {len(jobs)} jobs (core FleetSim)", file=sys.stderr)
-            sim_outs = simulated(jobs, demo_policy(scale, engine_policy, routing), args)
+            sim_demoted: dict[str, int] = {}
+            sim_outs = simulated(jobs, demo_policy(scale, engine_policy, routing), args, sim_demoted)
             sim_by_job[label] = sim_outs
-            sims[label] = {"engine_policy": engine_policy, "routing": routing,
+            sims[label] = {"engine_policy": engine_policy, "routing": routing, "demoted_by_tier": sim_demoted,
                            **summary(sim_outs, workload.duration_s, bucket_s=bucket_s)}  # fmt: skip
         for label, engine_policy, routing in fleets:
             policy_path = out / f"policy-{label}.yaml"
@@ -257,6 +289,7 @@ def run(args: argparse.Namespace) -> int:
                 "routing": routing,
                 "counts": result["counts"],
                 "failures": result["failures"],
+                "demoted_by_tier": result["demoted_by_tier"],
                 "host": {**asdict(host), "kept_up": host.kept_up},
                 **summary(result["outcomes"], workload.duration_s, bucket_s=bucket_s),
                 "versus_sim_jobs": job_differences(

@@ -165,6 +165,13 @@ def comparison(live: dict[str, dict[str, Any]], sim: dict[str, dict[str, Any]]) 
         d = "–" if a is None or b is None else f"{100.0 * (a - b):+.0f}"
         cells += [_fmt({"v": a}, "v", "{:.1%}"), _fmt({"v": b}, "v", "{:.1%}"), d]
     lines.append("| token goodput (share of ideal) | " + " | ".join(cells) + " |")
+    if any("demoted_by_tier" in side[lab] for side in (live, sim) for lab in labels):
+        cells = []
+        for lab in labels:
+            a = sum(live[lab].get("demoted_by_tier", {}).values())
+            b = sum(sim[lab].get("demoted_by_tier", {}).values())
+            cells += [str(a), str(b), f"{a - b:+d}"]
+        lines.append("| demoted to best effort (requests and calls) | " + " | ".join(cells) + " |")
     verdict: dict[str, Any] = {"worst_tier_gap_pts": round(worst[0], 1), "worst_tier": worst[1]}
     verdict["tiers_within"] = abs(worst[0]) <= WITHIN_POINTS
     text = "\n".join(lines)

@@ -50,9 +50,12 @@ def simulate(
     engines: int,
     seed: int,
     max_num_seqs: int = 256,
+    demoted_by_tier: dict[str, int] | None = None,
 ) -> list[JobOutcome]:
     """Every job's outcome in the simulator (one SimEngine per live engine, the policy's routing), in
-    the order of ``jobs`` (so live and simulated outcomes of one job can be compared)."""
+    the order of ``jobs`` (so live and simulated outcomes of one job can be compared).
+    ``demoted_by_tier`` (when given) gets how many requests or calls of each tier the router demoted
+    to best effort, as the live router counts them (``slofleet_router_downgraded``)."""
     runtime = parse_policy(policy_text, "demo policy").spec.runtime()
     perf = engine_profile(profile, speedup)
     replicas = [ReplicaSpec(perf, EngineConfig(max_num_seqs=max_num_seqs))] * engines
@@ -64,6 +67,8 @@ def simulate(
         config=SimConfig(drain="all", report_interval_s=report_age_s()),
     )
     result = sim.run(jobs)
+    if demoted_by_tier is not None:
+        demoted_by_tier.update(result.demoted_by_tier)
     outs = job_outcomes(result)
     # job_outcomes lists single requests first, then programs
     ids = [r.request_id for r in result.requests if r.program is None]

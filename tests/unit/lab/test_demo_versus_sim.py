@@ -158,3 +158,23 @@ async def test_the_live_router_estimates_with_the_speed_the_engines_and_the_simu
     # a pod on its profiled GPU (the default) reports no correction, and its named profile is used
     plain = replica_view(pb.PodState(profile=DEFAULT_PROFILE), replica_id="p", now_s=1.0, wall_now_s=now)
     assert plain.profile == engine_profile(DEFAULT_PROFILE, 1.0)
+
+
+def test_demotions_are_compared_live_vs_simulated_per_tier_the_router_counts() -> None:
+    from prometheus_client import generate_latest
+
+    from slo_lab.localfleet.demo import demotions_from_metrics
+    from slo_lab.localfleet.report import comparison
+    from slo_router.metrics import RouterMetrics
+
+    metrics = RouterMetrics()
+    metrics.downgraded.labels("latency-high", "t1", "m").inc(2)
+    metrics.downgraded.labels("latency-high", "t2", "m").inc()
+    metrics.downgraded.labels("compound-low", "t1", "m").inc(4)
+    live = demotions_from_metrics(generate_latest(metrics.registry).decode())
+    assert live == {"latency-high": 3, "compound-low": 4}
+    tier = {"by_tier": {"latency-high": {"attainment": 1.0}}, "goodput_token_ratio": 0.5}
+    text, _ = comparison(
+        {"slofleet": {**tier, "demoted_by_tier": live}}, {"slofleet": {**tier, "demoted_by_tier": {"x": 2}}}
+    )
+    assert "| demoted to best effort (requests and calls) | 7 | 2 | +5 |" in text
