@@ -148,7 +148,7 @@ async def _serve(state: RouterState, request: Request, labels: list[str]) -> Res
         try:
             opening = open_upstream(
                 state.client,
-                ep.spec.http_url + request.url.path,
+                ep.spec.http_url + request.scope["path"],  # one of the two completion routes
                 body_bytes,
                 headers,
                 state.upstream_timeout_s,
