@@ -240,6 +240,10 @@ async def _bench(
         for _ in range(args.rounds):
             for path in args.paths:
                 engine_url = bases["_" + ENGINE_OF.get(path, "engine")]
+                # every hop's upstream pool warm before its round: a path sat idle while the others ran,
+                # long enough for the router's 2 s keep-alive to drop its connections while the lean
+                # relay's 15 s kept its own; cold connects are not what a path costs under steady load
+                await _round(bases[path], args.model, clients, clients, 1)
                 ttft0 = await _engine_ttft(engine_url)
                 cpu0 = {k: _cpu_s(pid) for k, pid in pids.items()}
                 r = await _round(bases[path], args.model, clients, args.requests, args.max_tokens)
