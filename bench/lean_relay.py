@@ -35,7 +35,11 @@ def make_app(upstream: str) -> web.Application:
 
     async def session_ctx(app: web.Application):  # type: ignore[no-untyped-def]
         app["session"] = aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(limit=0), timeout=aiohttp.ClientTimeout(total=None, sock_read=600)
+            # idle connections dropped as the router drops them (slo_router.proxy.KEEPALIVE_S), before the
+            # engine's 5 s keep-alive closes them under a request (aiohttp's 15 s default lost requests
+            # to "Server disconnected" after an idle spell)
+            connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=2.0),
+            timeout=aiohttp.ClientTimeout(total=None, sock_read=600),
         )
         yield
         await app["session"].close()

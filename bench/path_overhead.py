@@ -12,11 +12,14 @@ Starts on loopback one engine-sim and, in front of it, each hop a request can cr
 - ``router+sidecar``  client -> router -> sidecar -> engine-sim (proxy mode, stock vLLM)
 
 and drives each path with the same closed-loop streaming load (C clients sending back to back,
-``ignore_eos`` so every request yields exactly ``max_tokens``), paths interleaved round by round so a
-shared machine's drift hits all alike. The CPU seconds of every process are read from /proc around
-each round, so each path's table row shows what each hop costs per streamed token; TTFT is measured
-by the client (request sent -> first content chunk). Ratios are against ``direct`` (throughput,
-TTFT) and against the lean relay's own CPU per token (the floor):
+``ignore_eos`` so every request yields exactly ``max_tokens``; the identical requests finish together,
+so they arrive in waves of C), paths interleaved round by round so a shared machine's drift hits all
+alike. Before each measured round its path gets one 1-token request per client, so every hop's
+connection pool is warm. The CPU seconds of every process are read from /proc around each round, so
+each path's table row shows what each hop costs per streamed token (with ``--max-tokens 1``: per
+request); TTFT is measured by the client (request sent -> first content chunk), "mean streams" is the
+concurrency the path actually held (Little's law). Ratios are against ``direct`` (throughput, TTFT)
+and against the lean relay's own CPU per token (the floor):
 
     .venv/bin/python bench/path_overhead.py [--clients 16,64] [--rounds 3] [--requests 96] [--md OUT.md]
 """
@@ -103,8 +106,11 @@ async def _wait_ready(urls: list[str], timeout_s: float = 90.0) -> None:
                 await asyncio.sleep(0.3)
 
 
-async def _one(http: aiohttp.ClientSession, url: str, body: bytes, max_tokens: int) -> float | None:
-    """One stream's TTFT, or None if it failed. The token count is checked from the usage chunk."""
+async def _one(
+    http: aiohttp.ClientSession, url: str, body: bytes, max_tokens: int
+) -> tuple[float, float] | None:
+    """One stream's TTFT and duration, or None if it failed. The token count is checked from the usage
+    chunk."""
     t0 = time.perf_counter()
     ttft: float | None = None
     tail = b""
@@ -121,39 +127,50 @@ async def _one(http: aiohttp.ClientSession, url: str, body: bytes, max_tokens: i
     if ttft is None or got != max_tokens:
         print(f"{url}: incomplete stream (ttft {ttft}, completion_tokens {got})", file=sys.stderr)
         return None
-    return ttft
+    return ttft, time.perf_counter() - t0
 
 
-async def _round(base: str, model: str, clients: int, requests: int, max_tokens: int) -> dict[str, float]:
-    body = json.dumps({
+def _body(model: str, max_tokens: int) -> bytes:
+    return json.dumps({
         "model": model, "prompt": "Summarise the benefits of SLO-aware routing for LLM fleets. " * 6,
         "max_tokens": max_tokens, "stream": True, "ignore_eos": True,
         "stream_options": {"include_usage": True},
     }).encode()  # fmt: skip
+
+
+def _summary(done: list[tuple[float, float]], failed: int, wall: float, max_tokens: int) -> dict[str, float]:
+    ttfts = [t for t, _ in done]
+    return {
+        "ttft_p50_s": statistics.median(ttfts) if ttfts else float("nan"),
+        "ttft_mean_s": statistics.fmean(ttfts) if ttfts else float("nan"),
+        "tokens_per_s": len(done) * max_tokens / wall,
+        "streams": sum(d for _, d in done) / wall,  # mean concurrent streams (Little's law)
+        "failed": failed,
+    }
+
+
+async def _round(base: str, model: str, clients: int, requests: int, max_tokens: int) -> dict[str, float]:
+    """Closed loop: ``clients`` streams sent back to back."""
+    body = _body(model, max_tokens)
     todo = iter(range(requests))
-    ttfts: list[float] = []
+    done: list[tuple[float, float]] = []
     failed = 0
 
     async def client(http: aiohttp.ClientSession) -> None:
         nonlocal failed
         for _ in todo:
-            ttft = await _one(http, base + "/v1/completions", body, max_tokens)
-            if ttft is None:
+            got = await _one(http, base + "/v1/completions", body, max_tokens)
+            if got is None:
                 failed += 1
             else:
-                ttfts.append(ttft)
+                done.append(got)
 
     conn = aiohttp.TCPConnector(limit=clients * 2)
     async with aiohttp.ClientSession(connector=conn, timeout=aiohttp.ClientTimeout(total=600)) as http:
         t0 = time.perf_counter()
         await asyncio.gather(*(client(http) for _ in range(clients)))
         wall = time.perf_counter() - t0
-    return {
-        "ttft_p50_s": statistics.median(ttfts) if ttfts else float("nan"),
-        "ttft_mean_s": statistics.fmean(ttfts) if ttfts else float("nan"),
-        "tokens_per_s": len(ttfts) * max_tokens / wall,
-        "failed": failed,
-    }
+    return _summary(done, failed, wall, max_tokens)
 
 
 async def _engine_ttft(engine_url: str) -> tuple[float, float]:
@@ -240,6 +257,10 @@ async def _bench(
         for _ in range(args.rounds):
             for path in args.paths:
                 engine_url = bases["_" + ENGINE_OF.get(path, "engine")]
+                # every hop's upstream pool warm before its round: a path sat idle while the others ran,
+                # long enough for the router's 2 s keep-alive to drop its connections while the lean
+                # relay's 15 s kept its own; cold connects are not what a path costs under steady load
+                await _round(bases[path], args.model, clients, clients, 1)
                 ttft0 = await _engine_ttft(engine_url)
                 cpu0 = {k: _cpu_s(pid) for k, pid in pids.items()}
                 r = await _round(bases[path], args.model, clients, args.requests, args.max_tokens)
@@ -263,7 +284,8 @@ def _table(res: dict[str, Any]) -> str:
         f"{m['load_1min_after']:.2f} after; engine-sim speedup {res['config']['speedup']}; "
         f"{res['config']['requests']} requests x {res['config']['max_tokens']} tokens per round, "
         f"median of {res['config']['rounds']} interleaved rounds; lean relay on "
-        f"{'uvloop' if res['config'].get('lean_uvloop') else 'asyncio'}'s event loop",
+        f"{'uvloop' if res['config'].get('lean_uvloop') else 'asyncio'}'s event loop; closed loop: C "
+        "clients back to back (identical requests, so they arrive in waves of C)",
         "",
     ]
     for clients, r in res["by_clients"].items():
@@ -272,9 +294,10 @@ def _table(res: dict[str, Any]) -> str:
         out += [
             f"### {clients} concurrent streams (lean relay floor: {floor:.0f} us CPU per token)",
             "",
-            "| path | tok/s ratio | TTFT p50 ms | TTFT added ms | over lean ms | TTFT mean: engine / hops ms "
-            "| engine us/tok | lean us/tok | router us/tok | sidecar us/tok | relay hops / floor | failed |",
-            "|---|---|---|---|---|---|---|---|---|---|---|---|",
+            "| path | mean streams | tok/s ratio | TTFT p50 ms | TTFT added ms | over lean ms "
+            "| TTFT mean: engine / hops ms | engine us/tok | lean us/tok | router us/tok | sidecar us/tok "
+            "| relay hops / floor | failed |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
         ]
         for path in res["config"]["paths"]:
             p = med[path]
@@ -284,7 +307,8 @@ def _table(res: dict[str, Any]) -> str:
             hops = [h for h in HOPS[path] if not h.startswith("engine")]
             hop_cpu = sum(p[f"{h}_cpu_us_per_token"] for h in hops)
             out.append(
-                f"| {path} | {p['tokens_per_s'] / d['tokens_per_s']:.3f} | {1000 * p['ttft_p50_s']:.1f} | "
+                f"| {path} | {p['streams']:.1f} | {p['tokens_per_s'] / d['tokens_per_s']:.3f} | "
+                f"{1000 * p['ttft_p50_s']:.1f} | "
                 f"{1000 * (p['ttft_p50_s'] - d['ttft_p50_s']):+.1f} | "
                 f"{1000 * (p['ttft_p50_s'] - med['lean']['ttft_p50_s']):+.1f} | "
                 f"{1000 * p['engine_ttft_mean_s']:.1f} / "

@@ -12,8 +12,8 @@ import asyncio
 import functools
 import json
 import logging
+import os
 import time
-import uuid
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -37,12 +37,13 @@ from slo_core.wire.tags import strip_engine_tags
 from slo_router.accounting import respond
 from slo_router.config import RouterConfig
 from slo_router.endpoints import EndpointState
-from slo_router.enginetags import tagged_body
+from slo_router.enginetags import with_tags
 from slo_router.errors import APIError, error_response, exception_handlers, internal_error_response
 from slo_router.intake import (
     affinity_of,
     authenticate,
     check_model,
+    engine_headers,
     model_context_tokens,
     read_request,
     request_id_of,
@@ -92,8 +93,7 @@ async def _serve(state: RouterState, request: Request, labels: list[str]) -> Res
     adm = await admit(state, request, labels, id_prefix="rtr")
     body, model, tenant, slo, tier, view = adm.body, adm.model, adm.tenant, adm.slo, adm.tier, adm.view
     request_id = view.request_id
-    forward = body_to_forward(state, adm)
-    forward_body = json.dumps(forward, separators=(",", ":")).encode()
+    forward = forward_json(adm, body_to_forward(state, adm))
     affinity = affinity_of(state, request, body, slo)
     tried: set[str] = set()
     last_reason = "no replica available"
@@ -138,16 +138,19 @@ async def _serve(state: RouterState, request: Request, labels: list[str]) -> Res
         tried.add(ep_id)
         ep.note_sent(view, state.clock())
         assert state.client is not None
-        if ep.spec.mode == "engine":  # straight to the engine: the SLO rides along as signed tags
-            body_bytes = tagged_body(forward, view, tier, state.tag_keys, clock=state.clock)
+        if ep.spec.mode == "engine":  # straight to the engine: the SLO rides along as signed tags (the
+            # engine reads no SLO header, so none is built or signed)
+            body_bytes = with_tags(forward, view, tier, state.tag_keys, clock=state.clock)
+            headers = engine_headers(request_id)
         else:
-            body_bytes = forward_body
+            body_bytes = forward
+            headers = upstream_headers(slo, tier, tenant, request_id, state.tag_keys)
         try:
             opening = open_upstream(
                 state.client,
-                ep.spec.http_url + request.url.path,
+                ep.spec.http_url + request.scope["path"],  # one of the two completion routes
                 body_bytes,
-                upstream_headers(slo, tier, tenant, request_id, state.tag_keys),
+                headers,
                 state.upstream_timeout_s,
             )
             # a client that hangs up while the pod has not answered yet aborts the upstream request
@@ -198,19 +201,20 @@ class Admission:
     slo: SLORequest
     tier: str
     view: RequestView
+    raw: bytes = b""  # the body as the client sent it
 
 
 async def admit(state: RouterState, request: Request, labels: list[str], *, id_prefix: str) -> Admission:
     """Intake and admission, in the cheap order: key, body within limits, model (404), tier and SLO
     bounded by the tier, size within the model's context, the tenant's rate. The HTTP front and the
     endpoint picker both call this; ``labels`` becomes (tier, tenant, model label) for metrics."""
-    tenant, body = await read_request(state, request)
+    tenant, body, raw = await read_request(state, request)
     model = body["model"]
     labels[:] = ["", tenant.name, ""]
     labels[2] = check_model(state, model)
     slo, tier, targets = resolve(state, request, body, tenant)
     labels[0] = tier
-    request_id = request_id_of(request) or f"{id_prefix}-{uuid.uuid4().hex[:16]}"
+    request_id = request_id_of(request) or f"{id_prefix}-{os.urandom(8).hex()}"
     view = request_view(
         request_id,
         targets,
@@ -224,7 +228,7 @@ async def admit(state: RouterState, request: Request, labels: list[str], *, id_p
         stage_share=state.config.tiers[tier].stage_deadline_share,
     )
     charge_rate_limit(state, tenant, view)
-    return Admission(body, model, tenant, slo, tier, view)
+    return Admission(body, model, tenant, slo, tier, view, raw)
 
 
 def body_to_forward(state: RouterState, adm: Admission) -> dict[str, Any]:
@@ -234,6 +238,17 @@ def body_to_forward(state: RouterState, adm: Admission) -> dict[str, Any]:
     if dropped:
         state.metrics.stripped.labels(adm.tenant.name).inc()
     return forward
+
+
+def forward_json(adm: Admission, forward: dict[str, Any]) -> bytes:
+    """The body a pod gets, encoded: the client's own bytes when nothing was stripped from it (a relay
+    does not decode and encode again what it passes on; the parsed body was checked and is what the
+    pod will parse), else ``forward`` encoded."""
+    # stripping only ever removes top-level keys; a body in UTF-16/32 or after a byte-order mark (JSON
+    # allows them) is encoded again, as UTF-8
+    if len(forward) == len(adm.body) and adm.raw.lstrip(b" \t\r\n")[:1] == b"{" and b"\0" not in adm.raw[:4]:
+        return adm.raw
+    return json.dumps(forward, separators=(",", ":")).encode()
 
 
 def charge_rate_limit(state: RouterState, tenant: Tenant, view: RequestView) -> None:

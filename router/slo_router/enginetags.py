@@ -46,8 +46,28 @@ def tagged_body(
     wall_clock: Callable[[], float] = time.time,
 ) -> bytes:
     """The JSON body for an engine-mode pod: ``forward`` plus the (signed, when a key is set) tags."""
+    encoded = json.dumps(forward, separators=(",", ":")).encode()
+    return with_tags(encoded, view, tier, keys, clock=clock, wall_clock=wall_clock)
+
+
+def with_tags(
+    encoded: bytes,
+    view: RequestView,
+    tier: str,
+    keys: Callable[[], KeyRing] | None,
+    *,
+    clock: Callable[[], float],
+    wall_clock: Callable[[], float] = time.time,
+) -> bytes:
+    """``encoded`` (a JSON object without ``vllm_xargs``: the forwarded body, as bytes) with the tags
+    appended as its last member, so the body is not decoded and encoded again."""
     wall = wall_clock()
     xargs: dict[str, Any] = dict(engine_tags(view, tier, now_s=clock(), wall_now_s=wall).to_xargs())
     if keys is not None:  # the ring's signing key: the previous one until the current has settled
         xargs = sign(xargs, keys().signing_key(wall), wall)
-    return json.dumps({**forward, "vllm_xargs": xargs}, separators=(",", ":")).encode()
+    head = encoded.rstrip()
+    if not head.endswith(b"}"):
+        raise ValueError("the forwarded body is not a JSON object")
+    head = head[:-1].rstrip()
+    sep = b"" if head.endswith(b"{") else b","
+    return head + sep + b'"vllm_xargs":' + json.dumps(xargs, separators=(",", ":")).encode() + b"}"

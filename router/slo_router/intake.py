@@ -35,6 +35,7 @@ UNKNOWN_CONTEXT = 1 << 30  # what an endpoint that declares no context length re
 OTHER_MODEL = "other"  # the metrics label of a model name the router does not know
 PREFIX_AFFINITY_CHARS = 512
 PREFIX_AFFINITY_MIN_CHARS = 64
+_NO_HEADERS: dict[str, str] = {}
 
 
 def estimate_prompt_tokens(body: dict[str, Any]) -> int:
@@ -158,12 +159,22 @@ def upstream_headers(
     return headers
 
 
+def engine_headers(request_id: str) -> dict[str, str]:
+    """The headers of a request sent straight to an engine-mode pod: its SLO travels as signed tags in
+    the body (:mod:`slo_router.enginetags`); the request id is the one the engine reports it by."""
+    return {"content-type": "application/json", REQUEST_ID_HEADER: request_id}
+
+
 def resolve(
     state: RouterState, request: Request, body: dict[str, Any], tenant: Tenant
 ) -> tuple[SLORequest, str, SLOTargets]:
-    stripped = [h for h in request.headers if h.lower().startswith(INTERNAL_PREFIX)]
+    # most requests carry no x-slo* header at all: then neither the SLO headers nor the internal ones
+    # need Starlette's decoded header view (one pass over the raw names instead of three decodes)
+    any_slo_header = any(name[:5].lower() == b"x-slo" for name, _ in request.scope["headers"])
+    headers = request.headers if any_slo_header else _NO_HEADERS
+    stripped = [h for h in headers if h.lower().startswith(INTERNAL_PREFIX)]
     try:
-        slo = parse_slo(request.headers, body)
+        slo = parse_slo(headers, body)
     except SLOParamError as exc:
         raise APIError(400, str(exc), param=exc.param, code="invalid_slo") from None
     tier, was_stripped = tenant.bind_tier(slo.tier)
@@ -181,15 +192,16 @@ def resolve(
     return slo, tier, targets
 
 
-async def read_request(state: RouterState, request: Request) -> tuple[Tenant, dict[str, Any]]:
-    """The caller's tenant and the JSON body, in the cheap order: headers, key, then the body."""
+async def read_request(state: RouterState, request: Request) -> tuple[Tenant, dict[str, Any], bytes]:
+    """The caller's tenant and the JSON body (parsed, and as sent), in the cheap order: headers, key,
+    then the body."""
     check_headers(request.scope["headers"], state.limits)
     tenant = authenticate(state, request)
     raw = await read_capped(request.stream(), request.headers.get("content-length"), state.limits)
     body = parse_json_object(raw, state.limits)
     if not isinstance(body.get("model"), str) or not body["model"]:
         raise APIError(400, "'model' is required and must be a string", param="model")
-    return tenant, body
+    return tenant, body, raw
 
 
 def request_id_of(request: Request) -> str | None:

@@ -16,6 +16,7 @@ as several at the time it arrived. Only the rare usage/error events are parsed.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
 import re
@@ -160,11 +161,17 @@ def new_session() -> aiohttp.ClientSession:
     )
 
 
+@functools.lru_cache(maxsize=8)
+def _timeout(sock_read_s: float) -> aiohttp.ClientTimeout:
+    """One (immutable) timeout object per setting, not one per request."""
+    return aiohttp.ClientTimeout(total=None, connect=CONNECT_TIMEOUT_S, sock_read=sock_read_s)
+
+
 async def open_upstream(
     session: aiohttp.ClientSession, url: str, body: bytes, headers: dict[str, str], timeout_s: float
 ) -> aiohttp.ClientResponse:
     """Send the request and wait for the status line; raises :class:`UpstreamUnavailable`."""
-    timeout = aiohttp.ClientTimeout(total=None, connect=CONNECT_TIMEOUT_S, sock_read=timeout_s)
+    timeout = _timeout(timeout_s)
     try:
         resp = await session.post(url, data=body, headers=headers, timeout=timeout)
     except aiohttp.ServerTimeoutError:  # a swamped pod (or host) accepts slowly: breaker stays shut

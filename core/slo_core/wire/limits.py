@@ -77,24 +77,22 @@ async def read_capped(
     return b"".join(parts)
 
 
+# a whole JSON string (escapes included); what is left of the body after they are cut out is brackets,
+# punctuation, numbers and literals, and only the brackets are kept
+_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)
+_NOT_BRACKET = bytes(b for b in range(256) if b not in b"[]{}")
+
+
 def json_depth(raw: bytes) -> int:
-    """The deepest nesting of objects and arrays in ``raw`` (brackets inside strings do not count)."""
+    """The deepest nesting of objects and arrays in ``raw`` (brackets inside strings do not count; an
+    unterminated string runs to the end)."""
+    outside = _STRING.sub(b"", raw).split(b'"', 1)[0]
     depth = deepest = 0
-    in_string = escaped = False
-    for byte in raw:
-        if in_string:
-            if escaped:
-                escaped = False
-            elif byte == 0x5C:  # backslash
-                escaped = True
-            elif byte == 0x22:  # quote
-                in_string = False
-        elif byte == 0x22:
-            in_string = True
-        elif byte in (0x7B, 0x5B):  # { [
+    for byte in outside.translate(None, _NOT_BRACKET):
+        if byte in (0x7B, 0x5B):  # { [
             depth += 1
             deepest = max(deepest, depth)
-        elif byte in (0x7D, 0x5D):
+        else:
             depth -= 1
     return deepest
 

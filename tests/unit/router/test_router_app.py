@@ -125,6 +125,49 @@ async def test_spoofed_tier_and_internal_headers_are_stripped_and_counted() -> N
     assert state.metrics.stripped.labels("free")._value.get() == 1
 
 
+async def test_a_body_with_nothing_to_strip_is_forwarded_as_sent_and_one_with_something_is_reencoded() -> (
+    None
+):
+    client, _, seen = make(ok_completion)
+    sent = b'{ "model" : "m",\n "prompt": "caf\\u00e9 \\"quoted\\" {[", "max_tokens": 8 }\n'
+    r = await client.post("/v1/completions", content=sent, headers=auth("k-acme"))
+    assert r.status_code == 200
+    assert seen[0].content == sent  # byte for byte: a relay does not decode and encode what it passes on
+    stripped = {**BODY, "priority": -100, "slo": {"tier": "batch"}}
+    r = await client.post("/v1/completions", json=stripped, headers=auth("k-acme"))
+    assert r.status_code == 200
+    assert json.loads(seen[1].content) == BODY  # the client's engine tag and SLO fields are gone
+    utf16 = json.dumps(BODY).encode("utf-16")  # valid JSON (RFC 8259 readers may accept it): sent as UTF-8
+    r = await client.post("/v1/completions", content=utf16, headers=auth("k-acme"))
+    assert r.status_code == 200
+    assert json.loads(seen[2].content.decode("utf-8")) == BODY
+
+
+async def test_an_engine_mode_pod_gets_the_clients_bytes_plus_signed_tags_and_no_slo_headers() -> None:
+    import time
+
+    from slo_core.wire.keyring import KeyRing
+    from slo_core.wire.tags import trusted_tags
+
+    key = b"router-key-0123456789abcdef"
+    client, state, seen = make(ok_completion, endpoints=("a",))
+    state.endpoints["a"] = EndpointState(
+        EndpointSpec("a", "http://a.pod", models=("m",), max_context_tokens=4096, mode="engine")
+    )
+    state.tag_keys = lambda: KeyRing(key)
+    sent = b'{"model": "m", "prompt": "hi", "max_tokens": 8}'
+    r = await client.post("/v1/completions", content=sent, headers={**auth("k-acme"), "x-slo-tier": "batch"})
+    assert r.status_code == 200
+    got = seen[0].content
+    assert got.startswith(sent[:-1]) and got.endswith(b"}")
+    body = json.loads(got)
+    tags, why = trusted_tags(body["vllm_xargs"], [key], time.time())
+    assert why is None and tags is not None and (tags.tier, tags.tenant) == ("batch", "acme")
+    assert {k: body[k] for k in ("model", "prompt", "max_tokens")} == json.loads(sent)
+    assert not [h for h in seen[0].headers if h.startswith("x-slo")]  # the SLO rides in the signed tags
+    assert seen[0].headers["x-request-id"] == tags.request_key
+
+
 @pytest.mark.parametrize(("headers", "status"), [({}, 401), (auth("wrong"), 401)])
 async def test_missing_or_unknown_key_is_401(headers: dict[str, str], status: int) -> None:
     client, _, seen = make(ok_completion)

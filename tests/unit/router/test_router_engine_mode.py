@@ -107,3 +107,19 @@ async def test_the_endpoint_picker_hands_an_engine_mode_pod_the_signed_body() ->
     sent = json.loads(picked.body)
     tags, why = trusted_tags(sent["vllm_xargs"], [KEY], time.time())
     assert why is None and tags is not None and tags.tier == "chat" and tags.tenant == "t"
+
+
+@pytest.mark.parametrize("encoded", [b"{}", b' { "model" : "m" } \n', b'{"model":"m","x":[1,{"y":"}"}]}'])
+def test_tags_are_appended_to_any_encoded_object_as_its_last_member(encoded: bytes) -> None:
+    from slo_router.enginetags import with_tags
+
+    raw = with_tags(
+        encoded, _view(None), "t", lambda: KeyRing(KEY), clock=lambda: 0.0, wall_clock=lambda: 1.7e9
+    )
+    body = json.loads(raw)
+    assert list(body)[-1] == "vllm_xargs" and {
+        k: v for k, v in body.items() if k != "vllm_xargs"
+    } == json.loads(encoded)
+    assert trusted_tags(body["vllm_xargs"], [KEY], 1.7e9)[1] is None
+    with pytest.raises(ValueError, match="not a JSON object"):
+        with_tags(b"[1]", _view(None), "t", None, clock=lambda: 0.0)
