@@ -44,6 +44,7 @@ The same classes serve the sidecar and the simulator (``slo_core.sim.analyzer``)
 
 from __future__ import annotations
 
+import bisect
 import math
 import threading
 import time
@@ -171,7 +172,8 @@ class OnlineCalibrator:
         self.origin = origin
         self._clock = clock
         self._cells: dict[tuple[str, int], _Cell] = {}
-        self._live: dict[str, dict[int, LiveBound]] = {}  # stratum -> id -> request in flight
+        # stratum -> id -> (request in flight, its arrival time on this calibrator's clock)
+        self._live: dict[str, dict[int, tuple[LiveBound, float]]] = {}
         self._seq = 0
         self._lock = threading.Lock()
         self.updates = 0
@@ -210,16 +212,19 @@ class OnlineCalibrator:
 
     # ---- learning -----------------------------------------------------------------------------
     def track(self, live: LiveBound) -> None:
-        """``live`` is in flight: its progress counts as a censored score until :meth:`untrack`."""
+        """``live`` arrived and is in flight: its progress counts as a censored score until
+        :meth:`untrack`, and its arrival time orders its score in the windows (module docstring)."""
+        now = self._clock()
         with self._lock:
-            self._live.setdefault(live.plan.stratum, {})[id(live)] = live
+            self._live.setdefault(live.plan.stratum, {})[id(live)] = (live, now)
 
-    def untrack(self, live: LiveBound) -> None:
-        """``live`` left (finished, aborted or dropped); idempotent."""
+    def untrack(self, live: LiveBound) -> float | None:
+        """``live`` left (finished, aborted or dropped); idempotent. Returns its arrival time (pass it
+        to :meth:`observe`), None if it was not tracked."""
         with self._lock:
             group = self._live.get(live.plan.stratum)
-            if group is not None:
-                group.pop(id(live), None)
+            entry = group.pop(id(live), None) if group is not None else None
+            return entry[1] if entry is not None else None
 
     def in_flight(self) -> int:
         """How many tracked requests are in flight (all strata)."""
@@ -232,26 +237,38 @@ class OnlineCalibrator:
         group = self._live.get(stratum)
         if not group:
             return []
+        cell = self._cells.get((key, stage))
+        # the window holds the latest `window` arrivals: the requests in flight that arrived before
+        # its oldest score are outside it, as completions of that age would be
+        full = cell is not None and len(cell.scores) == cell.scores.maxlen
+        since = cell.scores[0][2] if cell is not None and full else -math.inf
         out = []
-        for live in group.values():
+        for live, arrived_s in group.values():
             plan, g = live.plan, live.generated_tokens
-            if band is not None and plan.band != band:
+            if (band is not None and plan.band != band) or arrived_s < since:
                 continue
             c = stage * plan.every_tokens
             if g > c:
                 out.append(_clip(math.log((g - c) / max(plan.raw_at(stage) - c, 1e-9))))
         return out
 
-    def observe(self, plan: Plan, output_tokens: int, issued: Sequence[int] | None = None) -> None:
+    def observe(
+        self,
+        plan: Plan,
+        output_tokens: int,
+        issued: Sequence[int] | None = None,
+        arrived_s: float | None = None,
+    ) -> None:
         """A request of ``plan`` finished naturally with ``output_tokens`` tokens.
 
         Updates every stage it passed. ``issued``: the bounds it was actually given at stages 0, 1, …
         (for the coverage figures); absent, coverage is judged against the current corrections.
+        ``arrived_s``: its arrival time (what :meth:`untrack` returned); absent, now.
         """
         length = int(output_tokens)
         if length < 1:
             return
-        now = self._clock()
+        now = self._clock() if arrived_s is None else float(arrived_s)
         last = (length - 1) // plan.every_tokens
         with self._lock:
             for j in range(min(last, len(plan.raw) + self.params.max_stage) + 1):
@@ -274,7 +291,7 @@ class OnlineCalibrator:
                     alpha0 = 1.0 - self.target
                     cell.alpha = min(max(cell.alpha + self.params.gamma * (alpha0 - err), 1e-3), 0.5)
                     self._seq += 1
-                    cell.scores.append((self.origin, self._seq, now, _clip(score)))
+                    _insert(cell.scores, (self.origin, self._seq, now, _clip(score)))
                     self._refresh(cell, key, min(j, self.params.max_stage))
             self.updates += 1
 
@@ -445,6 +462,19 @@ def km_quantile(events: F64, censored: F64, alpha: float) -> float:
     return float(max(events[-1], censored[-1] if len(censored) else events[-1]))
 
 
+def _insert(scores: deque[tuple[str, int, float, float]], row: tuple[str, int, float, float]) -> None:
+    """Insert ``row`` in arrival order; a full window drops its oldest arrival (maybe ``row``)."""
+    full = len(scores) == scores.maxlen
+    if full and row[2] < scores[0][2]:
+        return  # arrived before every score in the window: outside it
+    if full:
+        scores.popleft()
+    if not scores or row[2] >= scores[-1][2]:
+        scores.append(row)
+    else:
+        scores.insert(bisect.bisect_right(scores, row[2], key=lambda x: x[2]), row)
+
+
 def _binom_pmf(k: int, n: int, p: float) -> float:
     log = math.lgamma(n + 1) - math.lgamma(k + 1) - math.lgamma(n - k + 1)
     return math.exp(log + k * math.log(p) + (n - k) * math.log1p(-p))
@@ -537,8 +567,14 @@ class CalibratedEstimator:
     def bound_at(self, plan: Plan, generated_tokens: int = 0) -> int:
         return self.calibrator.bound(plan, generated_tokens)
 
-    def observe(self, plan: Plan, output_tokens: int, issued: Sequence[int] | None = None) -> None:
-        self.calibrator.observe(plan, output_tokens, issued)
+    def observe(
+        self,
+        plan: Plan,
+        output_tokens: int,
+        issued: Sequence[int] | None = None,
+        arrived_s: float | None = None,
+    ) -> None:
+        self.calibrator.observe(plan, output_tokens, issued, arrived_s)
 
     # ---- the LengthEstimator protocol (stratum = kind; re-plans on every call) --------------
     def bound(self, prompt_text: str | None, prompt_tokens: int, kind: str, max_tokens: int) -> int:

@@ -316,3 +316,37 @@ def test_each_prompt_band_gets_its_own_correction(est: OutputBoundEstimator) -> 
     assert result[True][1] < 0.7 * result[False][1], result  # long prompts: far tighter per band
     assert prompt_band(20) == prompt_band(31) == 4 and prompt_band(300) == 8
     assert prompt_band(1) == 3 and prompt_band(10**6) == 11
+
+
+def _burst(by_arrival: bool, seed: int) -> float:
+    """800 arrivals (one per tick, one token per tick each, log-normal lengths σ = 1, median 100) and
+    then none until every request ended; the forest's bound is the true 95 % quantile (θ should be 0).
+    Returns θ once drained."""
+    rng = random.Random(seed)
+    tick = [0.0]
+    params = CalibrationParams(window=200, gamma=0.0, max_stage=0, evidence_p=1.0, prompt_bands=False)
+    cal = OnlineCalibrator(0.95, params, clock=lambda: tick[0])
+    plan = Plan("s", 1_000_000, 100_000, (100 * math.exp(1.645),))
+    flight: list[_Live] = []
+    while tick[0] < 800 or flight:
+        if tick[0] < 800:
+            live = _Live(plan, max(1, int(100 * math.exp(rng.gauss(0, 1)))))
+            flight.append(live)
+            cal.track(live)
+        for r in list(flight):
+            r.generated_tokens += 1
+            if r.generated_tokens >= r.length:
+                flight.remove(r)
+                arrived_s = cal.untrack(r)
+                cal.observe(plan, r.length, arrived_s=arrived_s if by_arrival else None)
+        tick[0] += 1
+    return cal.correction("s", 0)
+
+
+def test_the_window_holds_the_latest_arrivals_not_the_latest_completions() -> None:
+    """When arrivals stop (the end of a burst, a drain) the last completions are the long requests of
+    the last cohort: a window of the latest completions loosens a correct bound; a window of the
+    latest arrivals (their scores ordered by arrival) does not."""
+    for seed in range(3):
+        assert _burst(by_arrival=False, seed=seed) > 0.4
+        assert abs(_burst(by_arrival=True, seed=seed)) < 0.25
