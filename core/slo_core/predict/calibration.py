@@ -32,13 +32,25 @@ N = ``refine_every_tokens``; stages past ``max_stage`` share the last one):
   correction is then the product-limit (Kaplan–Meier) quantile of completed and censored scores —
   with no request in flight exactly the conformal order statistic above. How long a request has run
   does not depend on how long it will run, so the censoring is uninformative, as KM needs.
+- **The window is the latest arrivals**, not the latest completions: a score is stamped with its
+  request's arrival time (``untrack`` returns it, ``observe`` takes it) and kept in arrival order,
+  and requests in flight that arrived before the window's oldest score are outside it. Otherwise,
+  under load, the last completions of a burst are its long requests and a correct bound loosens.
+- **No correction without evidence**: a cell's θ stays 0 unless its scores reject, at the one-sided
+  binomial level ``evidence_p``, that the forest's own bound (score ≤ 0) meets the target — too many
+  misses to loosen, too few to tighten. Window noise alone never moves a forest that is right.
+- **Per prompt-length band** (``prompt_bands``): the submission cell is also kept per band
+  (:func:`prompt_band`, powers of two; cell key ``<stratum>#p<band>``; Mondrian conformal), since
+  how wrong the forest is often depends on the prompt length. A band's own θ applies once it holds
+  a full window; before that the larger of its θ and the stratum's.
 
 Because every stage is calibrated on the requests that actually reached it, a refined bound is no
 longer forced to stay above the submission bound: it is the calibrated conditional quantile of the
 remaining length, so bound/true falls as tokens stream.
 
-State is JSON (no pickle): each score carries its origin (replica id), a sequence number and a wall
-time, so states of several replicas merge by union (idempotent, commutative) — see :meth:`merge`.
+State is JSON (no pickle): each score carries its origin (replica id), a sequence number and its
+request's arrival (wall) time, so states of several replicas merge by union (idempotent,
+commutative) — see :meth:`merge`.
 The same classes serve the sidecar and the simulator (``slo_core.sim.analyzer``).
 """
 
