@@ -28,7 +28,7 @@ from shift import sets
 
 from slo_core.metrics import job_outcomes, summarize
 from slo_core.perf.profiles import load_profile
-from slo_core.predict.calibration import OnlineCalibrator
+from slo_core.predict.calibration import CalibrationParams, OnlineCalibrator
 from slo_core.predict.estimator import OutputBoundEstimator
 from slo_core.predict.training import LengthRow, split, train_estimator
 from slo_core.sim.analyzer import SimAnalyzer
@@ -39,7 +39,11 @@ SCENARIOS = (
     ("no shift", "sharegpt", "sharegpt"),
     ("shift: under-covered", "gsm8k", "sharegpt"),
     ("shift: over-covered", "sharegpt", "azure_conv"),
+    # the three above train on single requests only, so the compound calls (deep-research DAGs) are
+    # a shift in every one of them; here the forest also learns compound calls (other DAG draws)
+    ("no shift, compound calls trained", "sharegpt+calls", "sharegpt"),
 )
+CALLS_SEED = 1_000_003  # the training DAGs' seed: never one of the served runs' seeds
 
 
 def _trace(rows: list[LengthRow], path: Path) -> str:
@@ -52,11 +56,27 @@ def _trace(rows: list[LengthRow], path: Path) -> str:
     return str(path)
 
 
+def compound_call_rows(trace: str, n_jobs: int = 3000) -> list[LengthRow]:
+    """Every call of the compound programs of a workload drawn with :data:`CALLS_SEED` (kind compound)."""
+    spec = WorkloadSpec(trace=trace, arrival="poisson", rps=24.0, duration_s=n_jobs / 24.0, seed=CALLS_SEED)
+    rows: list[LengthRow] = []
+    for job in build_workload(spec):
+        for stage in job.stages or ():
+            for inp, out in stage:
+                rows.append(LengthRow(f"call{len(rows)}", "", inp, out, "compound"))
+    return rows
+
+
 def run_one(
-    est: OutputBoundEstimator, spec: WorkloadSpec, policy: str, calibrated: bool, profile: str
+    est: OutputBoundEstimator,
+    spec: WorkloadSpec,
+    policy: str,
+    calibration: CalibrationParams | None,
+    profile: str,
 ) -> dict[str, Any]:
+    """One simulation; ``calibration`` None: the static forest's bounds."""
     jobs = build_workload(spec)
-    cal = OnlineCalibrator(est.params.quantile) if calibrated else None
+    cal = OnlineCalibrator(est.params.quantile, calibration) if calibration is not None else None
     analyzer = SimAnalyzer(est, calibrator=cal)
     sim = FleetSim(
         [ReplicaSpec(load_profile(profile))], policy, "round-robin", seed=spec.seed, analyzer=analyzer
@@ -90,9 +110,16 @@ def main(argv: list[str] | None = None) -> int:
         "--scenario",
         type=int,
         nargs="+",
-        default=[0, 1, 2],
-        help="which scenarios (0 no shift, 1 under, 2 over)",
+        default=[0, 1, 2, 3],
+        help="which scenarios (0 no shift, 1 under, 2 over, 3 no shift with compound calls trained)",
     )
+    ap.add_argument(
+        "--calibration",
+        default="{}",
+        help="CalibrationParams fields as JSON for the calibrated runs, e.g. '{\"prompt_bands\": false}'",
+    )
+    ap.add_argument("--label", default="calibrated", help="the calibrated runs' label in the tables")
+    ap.add_argument("--calibrated-only", action="store_true", help="skip the static runs")
     ap.add_argument("--merge", nargs="+", help="only merge these goodput.json files into --out")
     args = ap.parse_args(argv)
     if args.merge:
@@ -105,26 +132,29 @@ def main(argv: list[str] | None = None) -> int:
     records = []
     with tempfile.TemporaryDirectory() as tmp:
         for label, train_name, served_name in (SCENARIOS[i] for i in args.scenario):
-            if train_name not in models:
-                models[train_name] = train_estimator(
-                    split(data[train_name])[0], n_trees=args.trees, min_samples_leaf=16
-                )
-            pool = split(data[served_name])[1] if served_name == train_name else list(data[served_name])
+            base = train_name.removesuffix("+calls")
+            pool = split(data[served_name])[1] if served_name == base else list(data[served_name])
             random.Random(0).shuffle(pool)
-            trace = _trace(pool, Path(tmp) / f"{train_name}-{served_name}.jsonl")  # traces are cached by path
+            trace = _trace(pool, Path(tmp) / f"{base}-{served_name}.jsonl")  # traces are cached by path
+            if train_name not in models:
+                rows = split(data[base])[0]
+                if train_name.endswith("+calls"):
+                    rows = rows + compound_call_rows(trace)
+                models[train_name] = train_estimator(rows, n_trees=args.trees, min_samples_leaf=16)
             for seed in args.seeds:
                 spec = WorkloadSpec(
                     trace=trace, arrival="poisson", rps=args.rps, duration_s=args.duration, seed=seed
                 )
-                for calibrated in (False, True):
+                for calibrated in (True,) if args.calibrated_only else (False, True):
                     t0 = time.perf_counter()
-                    res = run_one(models[train_name], spec, args.policy, calibrated, args.profile)
+                    params = CalibrationParams(**json.loads(args.calibration)) if calibrated else None
+                    res = run_one(models[train_name], spec, args.policy, params, args.profile)
                     rec = {
                         "scenario": label,
                         "train": train_name,
                         "served": served_name,
                         "seed": seed,
-                        "bounds": "calibrated" if calibrated else "static",
+                        "bounds": args.label if calibrated else "static",
                         **res,
                         "run_s": round(time.perf_counter() - t0, 1),
                     }

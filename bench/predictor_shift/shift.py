@@ -27,7 +27,12 @@ from typing import Any
 import numpy as np
 
 from slo_core.data import path as data_path
-from slo_core.predict.calibration import CalibratedEstimator, CalibrationParams, OnlineCalibrator, Plan
+from slo_core.predict.calibration import (
+    CalibratedEstimator,
+    CalibrationParams,
+    OnlineCalibrator,
+    Plan,
+)
 from slo_core.predict.estimator import BoundQuery, OutputBoundEstimator
 from slo_core.predict.training import LengthRow, shipped_rows, split, train_estimator
 
@@ -80,7 +85,9 @@ def replay(
     rec: dict[str, dict[str, list[float]]] = {
         k: {"b": [], "t": []} for k in ("static_sub", "static_200", "cal_sub", "cal_200", "textstatic_sub")
     }
-    windows: dict[str, dict[str, dict[str, list[float]]]] = {"first_100": {}, f"after_{n_after}": {}}
+    n = len(plans)
+    spans = {"first_100": (0, 100), f"after_{n_after}": (n_after, n), "last_500": (max(0, n - 500), n)}
+    windows: dict[str, dict[str, dict[str, list[float]]]] = {w: {} for w in spans}
     for w in windows:
         windows[w] = {k: {"b": [], "t": []} for k in rec}
     pending: list[tuple[int, list[int]]] = []
@@ -96,7 +103,7 @@ def replay(
             vals["cal_200"] = cal.bound_at(plan, 200)
         hits.append(int(issued[0] >= L))
         static_hits.append(int(statics[i].at(0) >= L))
-        for w, lo, hi in (("first_100", 0, 100), (f"after_{n_after}", n_after, len(plans))):
+        for w, (lo, hi) in spans.items():
             if lo <= i < hi:
                 for k, v in vals.items():
                     windows[w][k]["b"].append(v)
@@ -118,12 +125,16 @@ def replay(
     ]
     out["corrections"] = [c for c in cal.calibrator.snapshot() if c["stage"] in (0, 4)]
     out["oracle"] = oracle(plans, true, n_after, est.params.quantile)
+    out["oracle_bands"] = oracle(plans, true, n_after, est.params.quantile, per_band=True)
     return out
 
 
-def oracle(plans: list[Plan], true: list[int], start: int, q: float) -> dict[str, dict[str, float | int]]:
+def oracle(
+    plans: list[Plan], true: list[int], start: int, q: float, per_band: bool = False
+) -> dict[str, dict[str, float | int]]:
     """The tightest any single correction of this forest could be at coverage q, chosen in hindsight
-    on the very requests it is scored on (completions ``start``..): a floor for the calibrated rows."""
+    on the very requests it is scored on (completions ``start``..): a floor for the calibrated rows.
+    ``per_band``: one such correction per prompt-length band (the calibration's submission cells)."""
     out = {}
     for name, g in (("submission", 0), ("after_200", 200)):
         idx = [i for i in range(start, len(true)) if true[i] > g]
@@ -132,9 +143,26 @@ def oracle(plans: list[Plan], true: list[int], start: int, q: float) -> dict[str
         j = g // plans[0].every_tokens
         raw = np.asarray([plans[i].raw_at(j) for i in idx])
         t = np.asarray([true[i] for i in idx], dtype=float)
-        theta = float(np.quantile(np.log((t - g) / (raw - g)), q))
-        out[name] = _stage(list(g + (raw - g) * np.exp(theta)), list(t))
+        keys = np.asarray([plans[i].band if per_band else 0 for i in idx])
+        bound = np.empty_like(t)
+        for k in np.unique(keys):
+            m = keys == k
+            theta = float(np.quantile(np.log((t[m] - g) / (raw[m] - g)), q))
+            bound[m] = g + (raw[m] - g) * np.exp(theta)
+        out[name] = _stage(list(bound), list(t))
     return out
+
+
+def retrained(
+    served: list[LengthRow], args: argparse.Namespace, params: CalibrationParams
+) -> dict[str, object]:
+    """``predictor train --from-history`` after the first N completions: a forest trained on those
+    (as the sidecar's history keeps them by default: token counts and kind, no prompt text), then
+    serving completions N.. alone ("static") and through a fresh calibration."""
+    history = [dataclasses.replace(r, prompt="") for r in served[: args.after]]
+    est = train_estimator(history, n_trees=args.trees, min_samples_leaf=16, seed=args.seed)
+    later = [dataclasses.replace(r, prompt="") for r in served[args.after :]]
+    return replay(est, later, 0, args.lag, params)
 
 
 PAIRS = (
@@ -169,6 +197,7 @@ def main(argv: list[str] | None = None) -> int:
         random.Random(args.seed).shuffle(pool)
         served = pool[: args.served]
         res = replay(est, served, args.after, args.lag, params)
+        res["retrained"] = retrained(served, args, params)
         res["served"] = len(served)
         res["seconds"] = round(time.perf_counter() - t0, 1)
         result["pairs"][f"{train_name}->{served_name}"] = res  # type: ignore[index]
@@ -189,16 +218,22 @@ def table(result: dict[str, object]) -> str:
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for pair, res in result["pairs"].items():  # type: ignore[attr-defined]
-        for w in ("first_100", f"after_{a}"):
+        for w in ("first_100", f"after_{a}", "last_500"):
             for label, sub, late in (
                 ("static", "static_sub", "static_200"),
                 ("calibrated", "cal_sub", "cal_200"),
             ):
                 lines.append(_row(pair, label, w, res[w][sub], res[w][late]))
-        o = res["oracle"]
-        lines.append(
-            _row(pair, "hindsight floor", f"after_{a}", o["submission"], o.get("after_200", {"n": 0}))
-        )
+        for label, key in (("hindsight floor", "oracle"), ("hindsight floor, per band", "oracle_bands")):
+            o = res[key]
+            lines.append(_row(pair, label, f"after_{a}", o["submission"], o.get("after_200", {"n": 0})))
+        r = res["retrained"]
+        w = r["after_0"]
+        for label, sub, late in (
+            ("static", "static_sub", "static_200"),
+            ("calibrated", "cal_sub", "cal_200"),
+        ):
+            lines.append(_row(pair, f"retrained on {a} ({label})", f"after_{a}", w[sub], w[late]))
     return "\n".join(lines) + "\n"
 
 

@@ -119,8 +119,11 @@ class CalibrationHub:
     def bound_at(self, plan: Plan, generated_tokens: int) -> int:
         return self.estimator.bound_at(plan, generated_tokens)
 
-    def observe(self, plan: Plan, output_tokens: int, issued_at_submission: int) -> None:
-        self.estimator.observe(plan, output_tokens, [issued_at_submission])
+    def observe(
+        self, plan: Plan, output_tokens: int, issued_at_submission: int, arrived_s: float | None = None
+    ) -> None:
+        """A natural end; ``arrived_s``: what ``calibrator.untrack`` returned (orders the windows)."""
+        self.estimator.observe(plan, output_tokens, [issued_at_submission], arrived_s)
 
     # ---- persistence ------------------------------------------------------------------------
     def save(self, state_dir: Path) -> Path:

@@ -208,15 +208,17 @@ class EngineMirror:
         while len(self.tracked) > MAX_TRACKED:  # rows whose finish never arrived (engine restarted)
             self._untrack(self.tracked.pop(next(iter(self.tracked))))
 
-    def _untrack(self, t: Tracked | None) -> None:
+    def _untrack(self, t: Tracked | None) -> float | None:
+        """Stop counting ``t`` as in flight; its arrival time on the calibration's clock."""
         if t is not None and t.plan is not None and self.calibration is not None:
-            self.calibration.calibrator.untrack(t)
+            return self.calibration.calibrator.untrack(t)
+        return None
 
     def _finish(self, finished: Any, now: float) -> None:
         learn = getattr(self.estimator, "observe", None)
         for f in finished:
             t = self.tracked.pop(f.request_key, None)
-            self._untrack(t)
+            arrived_s = self._untrack(t)
             if t is not None and t.program_id and (prog := self.compound.programs.get(t.program_id)):
                 self.compound.call_ended(
                     prog,
@@ -233,7 +235,7 @@ class EngineMirror:
             if learn is not None:
                 learn(int(f.generated_tokens))
             if self.calibration is not None and t is not None and t.plan is not None:
-                self.calibration.observe(t.plan, int(f.generated_tokens), t.bound_at_arrival)
+                self.calibration.observe(t.plan, int(f.generated_tokens), t.bound_at_arrival, arrived_s)
 
     def _count(self, f: Any, tier: str, *, seen: bool) -> None:
         """A finished request's counters, as the proxy sidecar's end-of-request accounting."""

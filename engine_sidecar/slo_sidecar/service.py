@@ -413,8 +413,9 @@ class Sidecar:
         live, m = job.live, self.metrics
         tier, pclass = live.tier.name, live.targets.priority_class
         self.tier_inflight[tier] -= 1
+        arrived_s = None
         if self.calibration is not None and live.plan is not None:
-            self.calibration.calibrator.untrack(live)
+            arrived_s = self.calibration.calibrator.untrack(live)
         outcome = self.tracker.outcome(
             live, status == "ok", self.config.objective.goodput, self.config.objective.gain
         )
@@ -436,7 +437,7 @@ class Sidecar:
             if learn is not None and job.finish_reason == "stop":  # a natural end: a true length sample
                 learn(live.generated_tokens)
             if self.calibration is not None and live.plan is not None and job.finish_reason == "stop":
-                self.calibration.observe(live.plan, live.generated_tokens, live.bound_at_arrival)
+                self.calibration.observe(live.plan, live.generated_tokens, live.bound_at_arrival, arrived_s)
         self.tracker.finish(live, outcome, status, self._history_fields(job))
 
     def _history_fields(self, job: Job) -> dict[str, Any]:

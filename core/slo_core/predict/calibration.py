@@ -32,18 +32,31 @@ N = ``refine_every_tokens``; stages past ``max_stage`` share the last one):
   correction is then the product-limit (Kaplan–Meier) quantile of completed and censored scores —
   with no request in flight exactly the conformal order statistic above. How long a request has run
   does not depend on how long it will run, so the censoring is uninformative, as KM needs.
+- **The window is the latest arrivals**, not the latest completions: a score is stamped with its
+  request's arrival time (``untrack`` returns it, ``observe`` takes it) and kept in arrival order,
+  and requests in flight that arrived before the window's oldest score are outside it. Otherwise,
+  under load, the last completions of a burst are its long requests and a correct bound loosens.
+- **No correction without evidence**: a cell's θ stays 0 unless its scores reject, at the one-sided
+  binomial level ``evidence_p``, that the forest's own bound (score ≤ 0) meets the target — too many
+  misses to loosen, too few to tighten. Window noise alone never moves a forest that is right.
+- **Per prompt-length band** (``prompt_bands``): the submission cell is also kept per band
+  (:func:`prompt_band`, powers of two; cell key ``<stratum>#p<band>``; Mondrian conformal), since
+  how wrong the forest is often depends on the prompt length. A band's own θ applies once it holds
+  a full window; before that the larger of its θ and the stratum's.
 
 Because every stage is calibrated on the requests that actually reached it, a refined bound is no
 longer forced to stay above the submission bound: it is the calibrated conditional quantile of the
 remaining length, so bound/true falls as tokens stream.
 
-State is JSON (no pickle): each score carries its origin (replica id), a sequence number and a wall
-time, so states of several replicas merge by union (idempotent, commutative) — see :meth:`merge`.
+State is JSON (no pickle): each score carries its origin (replica id), a sequence number and its
+request's arrival (wall) time, so states of several replicas merge by union (idempotent,
+commutative) — see :meth:`merge`.
 The same classes serve the sidecar and the simulator (``slo_core.sim.analyzer``).
 """
 
 from __future__ import annotations
 
+import bisect
 import math
 import threading
 import time
@@ -79,20 +92,53 @@ class CalibrationParams(BaseModel):
         "young sample is not",
     )
     max_stage: int = Field(20, ge=0, le=1000, description="last stage with its own correction (checkpoints)")
+    prompt_bands: bool = Field(
+        True,
+        description="the submission cell is also kept per prompt-length band (powers of two, 16..2048 "
+        "tokens; Mondrian conformal): a band's own correction applies once it holds a full window, "
+        "before that the larger of its and the stratum's (count of bands: 9)",
+    )
+    evidence_p: float = Field(
+        0.1,
+        gt=0.0,
+        le=1.0,
+        description="a cell corrects the forest only when its scores reject, at this one-sided binomial "
+        "level, that the forest's own bound covers the target (loosening) or at most the target "
+        "(tightening); 1.0: always (probability)",
+    )
     tighten: bool = Field(
         True, description="refined bounds may fall below earlier ones (calibrated conditional quantile)"
     )
 
 
+_BAND = "#p"  # a band cell's key: f"{stratum}{_BAND}{band}"
+_MIN_BAND, _MAX_BAND = 3, 11  # prompt bands: < 16 tokens, [16, 32), …, [1024, 2048), ≥ 2048
+
+
+def prompt_band(prompt_tokens: int) -> int:
+    """The prompt-length band of a request: ⌊log2(tokens)⌋ within [3, 11] (9 bands)."""
+    return min(max(int(prompt_tokens).bit_length() - 1, _MIN_BAND), _MAX_BAND)
+
+
+def _split_band(key: str) -> tuple[str, int | None]:
+    """(stratum, band) of a cell key; band None for a stratum's own cell."""
+    base, sep, band = key.rpartition(_BAND)
+    if sep and band.isdigit() and _MIN_BAND <= int(band) <= _MAX_BAND:
+        return base, int(band)
+    return key, None
+
+
 @dataclass(frozen=True, slots=True)
 class Plan:
-    """A request's raw forest bounds at every checkpoint (``raw[j]`` for g ∈ [jN, (j+1)N))."""
+    """A request's raw forest bounds at every checkpoint (``raw[j]`` for g ∈ [jN, (j+1)N)), and its
+    prompt-length band (:func:`prompt_band`; −1: none, the stratum's cell alone)."""
 
     stratum: str
     every_tokens: int
     max_tokens: int
     raw: tuple[float, ...]
     tail_growth: float = 1.25
+    band: int = -1
 
     def raw_at(self, stage: int) -> float:
         if stage < len(self.raw):
@@ -138,7 +184,8 @@ class OnlineCalibrator:
         self.origin = origin
         self._clock = clock
         self._cells: dict[tuple[str, int], _Cell] = {}
-        self._live: dict[str, dict[int, LiveBound]] = {}  # stratum -> id -> request in flight
+        # stratum -> id -> (request in flight, its arrival time on this calibrator's clock)
+        self._live: dict[str, dict[int, tuple[LiveBound, float]]] = {}
         self._seq = 0
         self._lock = threading.Lock()
         self.updates = 0
@@ -152,57 +199,88 @@ class OnlineCalibrator:
         cell = self._cells.get((stratum, min(stage, self.params.max_stage)))
         return cell.theta if cell is not None else 0.0
 
+    def _theta(self, plan: Plan, stage: int) -> float:
+        """θ for ``plan`` at ``stage``: at submission its band's cell once that holds a full window,
+        the larger of the band's and the stratum's while the band is young, else the stratum's."""
+        theta = self.correction(plan.stratum, stage)
+        if stage != 0 or plan.band < 0 or not self.params.prompt_bands:
+            return theta
+        cell = self._cells.get((f"{plan.stratum}{_BAND}{plan.band}", 0))
+        if cell is None or len(cell.scores) < self.params.min_scores:
+            return theta
+        if len(cell.scores) >= min(self.params.tighten_min_scores, self.params.window):
+            return cell.theta
+        return max(cell.theta, theta)
+
     def bound(self, plan: Plan, generated_tokens: int) -> int:
         """The calibrated bound after ``generated_tokens`` tokens (in [g+1, max_tokens])."""
         g = max(0, int(generated_tokens))
         j = g // plan.every_tokens
         c = j * plan.every_tokens
         raw = plan.raw_at(j)
-        theta = self.correction(plan.stratum, j)
+        theta = self._theta(plan, min(j, self.params.max_stage))
         value = math.ceil(c + max(raw - c, 1e-9) * math.exp(theta))
         return max(min(max(value, g + 1), plan.max_tokens), g, 1)
 
     # ---- learning -----------------------------------------------------------------------------
     def track(self, live: LiveBound) -> None:
-        """``live`` is in flight: its progress counts as a censored score until :meth:`untrack`."""
+        """``live`` arrived and is in flight: its progress counts as a censored score until
+        :meth:`untrack`, and its arrival time orders its score in the windows (module docstring)."""
+        now = self._clock()
         with self._lock:
-            self._live.setdefault(live.plan.stratum, {})[id(live)] = live
+            self._live.setdefault(live.plan.stratum, {})[id(live)] = (live, now)
 
-    def untrack(self, live: LiveBound) -> None:
-        """``live`` left (finished, aborted or dropped); idempotent."""
+    def untrack(self, live: LiveBound) -> float | None:
+        """``live`` left (finished, aborted or dropped); idempotent. Returns its arrival time (pass it
+        to :meth:`observe`), None if it was not tracked."""
         with self._lock:
             group = self._live.get(live.plan.stratum)
-            if group is not None:
-                group.pop(id(live), None)
+            entry = group.pop(id(live), None) if group is not None else None
+            return entry[1] if entry is not None else None
 
     def in_flight(self) -> int:
         """How many tracked requests are in flight (all strata)."""
         with self._lock:
             return sum(len(group) for group in self._live.values())
 
-    def _censored(self, stratum: str, stage: int) -> list[float]:
+    def _censored(self, key: str, stage: int) -> list[float]:
         """Censored scores of the requests in flight that passed checkpoint ``stage`` (its cell)."""
+        stratum, band = _split_band(key)
         group = self._live.get(stratum)
         if not group:
             return []
+        cell = self._cells.get((key, stage))
+        # the window holds the latest `window` arrivals: the requests in flight that arrived before
+        # its oldest score are outside it, as completions of that age would be
+        full = cell is not None and len(cell.scores) == cell.scores.maxlen
+        since = cell.scores[0][2] if cell is not None and full else -math.inf
         out = []
-        for live in group.values():
+        for live, arrived_s in group.values():
             plan, g = live.plan, live.generated_tokens
+            if (band is not None and plan.band != band) or arrived_s < since:
+                continue
             c = stage * plan.every_tokens
             if g > c:
                 out.append(_clip(math.log((g - c) / max(plan.raw_at(stage) - c, 1e-9))))
         return out
 
-    def observe(self, plan: Plan, output_tokens: int, issued: Sequence[int] | None = None) -> None:
+    def observe(
+        self,
+        plan: Plan,
+        output_tokens: int,
+        issued: Sequence[int] | None = None,
+        arrived_s: float | None = None,
+    ) -> None:
         """A request of ``plan`` finished naturally with ``output_tokens`` tokens.
 
         Updates every stage it passed. ``issued``: the bounds it was actually given at stages 0, 1, …
         (for the coverage figures); absent, coverage is judged against the current corrections.
+        ``arrived_s``: its arrival time (what :meth:`untrack` returned); absent, now.
         """
         length = int(output_tokens)
         if length < 1:
             return
-        now = self._clock()
+        now = self._clock() if arrived_s is None else float(arrived_s)
         last = (length - 1) // plan.every_tokens
         with self._lock:
             for j in range(min(last, len(plan.raw) + self.params.max_stage) + 1):
@@ -211,18 +289,22 @@ class OnlineCalibrator:
                     break
                 raw = plan.raw_at(j)
                 score = math.log((length - c) / max(raw - c, 1e-9))
-                cell = self._cell(plan.stratum, min(j, self.params.max_stage))
                 bound_now = self.bound(plan, c)
                 given = issued[j] if issued is not None and j < len(issued) else bound_now
-                cell.seen += 1
-                cell.covered += int(length <= given)
-                cell.recent.append(int(length <= given))
-                err = 1.0 if length > bound_now else 0.0
-                alpha0 = 1.0 - self.target
-                cell.alpha = min(max(cell.alpha + self.params.gamma * (alpha0 - err), 1e-3), 0.5)
-                self._seq += 1
-                cell.scores.append((self.origin, self._seq, now, _clip(score)))
-                self._refresh(cell, plan.stratum, min(j, self.params.max_stage))
+                keys = [plan.stratum]
+                if j == 0 and plan.band >= 0 and self.params.prompt_bands:
+                    keys.append(f"{plan.stratum}{_BAND}{plan.band}")
+                for key in keys:
+                    cell = self._cell(key, min(j, self.params.max_stage))
+                    cell.seen += 1
+                    cell.covered += int(length <= given)
+                    cell.recent.append(int(length <= given))
+                    err = 1.0 if length > bound_now else 0.0
+                    alpha0 = 1.0 - self.target
+                    cell.alpha = min(max(cell.alpha + self.params.gamma * (alpha0 - err), 1e-3), 0.5)
+                    self._seq += 1
+                    _insert(cell.scores, (self.origin, self._seq, now, _clip(score)))
+                    self._refresh(cell, key, min(j, self.params.max_stage))
             self.updates += 1
 
     def _cell(self, stratum: str, stage: int) -> _Cell:
@@ -246,6 +328,15 @@ class OnlineCalibrator:
             theta = float(s[min(max(k, 1), n) - 1])
         if theta < 0.0 and stage == 0 and n < min(self.params.tighten_min_scores, self.params.window):
             theta = 0.0
+        if theta != 0.0 and self.params.evidence_p < 1.0:
+            # misses of the forest's own bound (score > 0): completed, and in flight already past it
+            misses = int(np.count_nonzero(s > 0.0)) + sum(1 for c in censored if c > 0.0)
+            total = n + sum(1 for c in censored if c > 0.0)
+            alpha = 1.0 - self.target
+            # loosening needs too many misses for a forest at its target; tightening, too few
+            p = binom_sf(misses, total, alpha) if theta > 0.0 else binom_cdf(misses, total, alpha)
+            if p >= self.params.evidence_p:
+                theta = 0.0
         cell.theta = theta
 
     # ---- figures for metrics and reports ------------------------------------------------------
@@ -383,6 +474,51 @@ def km_quantile(events: F64, censored: F64, alpha: float) -> float:
     return float(max(events[-1], censored[-1] if len(censored) else events[-1]))
 
 
+def _insert(scores: deque[tuple[str, int, float, float]], row: tuple[str, int, float, float]) -> None:
+    """Insert ``row`` in arrival order; a full window drops its oldest arrival (maybe ``row``)."""
+    full = len(scores) == scores.maxlen
+    if full and row[2] < scores[0][2]:
+        return  # arrived before every score in the window: outside it
+    if full:
+        scores.popleft()
+    if not scores or row[2] >= scores[-1][2]:
+        scores.append(row)
+    else:
+        scores.insert(bisect.bisect_right(scores, row[2], key=lambda x: x[2]), row)
+
+
+def _binom_pmf(k: int, n: int, p: float) -> float:
+    log = math.lgamma(n + 1) - math.lgamma(k + 1) - math.lgamma(n - k + 1)
+    return math.exp(log + k * math.log(p) + (n - k) * math.log1p(-p))
+
+
+def _tail(k: int, n: int, p: float, step: int) -> float:
+    """Σ P(X = i) from i = k outwards (step +1: up to n, −1: down to 0), away from the mode."""
+    term = _binom_pmf(k, n, p)
+    total, i = term, k
+    while term > 1e-15 * total and 0 <= i + step <= n:
+        term *= (n - i) / (i + 1) * p / (1.0 - p) if step > 0 else i / (n - i + 1) * (1.0 - p) / p
+        i += step
+        total += term
+    return total
+
+
+def binom_sf(k: int, n: int, p: float) -> float:
+    """P(X ≥ k) for X ~ Binomial(n, p), 0 < p < 1 (summed from the thin tail: a few dozen terms)."""
+    if k <= 0:
+        return 1.0
+    if k > n:
+        return 0.0
+    if k > n * p:
+        return min(1.0, _tail(k, n, p, +1))
+    return max(0.0, 1.0 - _tail(k - 1, n, p, -1))
+
+
+def binom_cdf(k: int, n: int, p: float) -> float:
+    """P(X ≤ k) for X ~ Binomial(n, p), 0 < p < 1."""
+    return 1.0 - binom_sf(k + 1, n, p)
+
+
 def _clip(v: float) -> float:
     if not math.isfinite(v):
         return _SCORE_LIMIT if v > 0 else -_SCORE_LIMIT
@@ -417,7 +553,14 @@ class CalibratedEstimator:
         raws = self.estimator.raw_quantile_schedules(queries, limit=_MAX_CHECKPOINTS)
         growth = self.estimator.params.tail_growth
         return [
-            Plan(stratum, self.every_tokens, max(1, int(q.max_tokens)), tuple(r.tolist()), growth)
+            Plan(
+                stratum,
+                self.every_tokens,
+                max(1, int(q.max_tokens)),
+                tuple(r.tolist()),
+                growth,
+                prompt_band(q.prompt_tokens),
+            )
             for q, stratum, r in zip(queries, strata, raws, strict=True)
         ]
 
@@ -436,8 +579,14 @@ class CalibratedEstimator:
     def bound_at(self, plan: Plan, generated_tokens: int = 0) -> int:
         return self.calibrator.bound(plan, generated_tokens)
 
-    def observe(self, plan: Plan, output_tokens: int, issued: Sequence[int] | None = None) -> None:
-        self.calibrator.observe(plan, output_tokens, issued)
+    def observe(
+        self,
+        plan: Plan,
+        output_tokens: int,
+        issued: Sequence[int] | None = None,
+        arrived_s: float | None = None,
+    ) -> None:
+        self.calibrator.observe(plan, output_tokens, issued, arrived_s)
 
     # ---- the LengthEstimator protocol (stratum = kind; re-plans on every call) --------------
     def bound(self, prompt_text: str | None, prompt_tokens: int, kind: str, max_tokens: int) -> int:

@@ -111,9 +111,9 @@ class SimAnalyzer:
         rejected or aborted one (``finished=False``) only stops counting as in flight."""
         if self.calibrated is None or not isinstance(schedule, CalibratedSchedule):
             return
-        self.calibrated.calibrator.untrack(schedule)
+        arrived_s = self.calibrated.calibrator.untrack(schedule)
         if finished and 0 < output_tokens < max_tokens:
-            self.calibrated.observe(schedule.plan, output_tokens)
+            self.calibrated.observe(schedule.plan, output_tokens, arrived_s=arrived_s)
 
     # ---- compound programs -----------------------------------------------------------------------
 

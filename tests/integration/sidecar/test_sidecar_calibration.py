@@ -212,6 +212,8 @@ async def test_requests_in_flight_count_in_the_calibration_until_they_end_in_bot
     hub = sc.calibration
     assert hub is not None
     now = time.time()
+    clock = [100.0]  # the calibration's clock: a score is stamped with its request's arrival
+    monkeypatch.setattr(hub.calibrator, "_clock", lambda: clock[0])
 
     def row(key: str, generated: int) -> pb.EngineRequest:
         return pb.EngineRequest(
@@ -225,8 +227,11 @@ async def test_requests_in_flight_count_in_the_calibration_until_they_end_in_bot
     await sc.mirror.take(pb.EngineReport(snapshot_unix_s=now, requests=[row("a", 7), row("b", 3)]))
     assert sc.mirror.tracked["a"].generated_tokens == 7, "the censored score reads the newest progress"
     done = [pb.FinishedRequest(request_key="a", generated_tokens=9, finish_reason="stop", tier="gold")]
+    clock[0] = 200.0
     await sc.mirror.take(pb.EngineReport(snapshot_unix_s=now, requests=[row("b", 4)], finished=done))
     assert hub.calibrator.in_flight() == 1
+    stamped = {x[2] for c in hub.calibrator.to_json()["cells"] for x in c["scores"]}
+    assert stamped == {100.0}, "the finished request's score carries its arrival, not its end"
     gone = [pb.FinishedRequest(request_key="b", generated_tokens=4, finish_reason="abort", tier="gold")]
     await sc.mirror.take(pb.EngineReport(snapshot_unix_s=now, finished=gone))
     assert hub.calibrator.in_flight() == 0, "an aborted request stops counting too"
@@ -238,14 +243,24 @@ async def test_requests_in_flight_count_in_the_calibration_until_they_end_in_bot
         hub = sc.calibration
         assert hub is not None
         seen: list[int] = []
+        arrivals: list[float] = []
+        tick = [0.0]
         track = hub.calibrator.track
 
+        def ticking() -> float:
+            tick[0] += 1.0
+            return tick[0]
+
         def spy(live: LiveBound) -> None:
+            arrivals.append(tick[0] + 1.0)  # what the clock gives track()
             track(live)
             seen.append(hub.calibrator.in_flight())
 
+        monkeypatch.setattr(hub.calibrator, "_clock", ticking)
         monkeypatch.setattr(hub.calibrator, "track", spy)
         async with running_sidecar(sc) as run, httpx.AsyncClient(timeout=30) as http:
             await _serve_some(http, run.http_url, 5, seed=7)
         assert seen == [1, 1, 1, 1, 1], "each request was in flight alone, and counted"
         assert hub.calibrator.in_flight() == 0
+        stamped = {x[2] for c in hub.calibrator.to_json()["cells"] for x in c["scores"]}
+        assert stamped and stamped <= set(arrivals), "scores carry their requests' arrival times"

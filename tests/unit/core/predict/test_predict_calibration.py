@@ -16,7 +16,10 @@ from slo_core.predict.calibration import (
     CalibrationParams,
     OnlineCalibrator,
     Plan,
+    binom_cdf,
+    binom_sf,
     km_quantile,
+    prompt_band,
 )
 from slo_core.predict.training import LengthRow, train_estimator
 from slo_core.sim.analyzer import CalibratedSchedule, SimAnalyzer
@@ -246,3 +249,104 @@ def test_the_simulator_tracks_each_request_until_it_leaves() -> None:
     an.request_finished(a, 130, 4000)
     an.request_finished(b, 0, 4000, finished=False)  # dropped before it started: only forgotten
     assert cal._censored("latency", 0) == [] and cal.updates == 1
+
+
+# ---- evidence before correcting, and per prompt-length band ------------------------------------------
+
+
+@pytest.mark.parametrize("n", [1, 20, 57, 200, 400])
+@pytest.mark.parametrize("p", [0.05, 0.1, 0.3])
+def test_binomial_tails_equal_the_exact_sums(n: int, p: float) -> None:
+    for k in range(n + 2):
+        exact_sf = sum(math.comb(n, i) * p**i * (1 - p) ** (n - i) for i in range(k, n + 1))
+        exact_cdf = sum(math.comb(n, i) * p**i * (1 - p) ** (n - i) for i in range(min(k, n) + 1))
+        assert binom_sf(k, n, p) == pytest.approx(exact_sf, abs=1e-12)
+        assert binom_cdf(k, n, p) == pytest.approx(exact_cdf, abs=1e-12)
+
+
+def test_a_forest_that_holds_its_target_is_left_alone(est: OutputBoundEstimator) -> None:
+    """Served from the training distribution, the window's noise alone does not move the bounds
+    (without the evidence test a 20-score cell loosens on it, since young cells loosen but do not
+    tighten)."""
+    served = rows(800, 7)
+    gated = CalibratedEstimator(est, OnlineCalibrator(0.95))
+    ungated = CalibratedEstimator(est, OnlineCalibrator(0.95, CalibrationParams(evidence_p=1.0)))
+    moved = {}
+    for name, cal in (("gated", gated), ("ungated", ungated)):
+        plans = cal.plans([q_of(r) for r in served], ["m/latency"] * len(served))
+        changed = 0
+        for plan, r in zip(plans, served, strict=True):
+            changed += int(cal.bound_at(plan, 0) != math.ceil(plan.raw[0]))
+            cal.observe(plan, r.output_tokens)
+        moved[name] = changed / len(served)
+    assert moved["gated"] < 0.1, moved
+    assert moved["ungated"] > 0.3, moved
+
+
+def band_rows(n: int, seed: int) -> list[LengthRow]:
+    """Short prompts (< 32 tokens) answered 3x longer than trained on, long ones (256..400) half as long."""
+    rng = random.Random(seed)
+    out = []
+    for i in range(n):
+        short = rng.random() < 0.5
+        p = rng.randint(20, 31) if short else rng.randint(256, 400)
+        length = max(1, int(2 * p * (3.0 if short else 0.5) * math.exp(rng.gauss(0, 0.25))))
+        out.append(LengthRow(f"b{seed}-{i}", "", p, length, "latency"))
+    return out
+
+
+def test_each_prompt_band_gets_its_own_correction(est: OutputBoundEstimator) -> None:
+    """One correction per stratum cannot fix a shift that differs by prompt length: it must cover the
+    short prompts and so over-bounds the long ones. The submission cell per band fixes both."""
+    served = band_rows(1600, 8)
+    result = {}
+    for bands in (True, False):
+        cal = CalibratedEstimator(est, OnlineCalibrator(0.95, CalibrationParams(prompt_bands=bands)))
+        plans = cal.plans([q_of(r) for r in served], ["m/latency"] * len(served))
+        hits, ratio_long = [], []
+        for i, (plan, r) in enumerate(zip(plans, served, strict=True)):
+            b = cal.bound_at(plan, 0)
+            if i >= 800:
+                hits.append(int(r.output_tokens <= b))
+                if r.prompt_tokens >= 256:
+                    ratio_long.append(b / r.output_tokens)
+            cal.observe(plan, r.output_tokens)
+        result[bands] = (sum(hits) / len(hits), float(np.median(ratio_long)))
+    assert result[True][0] >= 0.93 and result[False][0] >= 0.93, result
+    assert result[True][1] < 0.7 * result[False][1], result  # long prompts: far tighter per band
+    assert prompt_band(20) == prompt_band(31) == 4 and prompt_band(300) == 8
+    assert prompt_band(1) == 3 and prompt_band(10**6) == 11
+
+
+def _burst(by_arrival: bool, seed: int) -> float:
+    """800 arrivals (one per tick, one token per tick each, log-normal lengths σ = 1, median 100) and
+    then none until every request ended; the forest's bound is the true 95 % quantile (θ should be 0).
+    Returns θ once drained."""
+    rng = random.Random(seed)
+    tick = [0.0]
+    params = CalibrationParams(window=200, gamma=0.0, max_stage=0, evidence_p=1.0, prompt_bands=False)
+    cal = OnlineCalibrator(0.95, params, clock=lambda: tick[0])
+    plan = Plan("s", 1_000_000, 100_000, (100 * math.exp(1.645),))
+    flight: list[_Live] = []
+    while tick[0] < 800 or flight:
+        if tick[0] < 800:
+            live = _Live(plan, max(1, int(100 * math.exp(rng.gauss(0, 1)))))
+            flight.append(live)
+            cal.track(live)
+        for r in list(flight):
+            r.generated_tokens += 1
+            if r.generated_tokens >= r.length:
+                flight.remove(r)
+                arrived_s = cal.untrack(r)
+                cal.observe(plan, r.length, arrived_s=arrived_s if by_arrival else None)
+        tick[0] += 1
+    return cal.correction("s", 0)
+
+
+def test_the_window_holds_the_latest_arrivals_not_the_latest_completions() -> None:
+    """When arrivals stop (the end of a burst, a drain) the last completions are the long requests of
+    the last cohort: a window of the latest completions loosens a correct bound; a window of the
+    latest arrivals (their scores ordered by arrival) does not."""
+    for seed in range(3):
+        assert _burst(by_arrival=False, seed=seed) > 0.4
+        assert abs(_burst(by_arrival=True, seed=seed)) < 0.25
