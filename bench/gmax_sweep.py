@@ -18,7 +18,10 @@ token and request goodput)::
         --rps overload,light --seeds 0,1,2 --duration 300 --policies all --objective token,request
 
 ``--rps overload,light`` picks per family the load where FCFS attains < 50 % and a lighter one
-(per replica, times the replica count). ``tables`` prints mean ± spread (min–max over seeds) of the
+(per replica, times the replica count): from ``--points FILE`` when given (``calibrate`` writes it,
+picked on the sweep's own window per family and replica count; the committed one is
+bench/results/standard_sweep/issue20_points/load_points.json), else the 60 s-picked defaults below.
+``tables`` prints mean ± spread (min–max over seeds) of the
 objective per policy, the envelope (best other registered policy's mean at that point), the offline
 upper bound (slo_core.metrics.ceiling) and ratios of gmax to each.
 """
