@@ -18,7 +18,10 @@ token and request goodput)::
         --rps overload,light --seeds 0,1,2 --duration 300 --policies all --objective token,request
 
 ``--rps overload,light`` picks per family the load where FCFS attains < 50 % and a lighter one
-(per replica, times the replica count). ``tables`` prints mean ± spread (min–max over seeds) of the
+(per replica, times the replica count): from ``--points FILE`` when given (``calibrate`` writes it,
+picked on the sweep's own window per family and replica count; the committed one is
+bench/results/standard_sweep/issue20_points/load_points.json), else the 60 s-picked defaults below.
+``tables`` prints mean ± spread (min–max over seeds) of the
 objective per policy, the envelope (best other registered policy's mean at that point), the offline
 upper bound (slo_core.metrics.ceiling) and ratios of gmax to each.
 """
@@ -68,8 +71,27 @@ def _spec(family: str, duration: float, seed: int, rps: float) -> WorkloadSpec:
     return WorkloadSpec(duration_s=duration, seed=seed, rps=rps, **fields)
 
 
-def _rates(text: str, family: str, replicas: int) -> list[float]:
+POINTS_FILE = "load_points.json"
+LIGHT_SHARE = 2.0 / 3.0  # the lighter point, as a share of the overload point (12 -> 8 req/s before)
+
+
+def _points(path: str | None) -> dict[str, dict[str, tuple[float, float]]]:
+    """Calibrated per-replica (overload, light) rates by family and replica count (``calibrate``)."""
+    if not path:
+        return {}
+    raw = json.loads(Path(path).read_text(encoding="utf-8"))
+    return {
+        fam: {n: (float(v["overload_per_replica"]), float(v["light_per_replica"])) for n, v in by.items()}
+        for fam, by in raw["points"].items()
+    }
+
+
+def _rates(
+    text: str, family: str, replicas: int, points: dict[str, dict[str, tuple[float, float]]] | None = None
+) -> list[float]:
     over, light = FAMILIES[family][1]
+    if points and family in points and str(replicas) in points[family]:
+        over, light = points[family][str(replicas)]
     out = []
     for raw in text.split(","):
         item = raw.strip()
@@ -117,11 +139,12 @@ def tasks(args: argparse.Namespace) -> list[Task]:
     interrupted sweep has whole points, every policy at a load, with every seed it reached)."""
     policies = tuple(engine_policy_names()) if args.policies == "all" else tuple(args.policies.split(","))
     objectives = tuple(args.objective.split(","))
+    points = _points(getattr(args, "points", None))
     out = []
     for replicas in (int(r) for r in args.replicas.split(",")):
         for family in args.families.split(","):
             for seed in (int(s) for s in args.seeds.split(",")):
-                for rps in _rates(args.rps, family, replicas):
+                for rps in _rates(args.rps, family, replicas, points):
                     for policy in policies:
                         groups = [(o,) for o in objectives] if objective_aware(policy) else [objectives]
                         for group in groups:
@@ -252,6 +275,102 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _fcfs_attainment(
+    family: str, replicas: int, seed: int, duration: float, per_replica: float
+) -> dict[str, Any]:
+    """One FCFS probe at ``per_replica`` req/s on each of ``replicas`` replicas: attainment, token
+    goodput and the CPU seconds it took."""
+    rps = round(per_replica * replicas, 3)
+    task = Task(family, replicas, seed, rps, "fcfs", ("token",), duration, "round-robin")
+    record, cpu_s = run_one_timed(task.config(), ("fcfs", task.router, task.rps))
+    if "error" in record:
+        raise RuntimeError(f"{family} x{replicas} @ {task.rps}: {record['error']}")
+    return {
+        "per_replica_rps": per_replica,
+        "rps": task.rps,
+        "attainment": record["attainment"],
+        "goodput_token_ratio": record["goodput_token_ratio"],
+        "cpu_s": round(cpu_s, 2),
+    }
+
+
+def _calibrate_one(family: str, replicas: int, args: argparse.Namespace) -> dict[str, Any]:
+    """Bisect the per-replica rate where FCFS's attainment crosses ``--target`` on the sweep's window."""
+    from slo_core.metrics.capacity import serving_capacity
+
+    probes: list[dict[str, Any]] = []
+
+    def attainment_at(rate: float) -> float:
+        probe = _fcfs_attainment(family, replicas, args.seed, args.duration, rate)
+        probes.append(probe)
+        return float(probe["attainment"])
+
+    res = serving_capacity(attainment_at, args.lo, args.hi, target=args.target, iterations=args.iterations)
+    failing = [p["per_replica_rps"] for p in probes if p["attainment"] < args.target]
+    # the overload point: the lightest probed rate where FCFS attains < target (the bracket's top)
+    over = min(failing) if failing else args.hi
+    light = round(over * LIGHT_SHARE, 2)
+    return {
+        "family": family,
+        "replicas": replicas,
+        "overload_per_replica": over,
+        "light_per_replica": light,
+        "fcfs_capacity_per_replica": res.capacity_rps,
+        "censored": res.censored,
+        "probes": probes,
+    }
+
+
+def calibrate(args: argparse.Namespace) -> int:
+    """Pick the sweep's load points on its own window: per family and replica count, FCFS's attainment
+    is bisected over the per-replica rate (seed ``--seed``); the overload point is the lightest probed
+    rate where FCFS attains < ``--target`` (issue 15: "the highest load where FCFS attains < 50 %",
+    read as the edge of that region, not arbitrarily deep overload) and the light point
+    ``LIGHT_SHARE`` of it. Writes OUT/load_points.json for ``run --points`` after each combination
+    (a rerun calibrates only the combinations missing from it)."""
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / POINTS_FILE
+    doc: dict[str, Any] = json.loads(path.read_text(encoding="utf-8")) if path.exists() else {"points": {}}
+    doc["how"] = (
+        f"gmax_sweep.py calibrate: FCFS, seed {args.seed}, {args.duration:g} s windows, "
+        f"target attainment {args.target}, bisection of [{args.lo}, {args.hi}] req/s per replica, "
+        f"{args.iterations} steps"
+    )
+    points: dict[str, dict[str, Any]] = doc["points"]
+    combos = [
+        (f, int(r))
+        for r in args.replicas.split(",")
+        for f in args.families.split(",")
+        if r not in points.get(f, {})  # resumable: combinations already calibrated are kept
+    ]
+    workers = max(1, min(args.workers or os.cpu_count() or 1, len(combos) or 1))
+    c0, wall0 = time.time(), float(doc.get("wall_s") or 0.0)
+
+    def save(res: dict[str, Any]) -> None:
+        points.setdefault(res["family"], {})[str(res["replicas"])] = res
+        doc["wall_s"] = round(wall0 + time.time() - c0, 1)  # over every invocation
+        doc["load_end"] = _loadavg()
+        path.write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
+        print(
+            f"{res['family']} x{res['replicas']}: overload {res['overload_per_replica']:g} "
+            f"req/s per replica, light {res['light_per_replica']:g}; probes "
+            + ", ".join(f"{p['per_replica_rps']:g}->{p['attainment']:.2f}" for p in res["probes"]),
+            flush=True,
+        )
+
+    if workers == 1:
+        for f, r in combos:
+            save(_calibrate_one(f, r, args))
+    else:
+        ctx = multiprocessing.get_context("spawn")
+        with ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as pool:
+            futures = [pool.submit(_calibrate_one, f, r, args) for f, r in combos]
+            for fut in as_completed(futures):
+                save(fut.result())
+    return 0
+
+
 def _mean_spread(xs: list[float]) -> str:
     if not xs:
         return "–"
@@ -378,7 +497,20 @@ def main() -> int:
     )
     r.add_argument("--workers", type=int, default=None, help="processes (default: every core)")
     r.add_argument("--no-progress", action="store_true", help="no progress bar")
+    r.add_argument("--points", default=None, help="load_points.json from calibrate (overload, light)")
     r.set_defaults(func=run)
+    c = sub.add_parser("calibrate", help="pick overload/light per family and replica count (FCFS bisection)")
+    c.add_argument("--out", required=True)
+    c.add_argument("--families", default="conv,tot,sharegpt")
+    c.add_argument("--replicas", default="1,2,4")
+    c.add_argument("--seed", type=int, default=0)
+    c.add_argument("--duration", type=float, default=300.0)
+    c.add_argument("--target", type=float, default=0.5, help="FCFS attainment that marks overload")
+    c.add_argument("--lo", type=float, default=1.0, help="per-replica req/s (low end of the bracket)")
+    c.add_argument("--hi", type=float, default=16.0, help="per-replica req/s (high end of the bracket)")
+    c.add_argument("--iterations", type=int, default=4)
+    c.add_argument("--workers", type=int, default=None, help="processes (default: every core)")
+    c.set_defaults(func=calibrate)
     t = sub.add_parser("tables")
     t.add_argument("--out", required=True)
     t.set_defaults(func=tables)

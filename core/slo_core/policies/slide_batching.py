@@ -33,6 +33,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from slo_core.objective import Objective
 from slo_core.perf.model import OnlineCorrection, PerfProfile
 from slo_core.policies.base import BaseEnginePolicy, Decision, EngineView, RequestView
+from slo_core.policies.float_sum import numpy_sum
 from slo_core.policies.seed_estimates import (
     decode_core_s,
     max_prefill_chunk,
@@ -42,6 +43,7 @@ from slo_core.policies.seed_estimates import (
     profile_or_fallback,
     remaining_prompt_tokens,
 )
+from slo_core.slo import RequestKind
 
 
 def _fill_batch(  # noqa: PLR0917 - the plan's state, shared by the scalar and numpy paths
@@ -71,8 +73,8 @@ def _fill_batch(  # noqa: PLR0917 - the plan's state, shared by the scalar and n
         is_waiting = i >= n_running
         if is_waiting and seqs >= max_seqs:
             continue
-        left = remaining_prompt_tokens(r)
-        if left == 0:
+        left = r.prompt_tokens + r.generated_tokens - r.computed_tokens  # remaining_prompt_tokens
+        if left <= 0:
             t_batch += exec_s[i]
             chunk = 1
         else:
@@ -183,54 +185,31 @@ def slide_order(m: QueueMetrics, urgent: np.ndarray) -> np.ndarray:
     return np.concatenate([urg, nor]).astype(int)
 
 
-def numpy_sum(xs: Sequence[float]) -> float:
-    """``float(np.sum(xs))`` for float64 values, on plain floats: numpy's pairwise summation (blocks of
-    up to 128 summed in 8 interleaved lanes, halved above that), so the result is bit-identical."""
-    return _pairwise_sum(xs, 0, len(xs))
-
-
-def _pairwise_sum(a: Sequence[float], lo: int, n: int) -> float:
-    if n < 8:
-        res = 0.0
-        for i in range(lo, lo + n):
-            res += a[i]
-        return res
-    if n <= 128:
-        r0, r1, r2, r3, r4, r5, r6, r7 = a[lo : lo + 8]
-        i = lo + 8
-        stop = lo + n - n % 8
-        while i < stop:
-            r0 += a[i]
-            r1 += a[i + 1]
-            r2 += a[i + 2]
-            r3 += a[i + 3]
-            r4 += a[i + 4]
-            r5 += a[i + 5]
-            r6 += a[i + 6]
-            r7 += a[i + 7]
-            i += 8
-        res = ((r0 + r1) + (r2 + r3)) + ((r4 + r5) + (r6 + r7))
-        while i < lo + n:
-            res += a[i]
-            i += 1
-        return res
-    n2 = n // 2
-    n2 -= n2 % 8
-    return _pairwise_sum(a, lo, n2) + _pairwise_sum(a, lo + n2, n - n2)
-
+_LATENCY = RequestKind.LATENCY
 
 # per request id: (the snapshot the terms were computed from, T̃ before β, next-token due time, gain)
 _Terms = tuple[RequestView, float, float, float]
 
 
 def _terms(r: RequestView, profile: PerfProfile, params: SlideBatchingParams) -> _Terms:
-    left = remaining_prompt_tokens(r)
+    """A request's static terms (what remaining_prompt_tokens, prefill_core_s / decode_core_s and
+    next_token_due_s compute, inlined: a running decode's snapshot is new every step)."""
+    computed = r.computed_tokens
+    gen = r.generated_tokens
+    left = r.prompt_tokens + gen - computed
     if left > 0:
-        core = prefill_core_s(profile, left, r.computed_tokens)
+        core = prefill_core_s(profile, left, computed)
     else:
-        core = decode_core_s(profile, r.computed_tokens)
-    w = params.first_token_weight if r.generated_tokens == 0 else params.decode_token_weight
-    return (r, core, next_token_due_s(r), w * r.priority_weight)
+        core = (profile.d_ms_per_kv_token * computed + profile.a_ms_per_token) / 1000.0
+    slo = r.slo
+    if slo.kind is _LATENCY:
+        due = r.arrival_s + slo.token_deadline_s(gen)
+    elif r.deadline_at_s is not None:
+        due = r.deadline_at_s
+    else:
+        due = r.arrival_s + slo.effective_deadline_s
+    w = params.first_token_weight if gen == 0 else params.decode_token_weight
+    return (r, core, due, w * slo.priority_weight)
 
 
 class SlideBatching(BaseEnginePolicy):

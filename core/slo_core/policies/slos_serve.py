@@ -131,6 +131,29 @@ def dp_view(
     return DPView(tuple(items), cap, unit)
 
 
+def _next_due_s(r: RequestView) -> float:
+    """next_token_due_s, inlined (the sort keys below run for every admitted request per call)."""
+    slo = r.slo
+    if slo.kind is RequestKind.LATENCY:
+        return r.arrival_s + slo.token_deadline_s(r.generated_tokens)
+    if r.deadline_at_s is not None:
+        return r.deadline_at_s
+    return r.arrival_s + slo.effective_deadline_s
+
+
+def _waiting_key(r: RequestView) -> tuple[float, float]:
+    """Admitted waiting requests: earliest prefill (first-token) deadline first."""
+    slo = r.slo
+    if slo.kind is RequestKind.LATENCY:
+        return (r.arrival_s + slo.token_deadline_s(0), r.arrival_s)  # first_token_due_s
+    return (_next_due_s(r), r.arrival_s)
+
+
+def _running_key(r: RequestView) -> tuple[bool, float]:
+    """Admitted running requests: decodes first, by their next token's due time (EDF)."""
+    return (r.prompt_tokens + r.generated_tokens - r.computed_tokens > 0, _next_due_s(r))
+
+
 class SLOsServe(BaseEnginePolicy):
     """SLOs-Serve's scheduler with soft admission control (see the module docstring)."""
 
@@ -161,22 +184,16 @@ class SLOsServe(BaseEnginePolicy):
         present = {r.request_id for r in (*waiting, *running)}
         self.admitted &= present
         self.best_effort &= present
-        running_ids = {r.request_id for r in running}
-        for r in (*running, *waiting):
-            if r.kind is RequestKind.BEST_EFFORT:
+        best_effort_kind = RequestKind.BEST_EFFORT
+        for r in running:  # running SLO requests are admitted, best-effort ones join their tier
+            if r.slo.kind is best_effort_kind:
                 self.best_effort.add(r.request_id)
-            elif r.request_id not in self.best_effort and r.request_id in running_ids:
+            elif r.request_id not in self.best_effort:
                 self.admitted.add(r.request_id)
+        for r in waiting:
+            if r.slo.kind is best_effort_kind:
+                self.best_effort.add(r.request_id)
         forced = [r for r in (*running, *waiting) if r.request_id in self.admitted]
-        view = dp_view(
-            forced,
-            now,
-            prof,
-            p,
-            kv_tokens_total=engine.kv_blocks_total * engine.block_size,
-            max_num_seqs=engine.max_num_seqs,
-            max_num_batched_tokens=engine.max_num_batched_tokens,
-        )
         new = sorted(
             (
                 r
@@ -185,8 +202,23 @@ class SLOsServe(BaseEnginePolicy):
             ),
             key=lambda r: (r.arrival_s, r.request_id),
         )[: p.max_new_per_call]
+        # the DP view (a DPItem per forced request) is needed only to admit new requests or when a
+        # forced request decodes with no prompt left (the batch size of Algorithm 2); most calls
+        # have neither, and dp_view is pure: skipping it changes nothing
+        view = None
+        if new or any(remaining_prompt_tokens(r) == 0 for r in forced):
+            view = dp_view(
+                forced,
+                now,
+                prof,
+                p,
+                kv_tokens_total=engine.kv_blocks_total * engine.block_size,
+                max_num_seqs=engine.max_num_seqs,
+                max_num_batched_tokens=engine.max_num_batched_tokens,
+            )
         reject: tuple[str, ...] = ()
         if new:
+            assert view is not None
             cands = [to_item(r, now, prof, p, view.unit_tokens, forced=False) for r in new]
             plan = plan_admission(view.forced, cands, now, view.capacity)
             self.admitted.update(plan.admitted)
@@ -194,7 +226,7 @@ class SLOsServe(BaseEnginePolicy):
                 self.best_effort.update(plan.declined)
             else:
                 reject = plan.declined
-        if view.capacity.base_decoders:
+        if view is not None and view.capacity.base_decoders:
             t0 = min(t for t, _ in view.capacity.base_decoders)
             self.last_batch_tokens = batch_tokens(
                 view.capacity, t0, sum(k for _, k in view.capacity.base_decoders)
@@ -211,7 +243,7 @@ class SLOsServe(BaseEnginePolicy):
     ) -> Decision:
         slo_wait = sorted(
             (r for r in waiting if r.request_id in self.admitted),
-            key=lambda r: (first_token_due_s(r), r.arrival_s),
+            key=_waiting_key,
         )
         be_wait = sorted(
             (r for r in waiting if r.request_id in self.best_effort and r.request_id not in rejected),
@@ -219,7 +251,7 @@ class SLOsServe(BaseEnginePolicy):
         )
         slo_run = sorted(
             (r for r in running if r.request_id in self.admitted),
-            key=lambda r: (remaining_prompt_tokens(r) > 0, next_token_due_s(r)),
+            key=_running_key,
         )
         be_run = [r for r in running if r.request_id not in self.admitted]
         preempt = self._preempt_best_effort(slo_wait, be_run, len(running), engine)

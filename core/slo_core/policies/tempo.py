@@ -33,6 +33,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from slo_core.objective import Objective
 from slo_core.policies.base import BaseEnginePolicy, Decision, EngineView, RequestView
+from slo_core.policies.float_sum import numpy_sum
 from slo_core.policies.seed_estimates import (
     expected_output_tokens,
     overhead_s,
@@ -42,6 +43,10 @@ from slo_core.policies.seed_estimates import (
 from slo_core.slo import RequestKind
 
 _SAMPLES = 16
+_FRAC = np.linspace(0.0, 1.0, _SAMPLES)  # where the latency term samples the remaining tokens
+_FRAC_LIST: list[float] = _FRAC.tolist()
+# queues up to this size take the plain-float path (numpy's fixed cost per call dominates below it)
+SCALAR_MAX = 48
 
 
 class TempoParams(BaseModel):
@@ -78,6 +83,18 @@ class Densities:
     iteration_s: float
 
 
+@dataclass(frozen=True, slots=True)
+class ScalarDensities:
+    """:class:`Densities` as plain lists (the plain-float path for short queues)."""
+
+    density: list[float]
+    remaining_s: list[float]
+    gain: list[float]
+    throttled: list[bool]
+    best_effort: list[bool]
+    iteration_s: float
+
+
 def _decay(slo_s: np.ndarray, actual_s: np.ndarray, alpha: float) -> np.ndarray:
     return np.asarray(np.minimum(1.0, (slo_s / np.maximum(actual_s, 1e-6)) ** alpha))
 
@@ -85,7 +102,8 @@ def _decay(slo_s: np.ndarray, actual_s: np.ndarray, alpha: float) -> np.ndarray:
 def service_densities(
     reqs: Sequence[RequestView], running: Sequence[RequestView], engine: EngineView, p: TempoParams
 ) -> Densities:
-    """Compute LSDF's service density of every request in ``reqs`` (vectorized)."""
+    """Compute LSDF's service density of every request in ``reqs`` (vectorized; the reference the
+    plain-float :func:`service_densities_scalar` must match bit for bit)."""
     prof = profile_or_fallback(engine.profile)
     now = engine.now_s
     kv_run = sum(r.kv_tokens for r in running)
@@ -139,7 +157,7 @@ def service_densities(
         )
         elapsed = now - arrival
         first = np.where(gen == 0, p.input_weight * prompt * _decay(ttft, elapsed + t_pref, p.alpha), 0.0)
-        frac = np.linspace(0.0, 1.0, _SAMPLES)
+        frac = _FRAC
         k = gen[:, None] + frac[None, :] * (l_rem[:, None] - 1.0)
         due = ttft[:, None] + k * tbt[:, None]
         eta = elapsed[:, None] + t_pref[:, None] + (k - gen[:, None] + 1.0) * t_it
@@ -151,6 +169,106 @@ def service_densities(
     return Densities(gain / np.maximum(remaining, 1e-6), remaining, gain, throttled, best_effort, t_it)
 
 
+def _sum16(v: list[float]) -> float:
+    """numpy's pairwise sum of 16 float64 values (8 interleaved lanes, then pairwise): what
+    ``.sum(axis=1)`` (and so ``.mean(axis=1)``) of an (n, 16) array computes per row."""
+    r0 = v[0] + v[8]
+    r1 = v[1] + v[9]
+    r2 = v[2] + v[10]
+    r3 = v[3] + v[11]
+    r4 = v[4] + v[12]
+    r5 = v[5] + v[13]
+    r6 = v[6] + v[14]
+    r7 = v[7] + v[15]
+    return ((r0 + r1) + (r2 + r3)) + ((r4 + r5) + (r6 + r7))
+
+
+def scalar_alpha(alpha: float) -> bool:
+    """Whether Python's ``x ** alpha`` is numpy's ``array ** alpha`` for this exponent (numpy turns
+    1, 2, 0.5, -1 and 0 into other ufuncs; α = 1, Tempo's default, is exact either way)."""
+    return alpha == 1.0
+
+
+def service_densities_scalar(
+    reqs: Sequence[RequestView], running: Sequence[RequestView], engine: EngineView, p: TempoParams
+) -> ScalarDensities:
+    """:func:`service_densities` on plain floats for α = 1: the same operations in the same order
+    per request (numpy's 16-sample mean is its pairwise sum, :func:`_sum16`), so bit-identical; a
+    handful of queued requests costs far less than numpy's ~40 fixed-cost array calls."""
+    prof = profile_or_fallback(engine.profile)
+    now = engine.now_s
+    kv_run = sum(r.kv_tokens for r in running)
+    t_it = prof.iteration_time_from_sums_s(max(1, len(running)), 0.0, kv_run)
+    oh = overhead_s(prof)
+    b_ms = prof.b_ms_per_token_ctx
+    a_ms = prof.a_ms_per_token
+    w_i = p.input_weight
+    w_o = p.output_weight
+    lead = p.throttle_lead_tbts
+    lat_kind = RequestKind.LATENCY
+    be_kind = RequestKind.BEST_EFFORT
+    frac = _FRAC_LIST
+    n = len(reqs)
+    remaining = [0.0] * n
+    t_prefs = [0.0] * n
+    for i, r in enumerate(reqs):
+        gen = float(r.generated_tokens)
+        computed = float(r.computed_tokens)
+        left = float(r.prompt_tokens) + gen - computed
+        if left > 0.0:
+            t_prefs[i] = oh + (b_ms * left * (computed + left) + a_ms * left) / 1000.0
+        else:
+            left = 0.0
+        l_rem = float(expected_output_tokens(r)) - gen
+        if l_rem < 1.0:  # noqa: PLR1730 (hot path: cheaper than max())
+            l_rem = 1.0
+        remaining[i] = t_prefs[i] + l_rem * t_it
+    if any(r.program_id is not None for r in reqs):
+        _collective_max(reqs, remaining)
+    density = [0.0] * n
+    gains = [0.0] * n
+    throttled = [False] * n
+    best_effort = [False] * n
+    for i, r in enumerate(reqs):
+        slo = r.slo
+        kind = slo.kind
+        prompt = float(r.prompt_tokens)
+        gen = float(r.generated_tokens)
+        l_out = float(expected_output_tokens(r))
+        t_pref = t_prefs[i]
+        rem = remaining[i]
+        if kind is lat_kind:
+            ttft = slo.ttft_s or 1.0
+            tbt = slo.tbt_s or 1.0
+            elapsed = now - r.arrival_s
+            first = 0.0
+            if gen == 0.0:
+                x = elapsed + t_pref
+                first = w_i * prompt * min(1.0, ttft / (x if x > 1e-6 else 1e-6))
+            l_rem = l_out - gen
+            if l_rem < 1.0:  # noqa: PLR1730
+                l_rem = 1.0
+            span = l_rem - 1.0
+            base_eta = elapsed + t_pref
+            v = []
+            for f in frac:
+                k = gen + f * span
+                eta = base_eta + (k - gen + 1.0) * t_it
+                v.append(min(1.0, (ttft + k * tbt) / (eta if eta > 1e-6 else 1e-6)))
+            gain = first + w_o * l_rem * (_sum16(v) / 16.0)
+            throttled[i] = ttft + gen * tbt - elapsed > lead * tbt + t_pref
+        else:
+            best_effort[i] = kind is be_kind
+            ttlt = now + rem - r.arrival_s
+            gain = (w_i * prompt + w_o * l_out) * min(
+                1.0, _deadline_rel_s(r) / (ttlt if ttlt > 1e-6 else 1e-6)
+            )
+        gain = gain * slo.priority_weight
+        gains[i] = gain
+        density[i] = gain / (rem if rem > 1e-6 else 1e-6)
+    return ScalarDensities(density, remaining, gains, throttled, best_effort, t_it)
+
+
 def _deadline_rel_s(r: RequestView) -> float:
     """The (sub-)deadline relative to arrival; latency requests have none (unused for them)."""
     if r.kind is RequestKind.LATENCY:
@@ -160,7 +278,7 @@ def _deadline_rel_s(r: RequestView) -> float:
     return r.slo.effective_deadline_s
 
 
-def _collective_max(reqs: Sequence[RequestView], remaining: np.ndarray) -> None:
+def _collective_max(reqs: Sequence[RequestView], remaining: np.ndarray | list[float]) -> None:
     """A program stage completes with its slowest call: every call gets the stage's max R (in place)."""
     stages: dict[tuple[str, int | None], list[int]] = {}
     compound = RequestKind.COMPOUND
@@ -169,7 +287,9 @@ def _collective_max(reqs: Sequence[RequestView], remaining: np.ndarray) -> None:
             stages.setdefault((r.program_id, r.stage), []).append(i)
     for idx in stages.values():
         if len(idx) > 1:
-            remaining[idx] = remaining[idx].max()
+            top = max(remaining[i] for i in idx)
+            for i in idx:
+                remaining[i] = top
 
 
 class Tempo(BaseEnginePolicy):
@@ -205,6 +325,32 @@ class Tempo(BaseEnginePolicy):
         head = max(0, max_num_seqs - reserve)
         return [*slo[:head].tolist(), *be[:reserve], *slo[head:].tolist(), *be[reserve:]]
 
+    def priority_order_scalar(
+        self, reqs: Sequence[RequestView], d: ScalarDensities, max_num_seqs: int
+    ) -> list[int]:
+        """:meth:`priority_order` on plain lists (both sorts are stable: the same order)."""
+        n = len(reqs)
+        be_flag = d.best_effort
+        density = d.density
+        throttled = d.throttled
+        slo = [i for i in range(n) if not be_flag[i]]
+        slo.sort(key=lambda i: (throttled[i], -density[i]))
+        be = sorted((i for i in range(n) if be_flag[i]), key=lambda i: reqs[i].arrival_s)
+        reserve = min(len(be), math.ceil(self.params.reserve_fraction * max_num_seqs))
+        head = max(0, max_num_seqs - reserve)
+        return [*slo[:head], *be[:reserve], *slo[head:], *be[reserve:]]
+
+    def densities(
+        self, reqs: Sequence[RequestView], running: Sequence[RequestView], engine: EngineView
+    ) -> tuple[Densities | ScalarDensities, list[int]]:
+        """The densities and the priority order: plain floats for a short queue (bit-identical to
+        the numpy path, ``tests/unit/core/policies/test_tempo_scalar.py``), numpy otherwise."""
+        if len(reqs) <= SCALAR_MAX and scalar_alpha(self.params.alpha):
+            ds = service_densities_scalar(reqs, running, engine, self.params)
+            return ds, self.priority_order_scalar(reqs, ds, engine.max_num_seqs)
+        d = service_densities(reqs, running, engine, self.params)
+        return d, self.priority_order(reqs, d, engine.max_num_seqs)
+
     def decide(
         self,
         waiting: Sequence[RequestView],
@@ -215,11 +361,15 @@ class Tempo(BaseEnginePolicy):
         reqs = [*running, *waiting]
         if not reqs:
             return Decision()
-        d = service_densities(reqs, running, engine, self.params)
-        order = self.priority_order(reqs, d, engine.max_num_seqs)
-        victims = self._preemptions(reqs, len(running), order, d, engine)
-        run_ids = [reqs[i].request_id for i in order if i < len(running) and i not in victims]
-        admit = [reqs[i].request_id for i in order if i >= len(running)]
+        d, order = self.densities(reqs, running, engine)
+        n_running = len(running)
+        victims = self._preemptions(reqs, n_running, order, d, engine)
+        if victims:
+            gone = set(victims)
+            run_ids = [reqs[i].request_id for i in order if i < n_running and i not in gone]
+        else:
+            run_ids = [reqs[i].request_id for i in order if i < n_running]
+        admit = [reqs[i].request_id for i in order if i >= n_running]
         return Decision(
             admit=tuple(admit),
             preempt=tuple(reqs[i].request_id for i in victims),
@@ -228,7 +378,12 @@ class Tempo(BaseEnginePolicy):
         )
 
     def _preemptions(
-        self, reqs: Sequence[RequestView], n_running: int, order: list[int], d: Densities, engine: EngineView
+        self,
+        reqs: Sequence[RequestView],
+        n_running: int,
+        order: list[int],
+        d: Densities | ScalarDensities,
+        engine: EngineView,
     ) -> list[int]:
         """Cost-aware preemption, allowed once per time quantum."""
         step_ok = self._last_preempt_step is None or engine.step - self._last_preempt_step >= self.frame_steps
@@ -238,7 +393,10 @@ class Tempo(BaseEnginePolicy):
         slots = engine.max_num_seqs - n_running
         kv_free = engine.kv_tokens_free
         quantum_s = self.params.quantum_steps * d.iteration_s
-        batch_rate = float(d.density[:n_running].sum())
+        if isinstance(d, ScalarDensities):
+            batch_rate = numpy_sum(d.density[:n_running])
+        else:
+            batch_rate = float(d.density[:n_running].sum())
         victims_order = [i for i in reversed(order) if i < n_running]
         victims: list[int] = []
         for w in order:

@@ -11,7 +11,8 @@ from hypothesis import strategies as st
 
 from slo_core.perf import load_profile
 from slo_core.policies.base import EngineView, RequestView
-from slo_core.policies.slide_batching import SlideBatching, numpy_sum
+from slo_core.policies.float_sum import numpy_sum
+from slo_core.policies.slide_batching import SlideBatching
 from slo_core.slo import RequestKind, SLOTargets
 
 PROFILE = load_profile("h100-llama3-8b-tp1")
