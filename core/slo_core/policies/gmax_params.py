@@ -123,6 +123,11 @@ class GMAXParams(BaseModel):
     min_prefill_tokens: int = Field(
         256, ge=1, description="prefill tokens per step the pace cap always leaves (tokens)"
     )
+    demand_floor: bool = Field(
+        True,
+        description="raise the pace cap to the prefill rate that starts every waiting deadline/compound "
+        "request by its latest start, when the engine's budget can hold that rate (gmax_budget)",
+    )
     latency_lane: bool = Field(
         True,
         description="while the pace cap holds, admit latency requests whose first token is still due ahead "
