@@ -20,13 +20,14 @@ per batched token). No cap without a profile or when nothing running constrains 
 The cap trades the waiting requests' start for the running requests' pace, which only pays when the
 engine cannot serve both. Demand floor: the prompts still to prefill (non-latency prefills in
 progress, then waiting deadline and compound requests, in the order they will be prefilled), each
-with its latest start s_k = deadline − now − len_med·(decode step), len_med the median remaining
-length under GMAX's length model (the bound over e^{zσ}; a compound call: its stage sub-deadline),
-need the prefill rate r = max over k with s_k > 0 of Σ_{j≤k} prompt_j / s_k. A step of P prefill
-tokens delivers P / (bare + a·P) tokens per ms, so the rate needs P = r·bare / (1 − a·r). When that P fits the
-engine's budget (the queue can still all start in time) the step budget is at least n_decodes + P;
-when it does not (overload: not everyone can make it), the pace cap stands and the triage of the
-priority order decides who starts.
+with its latest start s_k = deadline − now − len_med·(decode step) (len_med: the median remaining
+length under GMAX's length model, the bound over e^{zσ}; a compound call: its stage sub-deadline),
+need the prefill rates r_k = Σ_{j≤k} prompt_j / s_k (s_k > 0); r is their (1 − pace_quantile)
+quantile (the most pressed few are let go, as above). A step of P prefill tokens moves
+P / (bare + a·P) tokens per ms, so r needs P = r·bare / (1 − a·r). When that P fits the engine's
+budget (the queue can still start in time) the step budget rises to n_decodes + P, though never to
+a step slower than the pace the ``demand_pace_quantile`` (median) running request needs; when it
+does not (overload: not everyone can make it) the pace cap stands and the priority order triages.
 
 The cap would starve latency requests, whose value depends on a first token within TTFT and whose
 prompts are short: while it holds, waiting latency requests whose first token is still due are
@@ -121,7 +122,10 @@ def step_budget(
             quantile=p.pace_quantile,
         )
         if need is not None:
-            extra = max(extra, need)
+            # never slower than the pace of the demand_pace_quantile running request
+            v_hi = float(paces[int(p.demand_pace_quantile * (len(paces) - 1))])
+            hi_ms = v_hi * 1000.0 * p.pace_safety - bare_ms
+            extra = max(extra, min(need, int(hi_ms / profile.a_ms_per_token) if hi_ms > 0 else 0))
     return min(n_dec + extra, max_batched_tokens)
 
 

@@ -128,6 +128,13 @@ class GMAXParams(BaseModel):
         description="raise the pace cap to the prefill rate that starts every waiting deadline/compound "
         "request by its latest start, when the engine's budget can hold that rate (gmax_budget)",
     )
+    demand_pace_quantile: float = Field(
+        0.5,
+        ge=0,
+        lt=1,
+        description="the demand floor never makes a step slower than the pace this quantile of the running "
+        "requests needs (fraction, ≥ pace_quantile)",
+    )
     latency_lane: bool = Field(
         True,
         description="while the pace cap holds, admit latency requests whose first token is still due ahead "

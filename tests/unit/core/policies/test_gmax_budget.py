@@ -161,28 +161,33 @@ def test_demand_that_no_step_can_meet_or_that_is_already_late_gives_no_floor() -
 def test_gmax_raises_the_cap_when_the_queue_can_still_all_start_in_time(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    # the pressed running request alone caps the step at 1 + 256 tokens; three waiting prompts of
-    # 2000 tokens each are due 0.6 s from now: at 256 tokens a step (~41 ms) the second would start
-    # after ~0.65 s, too late
+    # the pressed running request caps the step at 3 + 256 tokens (its pace is the 0.15 quantile of
+    # three); the other two have time to spare. Three waiting prompts of 2000 tokens each are due
+    # 0.6 s from now: at 256 tokens a step (~41 ms) the second would start after ~0.65 s, too late
     pressed = req("run", DL, arrival_s=-17.0, prompt=100, gen=10, bound=100, prefilled=True)
+    easy = [req(f"e{i}", DL, arrival_s=0.0, prompt=100, gen=10, bound=20, prefilled=True) for i in range(2)]
     queue = [
         req(f"w{i}", DL, arrival_s=-19.4, prompt=2000, bound=4, waiting_since_s=-19.4, due=True)
         for i in range(3)
     ]
-    capped = GMAX(demand_floor=False).decide(queue, [pressed], engine(0.0), random.Random(0))
-    assert capped.token_budget == 1 + 256
-    d = GMAX().decide(queue, [pressed], engine(0.0), random.Random(0))
-    assert d.token_budget is not None and d.token_budget > 1 + 256
+    capped = GMAX(demand_floor=False).decide(queue, [pressed, *easy], engine(0.0), random.Random(0))
+    assert capped.token_budget == 3 + 256
+    d = GMAX().decide(queue, [pressed, *easy], engine(0.0), random.Random(0))
+    assert d.token_budget is not None and d.token_budget > 3 + 256
     with monkeypatch.context() as mp:
         mp.setattr(gmax_scalar, "MAX_ROWS", -1)  # the numpy path decides the same
-        assert GMAX().decide(queue, [pressed], engine(0.0), random.Random(0)) == d
-    prefill = d.token_budget - 1
-    step_ms = 5.0 + max(10.0, 0.1 * d.token_budget) + 1e-4 * 111.0
-    steps_for_two = np.ceil(4000 / prefill)
-    assert steps_for_two * step_ms <= 600.0 - 4 * 15.0  # the second prompt starts in time
+        assert GMAX().decide(queue, [pressed, *easy], engine(0.0), random.Random(0)) == d
+    prefill = d.token_budget - 3
+    step_ms = 5.0 + max(10.0, 0.1 * d.token_budget) + 1e-4 * 333.0
+    assert np.ceil(4000 / prefill) * step_ms <= 600.0 - 4 * 15.0  # the second prompt starts in time
     # the same queue due in 0.3 s cannot all start even at the engine's full budget: the cap stands
     late = [
         req(f"l{i}", DL, arrival_s=-19.7, prompt=2000, bound=4, waiting_since_s=-19.7, due=True)
         for i in range(3)
     ]
-    assert GMAX().decide(late, [pressed], engine(0.0), random.Random(0)).token_budget == 1 + 256
+    assert GMAX().decide(late, [pressed, *easy], engine(0.0), random.Random(0)).token_budget == 3 + 256
+    # the floor never slows the step below the median running request's pace: with two of three
+    # running requests pressed, it cannot rise at all
+    two_pressed = [pressed, req("run2", DL, arrival_s=-17.0, prompt=100, gen=10, bound=100, prefilled=True)]
+    held = GMAX().decide(queue, [*two_pressed, easy[0]], engine(0.0), random.Random(0))
+    assert held.token_budget == 3 + 256
