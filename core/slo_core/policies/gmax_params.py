@@ -49,6 +49,12 @@ class GMAXParams(BaseModel):
         "program's end-to-end deadline (the only one the goodput functions pay for), 'stage' = the "
         "analyzer's stage sub-deadline (JITServe §4.1)",
     )
+    program_rest: bool = Field(
+        True,
+        description="under the 'request' goodput a compound call's priority divides its program's value by "
+        "the program's remaining work (this stage and the time the analyzer reserved for later stages), "
+        "not by this stage's alone",
+    )
     bound_quantile: float = Field(
         0.95, gt=0.5, lt=1, description="quantile the analyzer's output bound stands for (fraction)"
     )
