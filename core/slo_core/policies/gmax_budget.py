@@ -28,6 +28,8 @@ P / (bare + a·P) tokens per ms, so r needs P = r·bare / (1 − a·r). When tha
 budget (the queue can still start in time) the step budget rises to n_decodes + P, though never to
 a step slower than the pace the ``demand_pace_quantile`` (median) running request needs; when it
 does not (overload: not everyone can make it) the pace cap stands and the priority order triages.
+Not under the request goodput, which pays a short running request as much as a long waiting prompt:
+there the floor cost running deadline requests more than it won (measured: bench/results/gmax/issue15).
 
 The cap would starve latency requests, whose value depends on a first token within TTFT and whose
 prompts are short: while it holds, waiting latency requests whose first token is still due are
@@ -111,7 +113,12 @@ def step_budget(
     spare_ms = v_req * 1000.0 * p.pace_safety - bare_ms
     extra = int(spare_ms / profile.a_ms_per_token) if spare_ms > 0 else 0
     extra = max(p.min_prefill_tokens, extra)
-    if p.demand_floor and pending_tokens is not None and pending_start_by_s is not None:
+    if (
+        p.demand_floor
+        and p.goodput != "request"
+        and pending_tokens is not None
+        and pending_start_by_s is not None
+    ):
         need = demand_tokens(
             pending_tokens,
             pending_start_by_s,

@@ -132,7 +132,8 @@ class GMAXParams(BaseModel):
     demand_floor: bool = Field(
         True,
         description="raise the pace cap to the prefill rate that starts every waiting deadline/compound "
-        "request by its latest start, when the engine's budget can hold that rate (gmax_budget)",
+        "request by its latest start, when the engine's budget can hold that rate (gmax_budget; not under "
+        "the 'request' goodput)",
     )
     demand_pace_quantile: float = Field(
         0.5,

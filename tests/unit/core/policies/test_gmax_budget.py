@@ -186,6 +186,9 @@ def test_gmax_raises_the_cap_when_the_queue_can_still_all_start_in_time(
         for i in range(3)
     ]
     assert GMAX().decide(late, [pressed, *easy], engine(0.0), random.Random(0)).token_budget == 3 + 256
+    # the request goodput pays the short running requests as much as the long prompts: no floor
+    by_request = GMAX(goodput="request").decide(queue, [pressed, *easy], engine(0.0), random.Random(0))
+    assert by_request.token_budget == 3 + 256
     # the floor never slows the step below the median running request's pace: with two of three
     # running requests pressed, it cannot rise at all
     two_pressed = [pressed, req("run2", DL, arrival_s=-17.0, prompt=100, gen=10, bound=100, prefilled=True)]
