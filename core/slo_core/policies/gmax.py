@@ -32,7 +32,7 @@ from slo_core.objective import Objective
 from slo_core.perf.model import OnlineCorrection
 from slo_core.policies import gmax_scalar as small
 from slo_core.policies.base import BaseEnginePolicy, Decision, EngineView, FinishedView, RequestView
-from slo_core.policies.gmax_budget import latency_lane, pace_deadlines, step_budget
+from slo_core.policies.gmax_budget import latency_lane, median_remaining, pace_deadlines, step_budget
 from slo_core.policies.gmax_fairness import TenantService, blend
 from slo_core.policies.gmax_params import GMAXParams
 from slo_core.policies.gmax_priority import Estimates, SpeedModel, estimate
@@ -247,6 +247,9 @@ class GMAX(BaseEnginePolicy):
         is_lat = c.kind == LATENCY
         budget = None
         if p.pace_budget and engine.profile is not None and len(run_idx):
+            pend = np.concatenate(
+                (run_order[in_prefill[run_order] & ~is_lat[run_order]], admit[~is_lat[admit]])
+            )
             budget = step_budget(
                 p,
                 engine.profile,
@@ -258,6 +261,9 @@ class GMAX(BaseEnginePolicy):
                 tbt_s=c.tbt_s[run_idx],
                 deadline_s=pace_deadlines(c, est, run_idx),
                 len_rem_tokens=est.bound_tokens[run_idx] - g[run_idx],
+                pending_tokens=np.maximum(0.0, c.prompt_tokens[pend] + g[pend] - c.computed_tokens[pend]),
+                pending_start_by_s=pace_deadlines(c, est, pend)
+                - median_remaining(p, est.bound_tokens[pend], g[pend]) * speed.step_s,
             )
         if budget is not None and p.latency_lane:
             cand = admit[is_lat[admit]]
@@ -365,7 +371,14 @@ class GMAX(BaseEnginePolicy):
         if preempt:
             run_order = [i for i in run_order if i not in preempt]
         budget, admit, run_order = self._budget_small(
-            rows=rows, n_wait=n_wait, sc=sc, reject=reject, admit=admit, run_order=run_order, engine=engine
+            rows=rows,
+            n_wait=n_wait,
+            sc=sc,
+            reject=reject,
+            admit=admit,
+            run_order=run_order,
+            engine=engine,
+            step_s=speed.step_s,
         )
         ids = [r.request_id for r in rows]
         return Decision(
@@ -388,6 +401,7 @@ class GMAX(BaseEnginePolicy):
         admit: list[int],
         run_order: list[int],
         engine: EngineView,
+        step_s: float,
     ) -> tuple[int | None, list[int], list[int]]:
         """The numpy path's step budget and latency lane on a small snapshot (same arrays, same calls)."""
         p = self.params
@@ -401,6 +415,11 @@ class GMAX(BaseEnginePolicy):
         in_prefill = computed < prompt + np.maximum(0.0, g - 1.0)
         run = np.zeros(len(rows), dtype=np.bool_)
         run[n_wait:] = True
+        deadline = np.array(sc.deadline_s)
+        bound = np.array(sc.bound_tokens)
+        run_a = np.array(run_order, dtype=np.int64)
+        wait_a = np.array(admit, dtype=np.int64)
+        pend = np.concatenate((run_a[in_prefill[run_a] & ~is_lat[run_a]], wait_a[~is_lat[wait_a]]))
         budget = step_budget(
             p,
             engine.profile,
@@ -410,8 +429,10 @@ class GMAX(BaseEnginePolicy):
             kv_tokens=computed[run],
             is_latency=is_lat[run],
             tbt_s=np.array([small.nan_if_none(r.slo.tbt_s) for r in rows])[run],
-            deadline_s=np.array(sc.deadline_s)[run],
-            len_rem_tokens=np.array(sc.bound_tokens)[run] - g[run],
+            deadline_s=deadline[run],
+            len_rem_tokens=bound[run] - g[run],
+            pending_tokens=np.maximum(0.0, prompt[pend] + g[pend] - computed[pend]),
+            pending_start_by_s=deadline[pend] - median_remaining(p, bound[pend], g[pend]) * step_s,
         )
         if budget is None or not p.latency_lane:
             return budget, admit, run_order

@@ -17,6 +17,20 @@ tokens per step so that the step keeps the pace the running requests still need:
 with the engine's performance model (bare step = t_c + max(floor, a·n_decodes) + d·Σ KV, a = time
 per batched token). No cap without a profile or when nothing running constrains the pace.
 
+The cap trades the waiting requests' start for the running requests' pace, which only pays when the
+engine cannot serve both. Demand floor: the prompts still to prefill (non-latency prefills in
+progress, then waiting deadline and compound requests, in the order they will be prefilled), each
+with its latest start s_k = deadline − now − len_med·(decode step) (len_med: the median remaining
+length under GMAX's length model, the bound over e^{zσ}; a compound call: its stage sub-deadline),
+need the prefill rates r_k = Σ_{j≤k} prompt_j / s_k (s_k > 0); r is their (1 − pace_quantile)
+quantile (the most pressed few are let go, as above). A step of P prefill tokens moves
+P / (bare + a·P) tokens per ms, so r needs P = r·bare / (1 − a·r). When that P fits the engine's
+budget (the queue can still start in time) the step budget rises to n_decodes + P, though never to
+a step slower than the pace the ``demand_pace_quantile`` (median) running request needs; when it
+does not (overload: not everyone can make it) the pace cap stands and the priority order triages.
+Not under the request goodput, which pays a short running request as much as a long waiting prompt:
+there the floor cost running deadline requests more than it won (measured: bench/results/gmax/issue15).
+
 The cap would starve latency requests, whose value depends on a first token within TTFT and whose
 prompts are short: while it holds, waiting latency requests whose first token is still due are
 admitted first (the latency lane, at most ``lane_max_tokens`` of prompt per decision) and their
@@ -28,13 +42,14 @@ Both of GMAX's paths (numpy, plain floats) call these functions on arrays, so th
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
 
 from slo_core.perf.model import PerfProfile
 from slo_core.policies.gmax_params import GMAXParams
-from slo_core.policies.gmax_priority import Estimates, own_or
+from slo_core.policies.gmax_priority import Estimates, own_or, z_of_quantile
 from slo_core.policies.gmax_snapshot import B8, COMPOUND, F64, I64, Columns
 
 
@@ -44,6 +59,17 @@ def pace_deadlines(c: Columns, est: Estimates, rows: I64) -> F64:
     prog = est.program_deadline_at_s[rows]
     stage = np.fmin(own_or(c.deadline_at_s[rows], prog), prog)
     out: F64 = np.where(c.kind[rows] == COMPOUND, stage, est.deadline_at_s[rows])
+    return out
+
+
+def median_remaining(p: GMAXParams, bound_tokens: F64, generated_tokens: F64) -> F64:
+    """Remaining tokens at the median of GMAX's length model: the analyzer's bound stands for its
+    ``bound_quantile`` of a log-normal of spread ``length_sigma`` (true lengths and the mean: as given)."""
+    if p.length_source == "analyzer":
+        median = bound_tokens * math.exp(-z_of_quantile(p.bound_quantile) * p.length_sigma)
+    else:
+        median = bound_tokens
+    out: F64 = np.maximum(median, generated_tokens + 1.0) - generated_tokens
     return out
 
 
@@ -59,11 +85,14 @@ def step_budget(
     tbt_s: F64,
     deadline_s: F64,
     len_rem_tokens: F64,
+    pending_tokens: F64 | None = None,
+    pending_start_by_s: F64 | None = None,
 ) -> int | None:
     """Tokens per step (decodes included) that keep the running requests (the arrays' rows) on pace.
 
     ``kv_tokens``: computed tokens of each running request; ``deadline_s`` NaN for latency rows.
-    None: no cap (the engine's own budget).
+    ``pending_tokens`` / ``pending_start_by_s``: prompt tokens still to prefill and the latest time
+    each must start (absolute seconds) for the demand floor. None: no cap (the engine's own budget).
     """
     if not p.pace_budget or profile is None or len(in_prefill) == 0:
         return None
@@ -83,7 +112,53 @@ def step_budget(
     v_req = float(paces[int(p.pace_quantile * (len(paces) - 1))])
     spare_ms = v_req * 1000.0 * p.pace_safety - bare_ms
     extra = int(spare_ms / profile.a_ms_per_token) if spare_ms > 0 else 0
-    return min(n_dec + max(p.min_prefill_tokens, extra), max_batched_tokens)
+    extra = max(p.min_prefill_tokens, extra)
+    if (
+        p.demand_floor
+        and p.goodput != "request"
+        and pending_tokens is not None
+        and pending_start_by_s is not None
+    ):
+        need = demand_tokens(
+            pending_tokens,
+            pending_start_by_s,
+            now_s,
+            bare_ms=bare_ms,
+            a_ms=profile.a_ms_per_token,
+            room_tokens=max_batched_tokens - n_dec,
+            quantile=p.pace_quantile,
+        )
+        if need is not None:
+            # never slower than the pace of the demand_pace_quantile running request
+            v_hi = float(paces[int(p.demand_pace_quantile * (len(paces) - 1))])
+            hi_ms = v_hi * 1000.0 * p.pace_safety - bare_ms
+            extra = max(extra, min(need, int(hi_ms / profile.a_ms_per_token) if hi_ms > 0 else 0))
+    return min(n_dec + extra, max_batched_tokens)
+
+
+def demand_tokens(
+    tokens: F64,
+    start_by_s: F64,
+    now_s: float,
+    *,
+    bare_ms: float,
+    a_ms: float,
+    room_tokens: int,
+    quantile: float = 0.0,
+) -> int | None:
+    """Prefill tokens per step that start every pending prompt by its latest start (module docstring);
+    None when no such step fits ``room_tokens`` or nothing pending can still start in time."""
+    slack_ms = (start_by_s - now_s) * 1000.0
+    live = (slack_ms > 0) & (tokens > 0)  # NaN compares False: dropped
+    if not live.any():
+        return None
+    ahead = np.cumsum(tokens)  # prefilled in this order: a prompt waits for every one before it
+    rates = np.sort(ahead[live] / slack_ms[live])  # tokens per ms each needs
+    rate = float(rates[int((1.0 - quantile) * (len(rates) - 1))])  # the most pressed few are let go
+    if rate * a_ms >= 1.0:
+        return None
+    need = rate * bare_ms / (1.0 - rate * a_ms)
+    return math.ceil(need) if need <= room_tokens else None
 
 
 @dataclass(frozen=True, slots=True)

@@ -49,6 +49,12 @@ class GMAXParams(BaseModel):
         "program's end-to-end deadline (the only one the goodput functions pay for), 'stage' = the "
         "analyzer's stage sub-deadline (JITServe §4.1)",
     )
+    program_rest: bool = Field(
+        True,
+        description="under the 'request' goodput a compound call's priority divides its program's value by "
+        "the program's remaining work (this stage and the time the analyzer reserved for later stages), "
+        "not by this stage's alone",
+    )
     bound_quantile: float = Field(
         0.95, gt=0.5, lt=1, description="quantile the analyzer's output bound stands for (fraction)"
     )
@@ -122,6 +128,19 @@ class GMAXParams(BaseModel):
     )
     min_prefill_tokens: int = Field(
         256, ge=1, description="prefill tokens per step the pace cap always leaves (tokens)"
+    )
+    demand_floor: bool = Field(
+        True,
+        description="raise the pace cap to the prefill rate that starts every waiting deadline/compound "
+        "request by its latest start, when the engine's budget can hold that rate (gmax_budget; not under "
+        "the 'request' goodput)",
+    )
+    demand_pace_quantile: float = Field(
+        0.5,
+        ge=0,
+        lt=1,
+        description="the demand floor never makes a step slower than the pace this quantile of the running "
+        "requests needs (fraction, ≥ pace_quantile)",
     )
     latency_lane: bool = Field(
         True,

@@ -6,11 +6,13 @@ import random
 
 import builders
 import numpy as np
+import pytest
 from builders import DL, LAT, SMALL_GPU, request
 
+from slo_core.policies import gmax_scalar
 from slo_core.policies.base import EngineView, RequestView
 from slo_core.policies.gmax import GMAX
-from slo_core.policies.gmax_budget import latency_lane, step_budget
+from slo_core.policies.gmax_budget import demand_tokens, latency_lane, step_budget
 from slo_core.policies.gmax_params import GMAXParams
 
 # SMALL_GPU: t_c 5 ms, floor 10 ms, a = 0.1 ms per batched token, d = 1e-4 ms per KV token
@@ -123,3 +125,72 @@ def test_gmax_caps_the_step_and_lets_fresh_streams_in_first() -> None:
     assert plain.token_budget == 1 + 256
     off = GMAX(pace_budget=False).decide([chat, big], [pressed], engine(0.0), random.Random(0))
     assert off.token_budget is None
+
+
+def test_demand_is_the_rate_that_starts_each_prompt_in_time_in_prefill_order() -> None:
+    # prompts of 1000, 3000 and 1000 tokens, in the order they will be prefilled, that must start
+    # 1, 2 and 10 s from now: the second waits for the first, so it needs 4000 tokens in 2000 ms
+    tokens = np.array([1000.0, 3000.0, 1000.0])
+    start_by = np.array([1.0, 2.0, 10.0])
+    rate = 2.0  # tokens per ms
+    need = demand_tokens(tokens, start_by, 0.0, bare_ms=15.0, a_ms=0.1, room_tokens=8192)
+    # a step of P prefill tokens moves P / (15 + 0.1 P) tokens per ms: P = 2·15 / (1 − 0.2)
+    assert need == int(np.ceil(rate * 15.0 / (1.0 - 0.1 * rate)))
+    # the same prompts in the other order need only 1000 / 1000 ms, 4000 / 2000 ms ... at most 2
+    swapped = demand_tokens(
+        tokens[[0, 2, 1]], start_by[[0, 2, 1]], 0.0, bare_ms=15.0, a_ms=0.1, room_tokens=8192
+    )
+    assert swapped == int(np.ceil(2.5 * 15.0 / (1.0 - 0.25)))
+
+
+def test_demand_that_no_step_can_meet_or_that_is_already_late_gives_no_floor() -> None:
+    tokens = np.array([5000.0])
+    # 5000 tokens in 0.4 s = 12.5 a ms, above the 10 a ms a step of 0.1 ms per token can ever move
+    assert demand_tokens(tokens, np.array([0.4]), 0.0, bare_ms=15.0, a_ms=0.1, room_tokens=8192) is None
+    # 5000 tokens in 1 s: 5 a ms needs P = 150 tokens a step; a room of 100 cannot hold it
+    assert demand_tokens(tokens, np.array([1.0]), 0.0, bare_ms=15.0, a_ms=0.1, room_tokens=100) is None
+    assert demand_tokens(tokens, np.array([-1.0]), 0.0, bare_ms=15.0, a_ms=0.1, room_tokens=8192) is None
+    # the most pressed few (pace_quantile) are let go, as for the pace cap
+    two = np.array([100.0, 100.0, 5000.0, 100.0])
+    by = np.array([10.0, 10.0, 10.2, 0.01])  # the last one: 5300 tokens in 10 ms
+    assert demand_tokens(two, by, 0.0, bare_ms=15.0, a_ms=0.1, room_tokens=8192) is None
+    let_go = demand_tokens(two, by, 0.0, bare_ms=15.0, a_ms=0.1, room_tokens=8192, quantile=0.25)
+    assert let_go is not None
+
+
+def test_gmax_raises_the_cap_when_the_queue_can_still_all_start_in_time(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # the pressed running request caps the step at 3 + 256 tokens (its pace is the 0.15 quantile of
+    # three); the other two have time to spare. Three waiting prompts of 2000 tokens each are due
+    # 0.6 s from now: at 256 tokens a step (~41 ms) the second would start after ~0.65 s, too late
+    pressed = req("run", DL, arrival_s=-17.0, prompt=100, gen=10, bound=100, prefilled=True)
+    easy = [req(f"e{i}", DL, arrival_s=0.0, prompt=100, gen=10, bound=20, prefilled=True) for i in range(2)]
+    queue = [
+        req(f"w{i}", DL, arrival_s=-19.4, prompt=2000, bound=4, waiting_since_s=-19.4, due=True)
+        for i in range(3)
+    ]
+    capped = GMAX(demand_floor=False).decide(queue, [pressed, *easy], engine(0.0), random.Random(0))
+    assert capped.token_budget == 3 + 256
+    d = GMAX().decide(queue, [pressed, *easy], engine(0.0), random.Random(0))
+    assert d.token_budget is not None and d.token_budget > 3 + 256
+    with monkeypatch.context() as mp:
+        mp.setattr(gmax_scalar, "MAX_ROWS", -1)  # the numpy path decides the same
+        assert GMAX().decide(queue, [pressed, *easy], engine(0.0), random.Random(0)) == d
+    prefill = d.token_budget - 3
+    step_ms = 5.0 + max(10.0, 0.1 * d.token_budget) + 1e-4 * 333.0
+    assert np.ceil(4000 / prefill) * step_ms <= 600.0 - 4 * 15.0  # the second prompt starts in time
+    # the same queue due in 0.3 s cannot all start even at the engine's full budget: the cap stands
+    late = [
+        req(f"l{i}", DL, arrival_s=-19.7, prompt=2000, bound=4, waiting_since_s=-19.7, due=True)
+        for i in range(3)
+    ]
+    assert GMAX().decide(late, [pressed, *easy], engine(0.0), random.Random(0)).token_budget == 3 + 256
+    # the request goodput pays the short running requests as much as the long prompts: no floor
+    by_request = GMAX(goodput="request").decide(queue, [pressed, *easy], engine(0.0), random.Random(0))
+    assert by_request.token_budget == 3 + 256
+    # the floor never slows the step below the median running request's pace: with two of three
+    # running requests pressed, it cannot rise at all
+    two_pressed = [pressed, req("run2", DL, arrival_s=-17.0, prompt=100, gen=10, bound=100, prefilled=True)]
+    held = GMAX().decide(queue, [*two_pressed, easy[0]], engine(0.0), random.Random(0))
+    assert held.token_budget == 3 + 256

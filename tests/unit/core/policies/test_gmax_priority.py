@@ -173,3 +173,19 @@ def test_every_goodput_function_gives_finite_nonnegative_priorities(name: str) -
     e = run(reqs, now_s=1.0, goodput=name)
     assert np.all(np.isfinite(e.priority)) and np.all(e.priority >= 0)
     assert e.priority[1] > 0  # a feasible deadline request pays under every function
+
+
+def test_request_goodput_weighs_a_program_by_its_remaining_work() -> None:
+    # p is in its first stage, with 40 s reserved for its later stages (stage sub-deadline 20 s,
+    # program deadline 60 s); q is in its last stage. Each call: 100 tokens left, t_gen = 1 s.
+    p = req("p", CP, program_id="p", stage=0, deadline_at_s=20.0, program_deadline_at_s=60.0)
+    q = req("q", CP, program_id="q", stage=3, deadline_at_s=60.0, program_deadline_at_s=60.0)
+    e = run([p, q], now_s=10.0, goodput="request", feasibility="bound")
+    # both programs pay 1 when done; p still needs this stage and 40 s of later stages
+    assert e.goodput.tolist() == [1.0, 1.0]
+    assert e.priority == pytest.approx([1.0 / (1.0 + 40.0), 1.0])
+    off = run([p, q], now_s=10.0, goodput="request", feasibility="bound", program_rest=False)
+    assert off.priority == pytest.approx([1.0, 1.0])
+    # the token goodput pays each stage's tokens as they are earned: its priority is per stage
+    tok = run([p, q], now_s=10.0, feasibility="bound")
+    assert tok.priority[0] == pytest.approx(tok.priority[1])
