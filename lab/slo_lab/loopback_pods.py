@@ -1,31 +1,31 @@
 """Fake pods for router tests: a handler written with httpx types, served over a real loopback socket.
 
-The router's upstream client is an aiohttp session; tests describe a pod's answer as an
-``httpx.Response`` built by a plain function of the ``httpx.Request`` (status, headers, JSON, or an
-async byte stream). :class:`LoopbackPods` serves that function on 127.0.0.1 and its resolver sends
-every pod host name (``http://a.pod``) there, so the router runs its real network path. A handler
-that raises makes the pod drop the connection (a refused/broken pod); a stream that raises drops it
-mid-body.
+The router's upstream client is a :class:`~slo_router.upstream.UpstreamPool`; tests describe a pod's
+answer as an ``httpx.Response`` built by a plain function of the ``httpx.Request`` (status, headers,
+JSON, or an async byte stream). :class:`LoopbackPods` serves that function on 127.0.0.1 and the pools
+it hands out send every pod host name (``http://a.pod``) there, so the router runs its real network
+path. A handler that raises makes the pod drop the connection (a refused/broken pod); a stream that
+raises drops it mid-body.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import socket
 import weakref
 from collections.abc import Callable
 from typing import ClassVar
 
-import aiohttp
 import httpx
 from aiohttp import web
-from aiohttp.abc import AbstractResolver, ResolveResult
+
+from slo_router.proxy import KEEPALIVE_S
+from slo_router.upstream import UpstreamPool
 
 Handler = Callable[[httpx.Request], httpx.Response]
 
 
-class LoopbackPods(AbstractResolver):
+class LoopbackPods:
     """One loopback server answering for every pod host; use :meth:`session` as the router's client."""
 
     live: ClassVar[weakref.WeakSet[LoopbackPods]] = weakref.WeakSet()
@@ -35,21 +35,19 @@ class LoopbackPods(AbstractResolver):
         self._runner: web.AppRunner | None = None
         self._port = 0
         self._lock = asyncio.Lock()
-        self._sessions: list[aiohttp.ClientSession] = []
+        self._sessions: list[UpstreamPool] = []
         LoopbackPods.live.add(self)
 
-    def session(self) -> aiohttp.ClientSession:
-        s = aiohttp.ClientSession(connector=_LoopbackOnly(self), auto_decompress=False)
+    def session(self) -> UpstreamPool:
+        """The router's upstream pool, with every pod host name or IP literal (a test's pod IP such as
+        10.0.0.9) sent to the loopback server: a test never sends a packet off this machine."""
+        s = UpstreamPool(keepalive_s=KEEPALIVE_S, resolve=self._address)
         self._sessions.append(s)
         return s
 
-    async def resolve(self, host: str, port: int = 0, family: int = socket.AF_INET) -> list[ResolveResult]:
+    async def _address(self, host: str, port: int) -> tuple[str, int]:
         await self._start()
-        return [
-            ResolveResult(
-                hostname=host, host="127.0.0.1", port=self._port, family=socket.AF_INET, proto=0, flags=0
-            )
-        ]
+        return "127.0.0.1", self._port
 
     async def close(self) -> None:
         for s in self._sessions:
@@ -101,20 +99,6 @@ class LoopbackPods(AbstractResolver):
             raise
         await out.write_eof()
         return out
-
-
-class _LoopbackOnly(aiohttp.TCPConnector):
-    """Every destination, host name or IP literal (a test's pod IP such as 10.0.0.9), goes to the
-    loopback server: a test never sends a packet off this machine."""
-
-    def __init__(self, pods: LoopbackPods) -> None:
-        super().__init__(resolver=pods, force_close=True)
-        self._pods = pods
-
-    async def _resolve_host(
-        self, host: str, port: int, traces: object = None
-    ) -> list[ResolveResult]:  # aiohttp skips the resolver for IP literals; this does not
-        return await self._pods.resolve(host, port)
 
 
 def _headers(resp: httpx.Response) -> dict[str, str]:

@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 
-import aiohttp
 from starlette.requests import Request
 from starlette.responses import Response
 
@@ -20,6 +19,7 @@ from slo_core.policies.base import RequestView
 from slo_core.wire import openai
 from slo_router.proxy import ClientGone, RelayResponse, StreamStats, unless_disconnected
 from slo_router.state import RouterState
+from slo_router.upstream import UpstreamError, UpstreamResponse
 
 PASSTHROUGH_HEADERS = ("content-type", "retry-after", "x-request-id")
 
@@ -27,7 +27,7 @@ PASSTHROUGH_HEADERS = ("content-type", "retry-after", "x-request-id")
 async def respond(
     state: RouterState,
     request: Request,
-    resp: aiohttp.ClientResponse,
+    resp: UpstreamResponse,
     *,
     stream: bool,
     labels: tuple[str, str, str],
@@ -51,7 +51,7 @@ async def respond(
         stats.error = "client disconnected"
         done(stats)
         return Response(b"", status_code=499)
-    except (TimeoutError, aiohttp.ClientError) as exc:
+    except (TimeoutError, UpstreamError) as exc:
         stats.error = f"upstream failed: {type(exc).__name__}"
         done(stats)
         body = openai.error_body("the serving pod failed while answering", kind="upstream_error", code=502)

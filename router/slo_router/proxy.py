@@ -1,11 +1,12 @@
 """Forwarding one request to a pod: retries before the first byte, a lean streaming relay, accounting.
 
-The upstream client is aiohttp (bench/path_overhead.py measured it against httpx: a fraction of the
-CPU per relayed chunk). Connect errors, 5xx and 503 (the pod's admission control found it infeasible)
-before the first byte are retried on another pod, bounded and with backoff, and each failure feeds
-that pod's circuit breaker. Once bytes flowed, a failure ends the stream with an explicit SSE error
-event. A client disconnect at any point closes the upstream response, which aborts the request in
-the pod.
+The upstream client is :mod:`slo_router.upstream` (httptools on the event loop: the request leaves in
+one write, the body is relayed as the socket delivers it; bench/path_overhead.py measured it against
+aiohttp's client and httpx, which cost more CPU per request and per chunk). Connect errors, 5xx and
+503 (the pod's admission control found it infeasible) before the first byte are retried on another
+pod, bounded and with backoff, and each failure feeds that pod's circuit breaker. Once bytes flowed,
+a failure ends the stream with an explicit SSE error event. A client disconnect at any point closes
+the upstream response, which aborts the request in the pod.
 
 Token accounting never JSON-parses a token chunk: one regular expression finds each event's output
 text (its length in bytes, not its content), and the engine's final ``usage`` spreads the exact
@@ -16,7 +17,6 @@ as several at the time it arrived. Only the rare usage/error events are parsed.
 from __future__ import annotations
 
 import asyncio
-import functools
 import json
 import logging
 import re
@@ -24,10 +24,10 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-import aiohttp
 from starlette.types import Receive
 
 from slo_core.wire import openai
+from slo_router.upstream import UpstreamError, UpstreamPool, UpstreamResponse
 
 log = logging.getLogger(__name__)
 
@@ -142,7 +142,7 @@ class StreamStats:
         return [t for (t, _), c in zip(events, counts, strict=True) for _ in range(c)]
 
 
-def _retry_after(resp: aiohttp.ClientResponse) -> float | None:
+def _retry_after(resp: UpstreamResponse) -> float | None:
     raw = resp.headers.get("retry-after")
     try:
         return float(raw) if raw is not None else None
@@ -150,36 +150,23 @@ def _retry_after(resp: aiohttp.ClientResponse) -> float | None:
         return None
 
 
-def new_session() -> aiohttp.ClientSession:
+def new_session() -> UpstreamPool:
     """The router's one upstream connection pool (no per-request limits beyond the request's own)."""
-    return aiohttp.ClientSession(
-        # idle connections are dropped before the pods' own keep-alive timeout (uvicorn's and vLLM's
-        # 5 s) closes them under us
-        connector=aiohttp.TCPConnector(limit=4000, limit_per_host=0, keepalive_timeout=KEEPALIVE_S),
-        auto_decompress=False,  # relay the pod's bytes as they are
-        skip_auto_headers=("User-Agent",),
-    )
-
-
-@functools.lru_cache(maxsize=8)
-def _timeout(sock_read_s: float) -> aiohttp.ClientTimeout:
-    """One (immutable) timeout object per setting, not one per request."""
-    return aiohttp.ClientTimeout(total=None, connect=CONNECT_TIMEOUT_S, sock_read=sock_read_s)
+    # idle connections are dropped before the pods' own keep-alive timeout (uvicorn's and vLLM's 5 s)
+    # closes them under us
+    return UpstreamPool(keepalive_s=KEEPALIVE_S, connect_timeout_s=CONNECT_TIMEOUT_S)
 
 
 async def open_upstream(
-    session: aiohttp.ClientSession, url: str, body: bytes, headers: dict[str, str], timeout_s: float
-) -> aiohttp.ClientResponse:
+    session: UpstreamPool, url: str, body: bytes, headers: dict[str, str], timeout_s: float
+) -> UpstreamResponse:
     """Send the request and wait for the status line; raises :class:`UpstreamUnavailable`."""
-    timeout = _timeout(timeout_s)
     try:
-        resp = await session.post(url, data=body, headers=headers, timeout=timeout)
-    except aiohttp.ServerTimeoutError:  # a swamped pod (or host) accepts slowly: breaker stays shut
+        resp = await session.post(url, body, headers, read_timeout_s=timeout_s)
+    except TimeoutError:  # a swamped pod (or host) accepts or answers slowly: breaker stays shut
         raise UpstreamUnavailable("connect timed out", kind="connect_timeout") from None
-    except (aiohttp.ClientError, OSError) as exc:
-        raise UpstreamUnavailable(f"connect failed: {type(exc).__name__}") from None
-    except TimeoutError:
-        raise UpstreamUnavailable("connect timed out", kind="connect_timeout") from None
+    except (UpstreamError, OSError) as exc:
+        raise UpstreamUnavailable(f"connect failed: {exc}") from None
     if resp.status in RETRYABLE_STATUS:
         retry_after = _retry_after(resp)
         resp.release()
@@ -239,7 +226,7 @@ class RelayResponse:
 
     def __init__(
         self,
-        resp: aiohttp.ClientResponse,
+        resp: UpstreamResponse,
         stats: StreamStats,
         headers: dict[str, str],
         on_done: Callable[[StreamStats], None],
@@ -280,10 +267,10 @@ class RelayResponse:
             self.on_done(self.stats)
 
     async def _pump(self, send: Any) -> None:
-        stats, content, clock = self.stats, self.resp.content, self.clock
+        stats, resp, clock = self.stats, self.resp, self.clock
         try:
             while True:
-                chunk = await content.readany()
+                chunk = await resp.readany()
                 if not chunk:
                     break
                 stats.observe_sse(chunk, clock())
@@ -292,11 +279,11 @@ class RelayResponse:
             if not stats.completed and stats.error is None:  # closed cleanly but without [DONE]
                 stats.error = "upstream stream ended early"
                 tail = error_event("the serving pod ended the stream early; the response is incomplete")
-        except (TimeoutError, aiohttp.ClientError) as exc:
+        except (TimeoutError, UpstreamError) as exc:
             tail = b""
             if not stats.completed:  # after [DONE] the answer is whole, whatever the connection does
                 stats.error = f"upstream failed mid-stream: {type(exc).__name__}"
-                log.warning("stream from %s broke: %s", self.resp.url.host, type(exc).__name__)
+                log.warning("stream from %s broke: %s", resp.host, type(exc).__name__)
                 tail = error_event("the serving pod failed while streaming; the response is incomplete")
         self._ending = True
         await send({"type": "http.response.body", "body": tail, "more_body": False})

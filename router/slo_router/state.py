@@ -12,8 +12,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-import aiohttp
-
 from slo_core.policies.base import RouterPolicy
 from slo_core.policies.registry import make_router_policy
 from slo_core.routing import ProgramClock, RoutingPipeline, SessionTable
@@ -24,6 +22,7 @@ from slo_router.endpoints import EndpointState
 from slo_router.metrics import RouterMetrics
 from slo_router.ratelimit import RateLimiter
 from slo_router.tenants import KeyStore
+from slo_router.upstream import UpstreamPool
 
 
 @dataclass
@@ -37,7 +36,7 @@ class RouterState:
     policy: RouterPolicy
     limiter: RateLimiter = field(default_factory=RateLimiter)
     rng: random.Random = field(default_factory=lambda: random.Random(0))
-    client: aiohttp.ClientSession | None = None  # upstream pool, built in the lifespan when not given
+    client: UpstreamPool | None = None  # upstream pool, built in the lifespan when not given
     upstream_timeout_s: float = 600.0
     clock: Callable[[], float] = time.monotonic
     background: list[Any] = field(default_factory=list)
