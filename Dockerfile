@@ -20,6 +20,7 @@ COPY router ./router
 COPY engine_sidecar ./engine_sidecar
 COPY vllm_plugin ./vllm_plugin
 COPY proto ./proto
+COPY net ./net
 COPY lab ./lab
 # Everything the three services need (the bench extra, plotting, stays out), pinned by the lock.
 RUN python -m venv /opt/venv \

@@ -17,9 +17,8 @@ from __future__ import annotations
 import json
 from typing import Any, Protocol
 
-import aiohttp
-
 from slo_core.wire import openai
+from slo_net.upstream import UpstreamPool
 from slo_sidecar.config import SidecarKnobs
 from slo_sidecar.engine_client import (
     EngineStatus,
@@ -41,7 +40,7 @@ _NO_CHOICES = b'"choices":[]'
 class AttemptHost(Protocol):
     """The sidecar as an attempt sees it."""
 
-    session: aiohttp.ClientSession | None
+    session: UpstreamPool | None
     engine: EngineStatus
     engine_url: str
     knobs: SidecarKnobs

@@ -1,11 +1,11 @@
 """Talking to the engine (vLLM's OpenAI API or engine-sim): streamed generation, health and load probes.
 
-Every call has a timeout. Generation goes over aiohttp (probes over httpx). A streamed request streams
-upstream with continuous usage stats, and its chunks are relayed as bytes: the token count and finish
-reason are read off the bytes (:func:`completion_tokens`, :func:`finish_reason`), never by parsing
-the JSON. A non-streamed request is sent non-streamed and the engine's body is passed through
-(:func:`complete`). Leaving :func:`stream_events` early (cancellation, preemption) closes the
-connection, which makes the engine abort the request.
+Every call has a timeout. Generation goes over :mod:`slo_net.upstream` (probes over httpx). A
+streamed request streams upstream with continuous usage stats, and its chunks are relayed as bytes:
+the token count and finish reason are read off the bytes (:func:`completion_tokens`,
+:func:`finish_reason`), never by parsing the JSON. A non-streamed request is sent non-streamed and the
+engine's body is passed through (:func:`complete`). Leaving :func:`stream_events` early
+(cancellation, preemption) closes the connection, which makes the engine abort the request.
 """
 
 from __future__ import annotations
@@ -17,10 +17,10 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-import aiohttp
 import httpx
 
 from slo_core.wire import openai
+from slo_net.upstream import UpstreamError, UpstreamPool, UpstreamResponse
 
 log = logging.getLogger(__name__)
 
@@ -50,12 +50,12 @@ def _error_message(raw: bytes) -> str:
     return str(err or doc)[:200]
 
 
-async def _sse_data(resp: aiohttp.ClientResponse) -> AsyncIterator[list[bytes]]:
+async def _sse_data(resp: UpstreamResponse) -> AsyncIterator[list[bytes]]:
     """The ``data:`` payloads of an SSE byte stream, one list per read of the socket (events end with a
     blank line; reads split anywhere): what arrived together is relayed together, as a byte relay
     writes one read at once."""
     buf = b""
-    async for data in resp.content.iter_any():
+    while data := await resp.readany():
         piece = data.replace(b"\r\n", b"\n") if b"\r" in data else data
         buf = buf + piece if buf else piece
         if b"\n\n" not in buf:
@@ -71,22 +71,32 @@ async def _sse_data(resp: aiohttp.ClientResponse) -> AsyncIterator[list[bytes]]:
             yield payloads
 
 
-def new_session() -> aiohttp.ClientSession:
-    """The generation client: aiohttp (a fraction of httpx's CPU per streamed chunk: path_overhead.py)."""
-    return aiohttp.ClientSession(
-        # idle connections go before the engine's server closes them (uvicorn: 5 s), or a reused one
-        # fails with ServerDisconnectedError (seen live: one 503 per race)
-        connector=aiohttp.TCPConnector(limit=4096, limit_per_host=0, keepalive_timeout=2.0),
-        auto_decompress=False,
-        skip_auto_headers=("User-Agent",),
-    )
+def new_session() -> UpstreamPool:
+    """The generation client (the router's too: less CPU per request and per chunk than aiohttp's or
+    httpx's, measured in bench/path_overhead.py)."""
+    # idle connections go before the engine's server closes them (uvicorn: 5 s), or a reused one fails
+    # with a lost connection (seen live: one 503 per race)
+    return UpstreamPool(keepalive_s=2.0, connect_timeout_s=5.0)
 
 
-def _timeout(read_timeout_s: float | None) -> aiohttp.ClientTimeout:
-    return aiohttp.ClientTimeout(total=None, connect=5.0, sock_read=read_timeout_s)
+async def _post(
+    session: UpstreamPool,
+    url: str,
+    body: dict[str, Any],
+    headers: dict[str, str],
+    read_timeout_s: float | None,
+) -> UpstreamResponse:
+    data = json.dumps(body, separators=(",", ":")).encode()
+    try:
+        resp = await session.post(
+            url, data, {**headers, "content-type": "application/json"}, read_timeout_s=read_timeout_s
+        )
+    except (TimeoutError, UpstreamError, OSError) as exc:
+        raise _failed(exc) from None
+    return resp
 
 
-async def _check_status(resp: aiohttp.ClientResponse) -> None:
+async def _check_status(resp: UpstreamResponse) -> None:
     if resp.status != 200:
         message = _error_message(await resp.read())
         if 400 <= resp.status < 500 and resp.status not in (408, 429):
@@ -101,7 +111,7 @@ def _failed(exc: BaseException) -> EngineUnavailable:
 
 
 async def stream_events(
-    session: aiohttp.ClientSession,
+    session: UpstreamPool,
     url: str,
     body: dict[str, Any],
     headers: dict[str, str],
@@ -114,25 +124,25 @@ async def stream_events(
     came before it); everything else is the caller's to read (cheaply: :func:`completion_tokens`,
     :func:`finish_reason`).
     """
-    data = json.dumps(body, separators=(",", ":")).encode()
-    hdrs = {**headers, "content-type": "application/json"}
+    resp = await _post(session, url, body, headers, read_timeout_s)
     try:
-        async with session.post(url, data=data, headers=hdrs, timeout=_timeout(read_timeout_s)) as resp:
-            await _check_status(resp)
-            async for batch in _sse_data(resp):
-                for i, payload in enumerate(batch):
-                    if payload == openai.DONE_PAYLOAD:
-                        if i:
-                            yield batch[:i]
-                        return
-                    failure = _error_of(payload) if b'"error"' in payload else None  # rare: parsed then
-                    if failure is not None:
-                        if i:
-                            yield batch[:i]  # what the engine sent before it failed reaches the client
-                        raise failure
-                yield batch
-    except (TimeoutError, aiohttp.ClientError) as exc:
+        await _check_status(resp)
+        async for batch in _sse_data(resp):
+            for i, payload in enumerate(batch):
+                if payload == openai.DONE_PAYLOAD:
+                    if i:
+                        yield batch[:i]
+                    return
+                failure = _error_of(payload) if b'"error"' in payload else None  # rare: parsed then
+                if failure is not None:
+                    if i:
+                        yield batch[:i]  # what the engine sent before it failed reaches the client
+                    raise failure
+            yield batch
+    except (TimeoutError, UpstreamError) as exc:
         raise _failed(exc) from None
+    finally:
+        resp.close()  # before the end of the answer this aborts the request in the engine
     raise EngineUnavailable("engine closed the stream before it finished")
 
 
@@ -149,22 +159,20 @@ def _error_of(payload: bytes) -> EngineUnavailable | None:
     return None
 
 
-async def complete(
-    session: aiohttp.ClientSession, url: str, body: dict[str, Any], headers: dict[str, str]
-) -> bytes:
+async def complete(session: UpstreamPool, url: str, body: dict[str, Any], headers: dict[str, str]) -> bytes:
     """One non-streamed generation: the engine's response body as sent (the caller passes it through).
 
     The engine is silent until the whole answer is ready, so no read timeout applies here: the
     request's own time limit (``request_timeout_s``, the caller's) bounds it.
     """
-    data = json.dumps(body, separators=(",", ":")).encode()
-    hdrs = {**headers, "content-type": "application/json"}
+    resp = await _post(session, url, body, headers, None)
     try:
-        async with session.post(url, data=data, headers=hdrs, timeout=_timeout(None)) as resp:
-            await _check_status(resp)
-            return await resp.read()
-    except (TimeoutError, aiohttp.ClientError) as exc:
+        await _check_status(resp)
+        return await resp.read()
+    except (TimeoutError, UpstreamError) as exc:
         raise _failed(exc) from None
+    finally:
+        resp.close()
 
 
 # ---- reading a chunk without parsing it ----------------------------------------------------------

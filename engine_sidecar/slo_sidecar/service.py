@@ -17,7 +17,6 @@ from collections import Counter
 from collections.abc import Callable, Mapping
 from typing import Any
 
-import aiohttp
 import httpx
 
 from slo_core.slo import SLOTargets, SLOTier
@@ -26,6 +25,7 @@ from slo_core.wire.keyring import KeyRing
 from slo_core.wire.request_slo import SLOParamError, SLORequest, parse_slo
 from slo_core.wire.signing import sign
 from slo_core.wire.tags import EngineTags
+from slo_net.upstream import UpstreamPool
 from slo_sidecar.analyzer import CompoundAnalyzer
 from slo_sidecar.attempt import generated_text, run_attempt
 from slo_sidecar.calibration import CalibrationGauges, CalibrationHub
@@ -82,7 +82,7 @@ class Sidecar:
         )
         self.engine = EngineStatus()
         self.client: httpx.AsyncClient | None = None  # probes
-        self.session: aiohttp.ClientSession | None = None  # generation (engine_client.new_session)
+        self.session: UpstreamPool | None = None  # generation (engine_client.new_session)
         self.jobs: dict[str, Job] = {}
         self.tier_inflight: Counter[str] = Counter()
         self.draining = False

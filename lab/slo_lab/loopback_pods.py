@@ -1,6 +1,6 @@
 """Fake pods for router tests: a handler written with httpx types, served over a real loopback socket.
 
-The router's upstream client is a :class:`~slo_router.upstream.UpstreamPool`; tests describe a pod's
+The router's upstream client is a :class:`~slo_net.upstream.UpstreamPool`; tests describe a pod's
 answer as an ``httpx.Response`` built by a plain function of the ``httpx.Request`` (status, headers,
 JSON, or an async byte stream). :class:`LoopbackPods` serves that function on 127.0.0.1 and the pools
 it hands out send every pod host name (``http://a.pod``) there, so the router runs its real network
@@ -19,8 +19,8 @@ from typing import ClassVar
 import httpx
 from aiohttp import web
 
+from slo_net.upstream import UpstreamPool
 from slo_router.proxy import KEEPALIVE_S
-from slo_router.upstream import UpstreamPool
 
 Handler = Callable[[httpx.Request], httpx.Response]
 

@@ -17,9 +17,9 @@ from starlette.responses import Response
 from slo_core.gain import Delivery, request_goodput
 from slo_core.policies.base import RequestView
 from slo_core.wire import openai
+from slo_net.upstream import UpstreamError, UpstreamResponse
 from slo_router.proxy import ClientGone, RelayResponse, StreamStats, unless_disconnected
 from slo_router.state import RouterState
-from slo_router.upstream import UpstreamError, UpstreamResponse
 
 PASSTHROUGH_HEADERS = ("content-type", "retry-after", "x-request-id")
 

@@ -1,6 +1,6 @@
 """Forwarding one request to a pod: retries before the first byte, a lean streaming relay, accounting.
 
-The upstream client is :mod:`slo_router.upstream` (httptools on the event loop: the request leaves in
+The upstream client is :mod:`slo_net.upstream` (httptools on the event loop: the request leaves in
 one write, the body is relayed as the socket delivers it; bench/path_overhead.py measured it against
 aiohttp's client and httpx, which cost more CPU per request and per chunk). Connect errors, 5xx and
 503 (the pod's admission control found it infeasible) before the first byte are retried on another
@@ -27,7 +27,7 @@ from typing import Any, TypeVar
 from starlette.types import Receive
 
 from slo_core.wire import openai
-from slo_router.upstream import UpstreamError, UpstreamPool, UpstreamResponse
+from slo_net.upstream import UpstreamError, UpstreamPool, UpstreamResponse
 
 log = logging.getLogger(__name__)
 

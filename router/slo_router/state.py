@@ -17,12 +17,12 @@ from slo_core.policies.registry import make_router_policy
 from slo_core.routing import ProgramClock, RoutingPipeline, SessionTable
 from slo_core.wire.keyring import KeyRing
 from slo_core.wire.limits import RequestLimits
+from slo_net.upstream import UpstreamPool
 from slo_router.config import RouterConfig
 from slo_router.endpoints import EndpointState
 from slo_router.metrics import RouterMetrics
 from slo_router.ratelimit import RateLimiter
 from slo_router.tenants import KeyStore
-from slo_router.upstream import UpstreamPool
 
 
 @dataclass

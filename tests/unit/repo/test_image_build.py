@@ -76,6 +76,7 @@ def test_the_wheel_builds_from_exactly_the_files_the_dockerfile_copies(tmp_path:
     for package in (
         "slo_core",
         "slo_proto",
+        "slo_net",
         "slo_router",
         "slo_sidecar",
         "slo_operator",

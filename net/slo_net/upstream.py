@@ -1,13 +1,14 @@
-"""The router's upstream HTTP/1.1 client: one keep-alive pool, requests written at once, bodies relayed raw.
+"""An upstream HTTP/1.1 client: one keep-alive pool, requests written at once, bodies relayed raw.
 
-Why not aiohttp's client (which the router used until this module): measured side by side on this
-host (bench/path_overhead.py, 64 closed-loop streams), a relay built on aiohttp's client spent about
-250 us of CPU per request more than the same relay on this one, and on Python 3.11 aiohttp writes a
-request's bytes in a task of its own, scheduled behind every other ready task. When a wave of
-requests arrives together, every intake of the wave therefore ran before the first upstream byte
-left, and the router's TTFT grew with the wave. Here the request goes out in one ``write`` from the
-caller's own call, and a response costs a parser callback per chunk and nothing per byte. Parsing is
-httptools (uvicorn's parser); the client keeps only what the router needs:
+The router sends through it to the pods, and the proxy-mode sidecar to its engine. Why not aiohttp's
+client, which both used before: measured side by side on this host (a uvicorn relay, 64 closed-loop
+streams), a relay on aiohttp's client spent about 150-200 us of CPU per request more than the same
+relay on this one, and on Python 3.11 aiohttp writes a request's bytes in a task of its own, queued
+behind every other ready task. When a wave of requests arrived together, every intake of the wave
+therefore ran before the first upstream byte left, and the router's TTFT grew with the wave. Here the
+request goes out in one ``write`` from the caller's own call, and a response costs a parser callback
+per chunk and nothing per byte. Parsing is httptools (uvicorn's parser); the client keeps only what
+the services need:
 
 - ``POST`` with a body held in memory, to pods addressed as ``http://host:port``;
 - the status, the headers, the body as it arrives (chunked or sized: the parser undoes the framing);
@@ -101,7 +102,7 @@ class UpstreamResponse:
     """A pod's answer: ``status`` and ``headers`` (lower-case names) once :meth:`UpstreamPool.post`
     returns, then the body through :meth:`readany` or :meth:`read`; always end with :meth:`close`."""
 
-    def __init__(self, pool: UpstreamPool, conn: _Connection, read_timeout_s: float) -> None:
+    def __init__(self, pool: UpstreamPool, conn: _Connection, read_timeout_s: float | None) -> None:
         self.pool, self.conn, self.read_timeout_s = pool, conn, read_timeout_s
         self.host = conn.key[0]
         self.parser = httptools.HttpResponseParser(self)
@@ -116,7 +117,9 @@ class UpstreamResponse:
         self._buffered = 0
         self._paused = False
         self._waiter: asyncio.Future[None] | None = None
-        self._timer: asyncio.TimerHandle | None = pool.loop.call_later(read_timeout_s, self._check_timeout)
+        self._timer: asyncio.TimerHandle | None = None
+        if read_timeout_s is not None:
+            self._timer = pool.loop.call_later(read_timeout_s, self._check_timeout)
         self._closed = False
 
     # httptools callbacks
@@ -167,7 +170,7 @@ class UpstreamResponse:
 
     def _check_timeout(self) -> None:
         self._timer = None
-        if self.complete or self.error is not None or self._closed:
+        if self.complete or self.error is not None or self._closed or self.read_timeout_s is None:
             return
         idle = time.monotonic() - self.last_read
         if self._paused or idle < self.read_timeout_s:  # a paused socket is the reader's wait, not the pod's
@@ -258,12 +261,13 @@ class UpstreamPool:
         return self._closed
 
     async def post(
-        self, url: str, body: bytes, headers: dict[str, str], *, read_timeout_s: float
+        self, url: str, body: bytes, headers: dict[str, str], *, read_timeout_s: float | None
     ) -> UpstreamResponse:
         """Send ``body`` to ``url`` and wait for the answer's status line and headers.
 
         The request's bytes are written before this returns control to the event loop (when a pooled
-        connection is at hand); cancelling the call aborts the connection."""
+        connection is at hand); cancelling the call aborts the connection. ``read_timeout_s``: the
+        longest silence from the pod, None for none (the caller bounds the request)."""
         if self._closed:
             raise UpstreamError("the upstream pool is closed")
         host, port, target = _split(url)

@@ -8,7 +8,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 
 import pytest
 
-from slo_router.upstream import UpstreamError, UpstreamPool
+from slo_net.upstream import UpstreamError, UpstreamPool
 
 Script = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
 
