@@ -44,6 +44,8 @@ __all__ = ["UpstreamError", "UpstreamPool", "UpstreamResponse"]
 Resolver = Callable[[str, int], Awaitable[tuple[str, int]]]
 
 _HIGH_WATER = 256 * 1024  # bytes buffered for a slow reader before the socket stops being read
+MAX_HEADER_BYTES = 64 * 1024  # a response head larger than this is refused (a pod is not trusted with memory)
+MAX_READ_BYTES = 64 * 1024 * 1024  # the most :meth:`UpstreamResponse.read` holds of one whole answer
 _BAD_HEADER = re.compile(r"[\r\n\0]")
 
 
@@ -110,6 +112,7 @@ class UpstreamResponse:
         self.headers: dict[str, str] = {}
         self.complete = False
         self.keep_alive = False
+        self._header_bytes = 0
         self.error: BaseException | None = None
         self.last_read = time.monotonic()
         self._head: asyncio.Future[None] = pool.loop.create_future()
@@ -124,12 +127,19 @@ class UpstreamResponse:
 
     # httptools callbacks
     def on_header(self, name: bytes, value: bytes) -> None:
+        self._header_bytes += len(name) + len(value) + 4
+        if self._header_bytes > MAX_HEADER_BYTES:
+            self.fail(UpstreamError(f"the pod's response head exceeds {MAX_HEADER_BYTES} bytes"))
+            raise ValueError("response head too large")  # stops the parser; the connection is aborted
         key = name.decode("latin-1").lower()
         text = value.decode("latin-1")
         self.headers[key] = f"{self.headers[key]}, {text}" if key in self.headers else text
 
     def on_headers_complete(self) -> None:
         self.status = self.parser.get_status_code()
+        if self.status < 200:  # informational (100 Continue, 103 Early Hints): the answer follows it
+            self.headers.clear()
+            return
         self.keep_alive = self.parser.should_keep_alive()  # after the message the parser no longer says
         if not self._head.done():
             self._head.set_result(None)
@@ -143,6 +153,8 @@ class UpstreamResponse:
         self._wake()
 
     def on_message_complete(self) -> None:
+        if self.status < 200:
+            return
         self.complete = True
         self._stop_timer()
         self._wake()
@@ -204,9 +216,15 @@ class UpstreamResponse:
             self.conn.transport.resume_reading()
         return data
 
-    async def read(self) -> bytes:
-        parts = []
+    async def read(self, max_bytes: int = MAX_READ_BYTES) -> bytes:
+        """The whole body; :class:`UpstreamError` (and the connection aborted) past ``max_bytes``."""
+        parts, size = [], 0
         while chunk := await self.readany():
+            size += len(chunk)
+            if size > max_bytes:
+                self.fail(UpstreamError(f"the pod's answer exceeds {max_bytes} bytes"))
+                self.conn.abort()
+                raise UpstreamError(f"the pod's answer exceeds {max_bytes} bytes")
             parts.append(chunk)
         return b"".join(parts)
 

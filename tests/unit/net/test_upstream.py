@@ -277,3 +277,42 @@ async def test_idle_connections_expire_and_a_slow_reader_pauses_the_socket() -> 
         resp.close()
         assert pod.connections == 2
     await pool.close()
+
+
+async def test_an_informational_answer_is_skipped_and_oversized_answers_are_refused() -> None:
+    async def early_hints(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await pod.read_request(reader)
+        writer.write(b"HTTP/1.1 103 Early Hints\r\nlink: </x>\r\n\r\n")
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok")
+
+    pool = UpstreamPool()
+    async with serving(early_hints) as pod:
+        resp = await pool.post(pod.url, b"{}", {}, read_timeout_s=5)
+        assert (resp.status, resp.headers, await resp.read()) == (200, {"content-length": "2"}, b"ok")
+        resp.close()
+
+    async def huge_head(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await pod.read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\n" + b"x-junk: " + b"j" * 100_000 + b"\r\n\r\n")
+        await writer.drain()
+        await reader.read()
+
+    async with serving(huge_head) as pod:
+        with pytest.raises(UpstreamError, match="head exceeds"):
+            await pool.post(pod.url, b"{}", {}, read_timeout_s=5)
+
+    async def huge_body(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await pod.read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 100000\r\n\r\n" + b"b" * 100_000)
+        await writer.drain()
+        await reader.read()
+
+    await pool.close()
+    pool = UpstreamPool()
+    async with serving(huge_body) as pod:
+        resp = await pool.post(pod.url, b"{}", {}, read_timeout_s=5)
+        with pytest.raises(UpstreamError, match="exceeds 1000 bytes"):
+            await resp.read(max_bytes=1000)
+        resp.close()
+        assert pool.idle_connections() == 0, "a connection whose answer was refused is not reused"
+    await pool.close()
