@@ -91,8 +91,12 @@ class _Connection(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self.lost = True
         resp = self.response
-        if resp is not None and not resp.complete:
-            resp.fail(UpstreamError("the pod closed the connection before the answer was complete"))
+        if resp is None or resp.complete:
+            return
+        if exc is None and resp.ends_at_eof():  # an answer with neither length nor chunks ends here
+            resp.on_message_complete()
+            return
+        resp.fail(UpstreamError("the pod closed the connection before the answer was complete"))
 
     def abort(self) -> None:
         self.lost = True
@@ -158,6 +162,16 @@ class UpstreamResponse:
         self.complete = True
         self._stop_timer()
         self._wake()
+
+    def ends_at_eof(self) -> bool:
+        """An answer whose body runs to the end of the connection (HTTP/1.0 style framing)."""
+        return (
+            self._head.done()
+            and self.error is None
+            and self.status >= 200
+            and "content-length" not in self.headers
+            and "chunked" not in self.headers.get("transfer-encoding", "").lower()
+        )
 
     # state changes
     def fail(self, exc: BaseException) -> None:

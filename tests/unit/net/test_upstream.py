@@ -316,3 +316,19 @@ async def test_an_informational_answer_is_skipped_and_oversized_answers_are_refu
         resp.close()
         assert pool.idle_connections() == 0, "a connection whose answer was refused is not reused"
     await pool.close()
+
+
+async def test_an_answer_framed_by_the_end_of_the_connection_is_complete_at_a_clean_close() -> None:
+    async def eof_framed(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await pod.read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\nconnection: close\r\n\r\nall of it")
+        await writer.drain()
+
+    pool = UpstreamPool()
+    async with serving(eof_framed) as pod:
+        resp = await pool.post(pod.url, b"{}", {}, read_timeout_s=5)
+        assert await resp.read() == b"all of it"
+        assert resp.complete and resp.error is None
+        resp.close()
+        assert pool.idle_connections() == 0
+    await pool.close()
