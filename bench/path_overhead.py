@@ -37,6 +37,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any
 
@@ -331,6 +332,47 @@ def _table(res: dict[str, Any]) -> str:
     return "\n".join(out)
 
 
+Procs = dict[str, "subprocess.Popen[bytes]"]
+
+
+def run_and_report(
+    args: argparse.Namespace,
+    key: str,
+    spawn: Callable[[Path], tuple[Procs, dict[str, str]]],
+    bench: Callable[[Procs, dict[str, str]], Coroutine[Any, Any, Any]],
+    table: Callable[[dict[str, Any]], str],
+) -> int:
+    """Start the processes in a scratch folder, run the bench, stop them (their logs shown if it fails),
+    then print the table and, with ``--md``, write it and the full result (JSON) beside it; the
+    machine's load is recorded before and after."""
+    load0 = os.getloadavg()[0]
+    with tempfile.TemporaryDirectory(prefix="bench-") as tmp:
+        procs, urls = spawn(Path(tmp))
+        try:
+            measured: Any = asyncio.run(bench(procs, urls))
+        except BaseException:
+            for k in procs:
+                print(f"--- {k} log:\n" + (Path(tmp) / f"{k}.log").read_text()[-2000:], file=sys.stderr)
+            raise
+        finally:
+            for proc in procs.values():
+                proc.terminate()
+            for proc in procs.values():
+                proc.wait(20)
+    res = {
+        "machine": {"cpus": os.cpu_count(), "load_1min_before": load0, "load_1min_after": os.getloadavg()[0]},
+        "config": {k: v for k, v in vars(args).items() if k != "md"},
+        key: measured,
+    }
+    text = table(res)
+    print(text)
+    if args.md:
+        args.md.parent.mkdir(parents=True, exist_ok=True)
+        args.md.write_text(text + "\n")
+        args.md.with_suffix(".json").write_text(json.dumps(res, indent=2, default=str) + "\n")
+    return 0
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--clients", default="16,64", help="comma-separated concurrent streams per load level")
@@ -354,32 +396,13 @@ def main() -> int:
     unknown = set(args.paths) - set(PATHS)
     if unknown or not {"direct", "lean"} <= set(args.paths):
         p.error(f"--paths: choose from {', '.join(PATHS)}; direct and lean (the references) are needed")
-    load0 = os.getloadavg()[0]
-    with tempfile.TemporaryDirectory(prefix="path-overhead-") as tmp:
-        procs, bases = _spawn(args, Path(tmp))
-        try:
-            by_clients = asyncio.run(_bench(args, procs, bases))
-        except BaseException:
-            for k in procs:
-                print(f"--- {k} log:\n" + (Path(tmp) / f"{k}.log").read_text()[-2000:], file=sys.stderr)
-            raise
-        finally:
-            for proc in procs.values():
-                proc.terminate()
-            for proc in procs.values():
-                proc.wait(20)
-    res = {
-        "machine": {"cpus": os.cpu_count(), "load_1min_before": load0, "load_1min_after": os.getloadavg()[0]},
-        "config": {k: v for k, v in vars(args).items() if k != "md"},
-        "by_clients": by_clients,
-    }
-    text = _table(res)
-    print(text)
-    if args.md:
-        args.md.parent.mkdir(parents=True, exist_ok=True)
-        args.md.write_text(text + "\n")
-        args.md.with_suffix(".json").write_text(json.dumps(res, indent=2, default=str) + "\n")
-    return 0
+    return run_and_report(
+        args,
+        "by_clients",
+        lambda work: _spawn(args, work),
+        lambda procs, urls: _bench(args, procs, urls),
+        _table,
+    )
 
 
 if __name__ == "__main__":

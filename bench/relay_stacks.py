@@ -19,17 +19,14 @@ in the same run:
 from __future__ import annotations
 
 import argparse
-import asyncio
-import json
 import os
 import statistics
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
-from path_overhead import POLICY, ROOT, _cpu_s, _free_port, _round, _slofleet, _wait_ready
+from path_overhead import POLICY, ROOT, _cpu_s, _free_port, _round, _slofleet, _wait_ready, run_and_report
 
 STACKS = ("aiohttp", "asgi+aiohttp", "asgi+slo_net", "router")
 SHAPES = ((1, 640), (64, 128))  # (max_tokens, requests per round)
@@ -124,32 +121,13 @@ def main() -> int:
     p.add_argument("--model", default="llama-3-8b")
     p.add_argument("--md", type=Path, help="write the table here (and the full result as .json beside it)")
     args = p.parse_args()
-    load0 = os.getloadavg()[0]
-    with tempfile.TemporaryDirectory(prefix="relay-stacks-") as tmp:
-        procs, url = _spawn(Path(tmp), args.model)
-        try:
-            by_shape = asyncio.run(_bench(args, procs, url))
-        except BaseException:
-            for k in procs:
-                print(f"--- {k} log:\n" + (Path(tmp) / f"{k}.log").read_text()[-2000:], file=sys.stderr)
-            raise
-        finally:
-            for proc in procs.values():
-                proc.terminate()
-            for proc in procs.values():
-                proc.wait(20)
-    res = {
-        "machine": {"cpus": os.cpu_count(), "load_1min_before": load0, "load_1min_after": os.getloadavg()[0]},
-        "config": {k: v for k, v in vars(args).items() if k != "md"},
-        "by_shape": by_shape,
-    }
-    text = _table(res)
-    print(text)
-    if args.md:
-        args.md.parent.mkdir(parents=True, exist_ok=True)
-        args.md.write_text(text + "\n")
-        args.md.with_suffix(".json").write_text(json.dumps(res, indent=2, default=str) + "\n")
-    return 0
+    return run_and_report(
+        args,
+        "by_shape",
+        lambda work: _spawn(work, args.model),
+        lambda procs, url: _bench(args, procs, url),
+        _table,
+    )
 
 
 if __name__ == "__main__":
