@@ -18,7 +18,7 @@ from typing import Any
 
 from slo_core.policies.base import RequestView
 from slo_core.wire.keyring import KeyRing
-from slo_core.wire.signing import sign
+from slo_core.wire.signing import signed_json
 from slo_core.wire.tags import EngineTags
 
 
@@ -62,12 +62,14 @@ def with_tags(
     """``encoded`` (a JSON object without ``vllm_xargs``: the forwarded body, as bytes) with the tags
     appended as its last member, so the body is not decoded and encoded again."""
     wall = wall_clock()
-    xargs: dict[str, Any] = dict(engine_tags(view, tier, now_s=clock(), wall_now_s=wall).to_xargs())
+    xargs = engine_tags(view, tier, now_s=clock(), wall_now_s=wall).to_xargs()
     if keys is not None:  # the ring's signing key: the previous one until the current has settled
-        xargs = sign(xargs, keys().signing_key(wall), wall)
+        tags = signed_json(xargs, keys().signing_key(wall), wall)
+    else:
+        tags = json.dumps(xargs, separators=(",", ":")).encode()
     head = encoded.rstrip()
     if not head.endswith(b"}"):
         raise ValueError("the forwarded body is not a JSON object")
     head = head[:-1].rstrip()
     sep = b"" if head.endswith(b"{") else b","
-    return head + sep + b'"vllm_xargs":' + json.dumps(xargs, separators=(",", ":")).encode() + b"}"
+    return head + sep + b'"vllm_xargs":' + tags + b"}"

@@ -12,7 +12,6 @@ JSON form plus the signing time, and is carried in the ``slo_sig`` tag as ``<uni
 
 from __future__ import annotations
 
-import hashlib
 import hmac
 import json
 import math
@@ -32,17 +31,35 @@ def parse_keys(text: str) -> list[bytes]:
     return list(parse_keyring(text).verify_keys)
 
 
-def _payload(tags: Mapping[str, Any], stamp: str) -> bytes:
+def _canonical(tags: Mapping[str, Any]) -> str:
     signed = {k: v for k, v in tags.items() if k.startswith(PREFIX) and k != SIG_TAG}
-    body = json.dumps(signed, sort_keys=True, separators=(",", ":"), allow_nan=False, default=str)
-    return f"{stamp}\n{body}".encode()
+    return json.dumps(signed, sort_keys=True, separators=(",", ":"), allow_nan=False, default=str)
+
+
+def _payload(tags: Mapping[str, Any], stamp: str) -> bytes:
+    return f"{stamp}\n{_canonical(tags)}".encode()
+
+
+def _mac(key: bytes, payload: bytes) -> str:
+    return hmac.digest(key, payload, "sha256").hex()  # OpenSSL's one-shot HMAC: no Python HMAC object
 
 
 def sign(tags: Mapping[str, Any], key: bytes, now_s: float) -> dict[str, Any]:
     """``tags`` plus their signature in ``slo_sig``."""
     stamp = str(int(now_s))
-    mac = hmac.new(key, _payload(tags, stamp), hashlib.sha256).hexdigest()
-    return {**tags, SIG_TAG: f"{stamp}.{mac}"}
+    return {**tags, SIG_TAG: f"{stamp}.{_mac(key, _payload(tags, stamp))}"}
+
+
+def signed_json(tags: Mapping[str, Any], key: bytes, now_s: float) -> bytes:
+    """``json.dumps(sign(tags, key, now_s))`` (compact) with one encoding instead of two: when every tag
+    is a ``slo_`` tag, the canonical form the signature covers is already the object's JSON."""
+    if any(not k.startswith(PREFIX) or k == SIG_TAG for k in tags):
+        return json.dumps(sign(tags, key, now_s), separators=(",", ":")).encode()
+    stamp = str(int(now_s))
+    body = _canonical(tags)
+    sig = stamp + "." + _mac(key, (stamp + "\n" + body).encode())
+    head = body[:-1] + ("," if len(body) > 2 else "")
+    return f'{head}"{SIG_TAG}":"{sig}"}}'.encode()
 
 
 def verify(
@@ -65,6 +82,6 @@ def verify(
     except ValueError:  # NaN or infinity in a tag: never produced by a signer
         return "malformed tags"
     for key in keys:
-        if hmac.compare_digest(hmac.new(key, payload, hashlib.sha256).hexdigest(), mac):
+        if hmac.compare_digest(_mac(key, payload), mac):
             return None
     return "forged signature"

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
-import pytest
+import json
 
-from slo_core.wire.signing import SIG_TAG, parse_keys, sign, verify
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from slo_core.wire.signing import SIG_TAG, parse_keys, sign, signed_json, verify
 
 KEY = b"k" * 32
 OLD = b"o" * 32
@@ -46,3 +50,21 @@ def test_keys_are_lines_of_at_least_16_characters() -> None:
     assert parse_keys("a" * 16 + "\n\n" + "b" * 20 + "\n") == [b"a" * 16, b"b" * 20]
     with pytest.raises(ValueError, match="16"):
         parse_keys("short\n")
+
+
+_TAG_VALUES = st.one_of(
+    st.text(max_size=12), st.integers(-(10**9), 10**9), st.floats(allow_nan=False, allow_infinity=False)
+)
+
+
+@given(
+    tags=st.dictionaries(st.text(min_size=1, max_size=8).map(lambda k: "slo_" + k), _TAG_VALUES, max_size=8),
+    extra=st.booleans(),
+    now_s=st.floats(1.0, 2e9),
+)
+def test_signed_json_is_the_signed_tags_encoded_once(tags: dict, extra: bool, now_s: float) -> None:
+    tags = {**tags, "other": 1} if extra else tags
+    tags.pop(SIG_TAG, None)
+    raw = signed_json(tags, KEY, now_s)
+    assert json.loads(raw) == sign(tags, KEY, now_s)
+    assert verify(json.loads(raw), [KEY], now_s) is None
