@@ -79,10 +79,10 @@ def account(
         outcome = "cancelled"
     else:
         outcome = "error" if status == 200 else f"http_{status}"
-    m.requests.labels(*labels, outcome).inc()
+    m.of(m.requests, *labels, outcome).inc()
     times = stats.delivered_times()
     if times:
-        m.ttft.labels(labels[0]).observe(times[0] - view.arrival_s)
+        m.of(m.ttft, labels[0]).observe(times[0] - view.arrival_s)
     delivery = Delivery(
         slo=view.slo,
         arrival_s=view.arrival_s,
@@ -90,6 +90,6 @@ def account(
         token_times_s=times,
         completed=stats.completed and not stats.error,
     )
-    m.goodput_tokens.labels(*labels).inc(state.config.objective(delivery))
+    m.of(m.goodput_tokens, *labels).inc(state.config.objective(delivery))
     if delivery.completed:
-        (m.slo_met if request_goodput(delivery) > 0 else m.slo_missed).labels(*labels).inc()
+        m.of(m.slo_met if request_goodput(delivery) > 0 else m.slo_missed, *labels).inc()

@@ -130,9 +130,9 @@ async def _serve(state: RouterState, request: Request, labels: list[str]) -> Res
             tried.clear()
             continue
         ep_id = ep.spec.endpoint_id
-        state.metrics.chosen.labels(ep_id).inc()
+        state.metrics.of(state.metrics.chosen, ep_id).inc()
         for rid, score in result.decision.scores:
-            state.metrics.estimated_gain.labels(rid).set(score)
+            state.metrics.of(state.metrics.estimated_gain, rid).set(score)
         if result.affinity:
             state.metrics.affinity_hits.labels(result.affinity).inc()
         tried.add(ep_id)
@@ -302,7 +302,7 @@ def route_once(
         sessions=state.sessions,
         check_admission=check_admission,
     )
-    state.metrics.dispatch_seconds.labels(state.policy.name).observe(time.perf_counter() - t0)
+    state.metrics.of(state.metrics.dispatch_seconds, state.policy.name).observe(time.perf_counter() - t0)
     if result.outcome == "demoted":
         state.metrics.downgraded.labels(*labels).inc()
         labels[0] = state.config.best_effort_tier or tier

@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+from typing import Any, TypeVar
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+_M = TypeVar("_M", Counter, Gauge, Histogram)
 
 
 class RouterMetrics:
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry or CollectorRegistry()
+        self._children: dict[tuple[int, tuple[str, ...]], Any] = {}
         r = self.registry
         labels = ["tier", "tenant", "model"]
         self.requests = Counter(
@@ -80,3 +85,12 @@ class RouterMetrics:
             buckets=(0.05, 0.1, 0.25, 0.5, 1, 2, 4, 8, 16, 32),
             registry=r,
         )
+
+    def of(self, metric: _M, *values: str) -> _M:
+        """``metric.labels(*values)``, looked up once per label set (the request path asks for the same
+        few children on every request; prometheus-client validates and locks on every call)."""
+        key = (id(metric), values)
+        child = self._children.get(key)
+        if child is None:
+            child = self._children[key] = metric.labels(*values)
+        return child

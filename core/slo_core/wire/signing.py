@@ -31,9 +31,12 @@ def parse_keys(text: str) -> list[bytes]:
     return list(parse_keyring(text).verify_keys)
 
 
+# one encoder (json.dumps with these options would build one per call)
+_CANONICAL = json.JSONEncoder(sort_keys=True, separators=(",", ":"), allow_nan=False, default=str)
+
+
 def _canonical(tags: Mapping[str, Any]) -> str:
-    signed = {k: v for k, v in tags.items() if k.startswith(PREFIX) and k != SIG_TAG}
-    return json.dumps(signed, sort_keys=True, separators=(",", ":"), allow_nan=False, default=str)
+    return _CANONICAL.encode({k: v for k, v in tags.items() if k.startswith(PREFIX) and k != SIG_TAG})
 
 
 def _payload(tags: Mapping[str, Any], stamp: str) -> bytes:
