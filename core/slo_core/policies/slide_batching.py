@@ -197,7 +197,8 @@ def canonical_queue(
     """Running and waiting requests in one fixed order (arrival, then id) with each one's waiting flag.
 
     Every tie of the plan (equal remain or density, the order of the Σexec sum) is broken by this
-    order, so a plan is a function of the queue's contents, not of the order the engine lists them in.
+    order, so a plan is a function of the queue's contents, not of the order the engine lists them in
+    (``SlideBatching.order_free_decisions``).
     """
     keyed = [(r.arrival_s, r.request_id, False, r) for r in running]
     keyed += [(r.arrival_s, r.request_id, True, r) for r in waiting]
@@ -238,6 +239,7 @@ class SlideBatching(BaseEnginePolicy):
     name = "slide-batching"
     frame_steps = 1
     reschedule_on_events = True
+    order_free_decisions = True  # canonical_queue; β moves only through observe_batch; never preempts
 
     @classmethod
     def objective_params(cls, objective: Objective) -> dict[str, object]:

@@ -126,4 +126,5 @@ def test_a_decision_does_not_depend_on_the_order_requests_are_listed_in(
         )
         == decision
     )
+    assert SlideBatching.order_free_decisions  # what the engine relies on when it leaves decisions out
     assert not decision.preempt and decision.token_budget is None and not decision.prefill_first
