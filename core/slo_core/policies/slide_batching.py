@@ -76,7 +76,7 @@ def _fill_batch(  # noqa: PLR0917 - the plan's state, shared by the scalar and n
         is_waiting = waiting[i]
         if is_waiting and seqs >= max_seqs:
             continue
-        left = r.prompt_tokens + r.generated_tokens - r.computed_tokens  # remaining_prompt_tokens
+        left = remaining_prompt_tokens(r)
         if left <= 0:
             t_batch += exec_s[i]
             chunk = 1
@@ -213,11 +213,11 @@ _Terms = tuple[RequestView, float, float, float]
 
 
 def _terms(r: RequestView, profile: PerfProfile, params: SlideBatchingParams) -> _Terms:
-    """A request's static terms (what remaining_prompt_tokens, prefill_core_s / decode_core_s and
-    next_token_due_s compute, inlined: a running decode's snapshot is new every step)."""
+    """A request's static terms (what prefill_core_s / decode_core_s and next_token_due_s compute,
+    inlined: a running decode's snapshot is new every step)."""
     computed = r.computed_tokens
     gen = r.generated_tokens
-    left = r.prompt_tokens + gen - computed
+    left = remaining_prompt_tokens(r)
     if left > 0:
         core = prefill_core_s(profile, left, computed)
     else:
