@@ -165,7 +165,9 @@ class BaseEnginePolicy:
     function of the requests' contents and the engine view alone (not the order of ``waiting`` and
     ``running``, nothing drawn from ``rng``, no state carried into later decisions) and it only orders
     and admits (no preemption, no ``token_budget``, no ``prefill_first``). A simulated engine may then
-    leave out a decision that cannot change what runs (``slo_core.sim.engine.SimEngine``).
+    leave out a decision that cannot change what runs (``slo_core.sim.engine.SimEngine``), taking it
+    later on the snapshot it would have seen, so the decision must not read what other replicas move
+    meanwhile (``program_attained_tokens``, which counts a program's calls everywhere).
     """
 
     name = "base"
