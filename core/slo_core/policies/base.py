@@ -159,11 +159,21 @@ class EnginePolicy(Protocol):
 
 
 class BaseEnginePolicy:
-    """Convenience base: a frame of one step, reschedule on events, ignore feedback."""
+    """Convenience base: a frame of one step, reschedule on events, ignore feedback.
+
+    ``order_free_decisions`` (optional, default False): a policy sets it when its decision is a
+    function of the requests' contents and the engine view alone (not the order of ``waiting`` and
+    ``running``, nothing drawn from ``rng``, no state carried into later decisions) and it only orders
+    and admits (no preemption, no ``token_budget``, no ``prefill_first``). A simulated engine may then
+    leave out a decision that cannot change what runs (``slo_core.sim.engine.SimEngine``), taking it
+    later on the snapshot it would have seen, so the decision must not read what other replicas move
+    meanwhile (``program_attained_tokens``, which counts a program's calls everywhere).
+    """
 
     name = "base"
     frame_steps = 1
     reschedule_on_events = True
+    order_free_decisions = False
 
     def observe(self, finished: Sequence[FinishedView], now_s: float) -> None:
         return None

@@ -92,19 +92,6 @@ class GoRoutingParams(BaseModel):
     )
 
 
-def prefill_left_tokens(r: RequestView) -> int:
-    """Prompt (or recomputed) tokens ``r`` still needs before it decodes; 0 once it is decoding.
-
-    Engines count a decoding request's newest sampled token as not yet computed (vLLM's
-    ``num_computed_tokens = num_tokens - 1``, and the simulator's engine alike), so "one token left" after
-    the first output token is a decode step, not a prefill: without this every decoding request would
-    sit in Q_p with its long-passed first-token deadline, and a router fed vLLM-style counts would
-    disagree with one fed phase-style counts (the router's state stream reports decode as all computed).
-    """
-    left = remaining_prompt_tokens(r)
-    return 0 if r.generated_tokens > 0 and left <= 1 else left
-
-
 @dataclass(frozen=True, slots=True)
 class ReplicaEstimate:
     """GoRouting's view of one replica for one request."""
@@ -135,14 +122,14 @@ class GoRouting(BaseRouterPolicy):
         """EXEC and Δ of sending ``request`` to ``replica`` (Algorithm 2 lines 2–6)."""
         prof = profile_or_fallback(replica.profile)
         t_c = overhead_s(prof)
-        prefill = [r for r in (*replica.waiting, *replica.running) if prefill_left_tokens(r) > 0]
-        decoding = [r for r in replica.running if prefill_left_tokens(r) == 0]
+        prefill = [r for r in (*replica.waiting, *replica.running) if remaining_prompt_tokens(r) > 0]
+        decoding = [r for r in replica.running if remaining_prompt_tokens(r) == 0]
         n_d = len(decoding)
         b_d = decode_core_s(prof, sum(r.kv_tokens for r in decoding) / n_d) if n_d else 0.0
         tpots = [r.slo.tbt_s for r in (*decoding, request) if r.kind is RequestKind.LATENCY and r.slo.tbt_s]
         queue = [*prefill, request]
         remains = [first_token_due_s(r) - now_s for r in queue]
-        execs = [prefill_core_s(prof, max(1, prefill_left_tokens(r)), r.computed_tokens) for r in queue]
+        execs = [prefill_core_s(prof, max(1, remaining_prompt_tokens(r)), r.computed_tokens) for r in queue]
         weights = [self.params.first_token_weight * r.priority_weight for r in queue]
         t_budget = max(self.params.eta_s, min([*(x for x in remains if x > 0), *tpots], default=0.0))
         capacity = t_budget - t_c - n_d * b_d

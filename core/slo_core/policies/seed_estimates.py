@@ -93,8 +93,18 @@ def remaining_output_tokens(r: RequestView) -> int:
 
 
 def remaining_prompt_tokens(r: RequestView) -> int:
-    """Tokens still to (re)compute before the next output token: prompt plus any recomputed output."""
-    return max(0, r.prompt_tokens + r.generated_tokens - r.computed_tokens)
+    """Tokens still to (re)compute before the request decodes: its prompt, plus its output so far after
+    a preemption; 0 once it is decoding.
+
+    Engines count a decoding request's newest sampled token as not yet computed (vLLM's
+    ``num_computed_tokens = num_tokens - 1``, and the simulator's engine alike), so "one token left"
+    after the first output token is a decode step, not a prefill; a router fed by a state stream that
+    reports decode as all computed gets the same answer.
+    """
+    left = r.prompt_tokens + r.generated_tokens - r.computed_tokens
+    if left <= 1 and r.generated_tokens > 0:
+        return 0
+    return max(0, left)
 
 
 def next_token_due_s(r: RequestView) -> float:

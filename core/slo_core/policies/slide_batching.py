@@ -9,9 +9,11 @@ A request is URGENT when ``remain_r < γ·φ(r, Q)`` with the load-judgment func
     φ_c(r, Q) = t_budget / (t_budget − t_c) · Σ_{i ≤ index(r)} Q_by_remain[i].exec  (conservative, eq. 9)
 
 URGENT requests go first by density (descending), NORMAL ones after by remain (ascending): deadline-first
-at low load, density-first (a fractional knapsack) at high load. The batch is then filled from that order
-starting at ``t_batch = t_c`` while ``t_batch < t_budget``: a decode adds its T̃_d, a prefill adds the
-largest chunk that still fits (chunked prefill), bounded by free KV, sequence slots and the token budget.
+at low load, density-first (a fractional knapsack) at high load. Ties (which the paper leaves open) go
+by arrival, then request id, whatever order the engine lists the queue in (:func:`canonical_queue`).
+The batch is then filled from that order starting at ``t_batch = t_c`` while ``t_batch < t_budget``: a
+decode adds its T̃_d, a prefill adds the largest chunk that still fits (chunked prefill), bounded by
+free KV, sequence slots and the token budget.
 Waiting requests outside the batch are held (``hold_unlisted``); running ones are ordered batch-first.
 
 The policy decides every engine step, so :meth:`SlideBatching.plan` runs on plain floats (the numpy
@@ -25,6 +27,7 @@ from __future__ import annotations
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass
+from operator import itemgetter
 from typing import Literal
 
 import numpy as np
@@ -50,7 +53,7 @@ def _fill_batch(  # noqa: PLR0917 - the plan's state, shared by the scalar and n
     queue: Sequence[RequestView],
     order: Sequence[int],
     exec_s: Sequence[float],
-    n_running: int,
+    waiting: Sequence[bool],
     t_c: float,
     t_budget: float,
     engine: EngineView,
@@ -61,7 +64,7 @@ def _fill_batch(  # noqa: PLR0917 - the plan's state, shared by the scalar and n
     execution time, prefills the largest chunk that fits; returns (batch, chunks, batch time)."""
     t_batch = t_c
     kv_free = engine.kv_tokens_free
-    seqs = n_running
+    seqs = len(waiting) - sum(waiting)  # running sequences
     max_seqs = engine.max_num_seqs
     tokens_left = engine.max_num_batched_tokens
     batch: list[str] = []
@@ -70,10 +73,10 @@ def _fill_batch(  # noqa: PLR0917 - the plan's state, shared by the scalar and n
         if t_batch >= t_budget or tokens_left <= 0:
             break
         r = queue[i]
-        is_waiting = i >= n_running
+        is_waiting = waiting[i]
         if is_waiting and seqs >= max_seqs:
             continue
-        left = r.prompt_tokens + r.generated_tokens - r.computed_tokens  # remaining_prompt_tokens
+        left = remaining_prompt_tokens(r)
         if left <= 0:
             t_batch += exec_s[i]
             chunk = 1
@@ -187,16 +190,34 @@ def slide_order(m: QueueMetrics, urgent: np.ndarray) -> np.ndarray:
 
 _LATENCY = RequestKind.LATENCY
 
+
+def canonical_queue(
+    waiting: Sequence[RequestView], running: Sequence[RequestView]
+) -> tuple[list[RequestView], list[bool]]:
+    """Running and waiting requests in one fixed order (arrival, then id) with each one's waiting flag.
+
+    Every tie of the plan (equal remain or density, the order of the Σexec sum) is broken by this
+    order, so a plan is a function of the queue's contents, not of the order the engine lists them in
+    (``SlideBatching.order_free_decisions``).
+    """
+    keyed = [(r.arrival_s, r.request_id, False, r) for r in running]
+    keyed += [(r.arrival_s, r.request_id, True, r) for r in waiting]
+    keyed.sort(key=_ARRIVAL_ID)
+    return [k[3] for k in keyed], [k[2] for k in keyed]
+
+
+_ARRIVAL_ID = itemgetter(0, 1)
+
 # per request id: (the snapshot the terms were computed from, T̃ before β, next-token due time, gain)
 _Terms = tuple[RequestView, float, float, float]
 
 
 def _terms(r: RequestView, profile: PerfProfile, params: SlideBatchingParams) -> _Terms:
-    """A request's static terms (what remaining_prompt_tokens, prefill_core_s / decode_core_s and
-    next_token_due_s compute, inlined: a running decode's snapshot is new every step)."""
+    """A request's static terms (what prefill_core_s / decode_core_s and next_token_due_s compute,
+    inlined: a running decode's snapshot is new every step)."""
     computed = r.computed_tokens
     gen = r.generated_tokens
-    left = r.prompt_tokens + gen - computed
+    left = remaining_prompt_tokens(r)
     if left > 0:
         core = prefill_core_s(profile, left, computed)
     else:
@@ -218,6 +239,7 @@ class SlideBatching(BaseEnginePolicy):
     name = "slide-batching"
     frame_steps = 1
     reschedule_on_events = True
+    order_free_decisions = True  # canonical_queue; β moves only through observe_batch; never preempts
 
     @classmethod
     def objective_params(cls, objective: Objective) -> dict[str, object]:
@@ -246,7 +268,7 @@ class SlideBatching(BaseEnginePolicy):
         """Order the queue and fill one batch up to the latency budget (plain floats; the same
         arithmetic, in the same order, as queue_metrics, urgent_mask and slide_order)."""
         profile = profile_or_fallback(engine.profile)
-        queue = [*running, *waiting]
+        queue, is_waiting = canonical_queue(waiting, running)
         if not queue:
             return SlidePlan((), frozenset(), (), {}, self.params.eta_s, 0.0)
         p = self.params
@@ -291,7 +313,7 @@ class SlideBatching(BaseEnginePolicy):
         nor.sort(key=remain.__getitem__)
         order = urg + nor
         batch, chunks, t_batch = _fill_batch(
-            queue, order, exec_s, len(running), t_c, t_budget, engine, profile, beta
+            queue, order, exec_s, is_waiting, t_c, t_budget, engine, profile, beta
         )
         return SlidePlan(
             order=tuple(queue[i].request_id for i in order),
@@ -307,7 +329,7 @@ class SlideBatching(BaseEnginePolicy):
     ) -> SlidePlan:
         """:meth:`plan` through the numpy functions above (the reference the fast path must match)."""
         profile = profile_or_fallback(engine.profile)
-        queue = [*running, *waiting]
+        queue, is_waiting = canonical_queue(waiting, running)
         if not queue:
             return SlidePlan((), frozenset(), (), {}, self.params.eta_s, 0.0)
         beta = self.correction.factor
@@ -318,7 +340,7 @@ class SlideBatching(BaseEnginePolicy):
             queue,
             order.tolist(),
             m.exec_s.tolist(),
-            len(running),
+            is_waiting,
             m.t_c_s,
             m.t_budget_s,
             engine,

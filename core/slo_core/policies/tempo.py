@@ -134,6 +134,8 @@ def service_densities(
     latency = np.array([k is RequestKind.LATENCY for k in kinds])
     best_effort = np.array([k is RequestKind.BEST_EFFORT for k in kinds])
     left_prompt = np.maximum(0.0, prompt + gen - computed)
+    # remaining_prompt_tokens: a decoding request's newest token counts as uncomputed, not as a prefill
+    left_prompt = np.where((gen > 0) & (left_prompt <= 1.0), 0.0, left_prompt)
     attn_ms = prof.b_ms_per_token_ctx * left_prompt * (computed + left_prompt)
     pref_ms = attn_ms + prof.a_ms_per_token * left_prompt
     t_pref = np.where(left_prompt > 0, overhead_s(prof) + pref_ms / 1000.0, 0.0)
@@ -215,7 +217,7 @@ def service_densities_scalar(
         gen = float(r.generated_tokens)
         computed = float(r.computed_tokens)
         left = float(r.prompt_tokens) + gen - computed
-        if left > 0.0:
+        if left > 1.0 or (left > 0.0 and gen == 0.0):  # remaining_prompt_tokens (a decode: none)
             t_prefs[i] = oh + (b_ms * left * (computed + left) + a_ms * left) / 1000.0
         else:
             left = 0.0

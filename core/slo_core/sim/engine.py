@@ -12,7 +12,12 @@ Each step (:meth:`SimEngine.plan`) the engine
 3. if nothing was preempted, admits waiting requests in order while sequence slots, budget and free
    blocks last (the first that does not fit stops admission), chunking the last prefill.
 
-With ``prefill_first`` (vLLM v0's order) step 3 runs before step 2. The step's duration comes from
+With ``skip_order_free`` (the fleet's setting) the engine leaves out step 1 for a policy whose
+decisions depend only on the queues' contents (``order_free_decisions``) wherever the decision could
+only reorder running requests whose order changes nothing this step (:meth:`SimEngine._skippable`);
+a reader of the order mid-step gets it applied first. The run is the same, decision for decision
+(``tests/unit/core/sim/test_sim_order_free.py``); an every-step policy costs what FCFS costs on
+most steps. With ``prefill_first`` (vLLM v0's order) step 3 runs before step 2. The step's duration comes from
 the performance model; at its end (:meth:`SimEngine.complete`) every request whose tokens are all
 computed emits one output token stamped with the step's end time, and finished requests free their
 blocks. Prefix caching is off: a preempted request recomputes its whole prompt and output so far.
@@ -32,6 +37,7 @@ them (an abort of a request in the step in flight takes effect when the step com
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from collections.abc import Callable
 
@@ -65,7 +71,12 @@ class SimEngine(EngineSnapshots):
         rng: random.Random | None = None,
         feedback: FeedbackFn | None = None,
         index: int = 0,
+        skip_order_free: bool = False,
     ) -> None:
+        """``skip_order_free``: leave out the decisions of an order-free policy that cannot change what
+        runs (see :meth:`_skippable`); only for a driver that reads the queues through
+        :meth:`replica_view` and keeps the views' side effects out of its outcomes (the fleet does
+        unless an online-calibrated analyzer learns from them)."""
         cfg = config or EngineConfig()
         self.engine_id = engine_id
         self.index = index
@@ -109,6 +120,15 @@ class SimEngine(EngineSnapshots):
         overrides_observe = getattr(type(policy), "observe", None) is not BaseEnginePolicy.observe
         self._feedback = feedback if overrides_observe else None
         self._fast = bool(getattr(policy, "fifo_fast_path", False))
+        # a policy that learns from finishes (observe) would see them in the left-out orders
+        self._order_free = (
+            skip_order_free
+            and self._frame == 1
+            and self._feedback is None
+            and bool(getattr(policy, "order_free_decisions", False))
+        )
+        # (now_s, free KV blocks) of the decision plan() left out for the step in flight, if any
+        self._deferred: tuple[float, int] | None = None
         if self._fast:
             # a FIFO policy's decision never depends on the queues: learn its knobs once
             self._set_knobs(policy.decide([], [], self.engine_view(0.0), self.rng))
@@ -170,6 +190,48 @@ class SimEngine(EngineSnapshots):
         self.hold_unlisted = applied.hold_unlisted
         self._set_knobs(decision)
 
+    def _skippable(self) -> bool:
+        """Whether this step's decision cannot change what runs, for an order-free policy (one whose
+        decision depends on the queues' contents, not their order, and only orders and admits:
+        ``order_free_decisions``) when nothing waits.
+
+        The decision would then only reorder the running requests. Their order decides nothing in a
+        step where every one of them gets all its tokens (they fit the token budget), no KV
+        preemption can happen (their new blocks fit the free ones) and no call of a compound program
+        finishes (the fleet's program bookkeeping, which may route the next stage and so read this
+        engine, follows the order of finishes). The next decision sees the same contents whatever
+        their order; a reader of the order in between gets the left-out decision applied first
+        (:meth:`_apply_deferred`).
+        """
+        budget = self.token_budget
+        free = self.free_blocks
+        bs = self.block_size
+        for r in self.running:
+            n = r.num_tokens
+            budget -= n - r.computed
+            free -= (n + bs - 1) // bs - r.blocks
+            if r.generated + 1 >= r.target_tokens and r.program is not None:
+                return False
+        return budget >= 0 and free >= 0
+
+    def _apply_deferred(self) -> None:
+        """Take the decision :meth:`plan` left out for the step in flight, on the state it saw then (the
+        running requests have not moved since; nothing waited), so the running order is what it
+        would have been."""
+        if self._deferred is None:
+            return
+        now_s, free_blocks = self._deferred
+        self._deferred = None
+        view = dataclasses.replace(self.engine_view(now_s), kv_blocks_free=free_blocks)
+        decision = self.policy.decide([], request_views(self.running), view, self.rng)
+        self.decisions += 1
+        applied = apply_decision(decision, [], self.running)
+        if applied.preempted or decision.token_budget is not None or decision.prefill_first:
+            raise RuntimeError(f"{self.policy.name}: an order-free policy only orders and admits")
+        self.running = applied.running
+        self.listed = applied.listed
+        self.hold_unlisted = applied.hold_unlisted
+
     # ---- one step ---------------------------------------------------------------------------------
 
     def plan(self, now_s: float) -> float | None:
@@ -183,7 +245,10 @@ class SimEngine(EngineSnapshots):
         self.step += 1
         self.step_start_s = now_s
         if not self._fast and (self.step % self._frame == 0 or (self._on_events and self.events)):
-            self._decide(now_s)
+            if self._order_free and not self.waiting and self._skippable():
+                self._deferred = (now_s, self.free_blocks)
+            else:
+                self._decide(now_s)
         self._batch_p = []
         self._batch_d = []
         budget = self.token_budget
@@ -299,6 +364,7 @@ class SimEngine(EngineSnapshots):
         ``duration_s`` overrides the modelled step time (engine-sim passes the time it really took);
         the end time is then ``step_start_s + duration_s``.
         """
+        self._deferred = None  # the step ends: its order is read by nobody before the next plan
         if duration_s is not None:
             self.step_end_s = self.step_start_s + max(0.0, duration_s)
         t = self.step_end_s
@@ -362,6 +428,7 @@ class SimEngine(EngineSnapshots):
         Between steps it leaves at once; a request in the step in flight leaves when that step
         completes (its token of that step is still delivered).
         """
+        self._apply_deferred()
         for queue in (self.waiting, self.running):
             for r in queue:
                 if r.request_id == request_id:

@@ -41,9 +41,14 @@ class EngineSnapshots:
             engine_id=self.engine_id,
         )
 
+    def _apply_deferred(self) -> None:
+        """Bring the queues' order up to date before it is read (see SimEngine)."""
+
     def replica_view(self, now_s: float, *, with_requests: bool = True) -> ReplicaView:
         """This replica as a router sees it; without requests only the counters are filled in."""
         cfg = self.config
+        if with_requests:
+            self._apply_deferred()
         return ReplicaView(
             replica_id=self.engine_id,
             snapshot_s=now_s,

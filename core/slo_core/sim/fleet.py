@@ -174,6 +174,8 @@ class FleetSim:
                 rng=random.Random(seed * 1_000_003 + i),
                 feedback=feedback,
                 index=i,
+                # an online-calibrated analyzer learns from the views every decision refreshes
+                skip_order_free=analyzer is None or analyzer.calibrated is None,
             )
             for i, spec in enumerate(replicas)
         ]

@@ -4,6 +4,7 @@ chunks, budget), across sequences of decisions that reuse snapshots (its per-req
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 
 import numpy as np
 from hypothesis import given, settings
@@ -86,3 +87,44 @@ def test_plan_equals_numpy_reference(seed: int, n: int, judgment: str, gamma: fl
             profile=PROFILE,
         )
         assert fast.plan(waiting, running, view) == ref.plan_reference(waiting, running, view)
+
+
+@given(
+    seed=st.integers(0, 10_000),
+    n=st.integers(1, 60),
+    judgment=st.sampled_from(["aggressive", "conservative"]),
+    gamma=st.sampled_from([0.25, 1.0, 4.0]),
+)
+@settings(max_examples=100, deadline=None)
+def test_a_decision_does_not_depend_on_the_order_requests_are_listed_in(
+    seed: int, n: int, judgment: str, gamma: float
+) -> None:
+    """The engine may list running and waiting requests in any order (twins with equal remain and
+    density included: their tie is broken by arrival and id, not position)."""
+    rng = random.Random(seed)
+    queue = [_view(rng, i) for i in range(n)]
+    queue += [replace(r, request_id=f"{r.request_id}-twin") for r in rng.sample(queue, k=n // 3)]
+    rng.shuffle(queue)
+    cut = rng.randint(0, len(queue))
+    running, waiting = queue[:cut], queue[cut:]
+    view = EngineView(
+        now_s=20.0,
+        step=0,
+        max_num_seqs=max(16, len(running)),
+        max_num_batched_tokens=rng.choice([512, 8192]),
+        kv_blocks_total=30_000,
+        kv_blocks_free=rng.randint(0, 30_000),
+        block_size=16,
+        profile=PROFILE,
+    )
+    policy = SlideBatching(load_judgment=judgment, gamma=gamma)
+    decision = policy.decide(waiting, running, view, random.Random(0))
+    shuffled = [rng.sample(running, k=len(running)), rng.sample(waiting, k=len(waiting))]
+    assert (
+        SlideBatching(load_judgment=judgment, gamma=gamma).decide(
+            shuffled[1], shuffled[0], view, random.Random(0)
+        )
+        == decision
+    )
+    assert SlideBatching.order_free_decisions  # what the engine relies on when it leaves decisions out
+    assert not decision.preempt and decision.token_budget is None and not decision.prefill_first
