@@ -73,13 +73,21 @@ def run_one(
     policy: str,
     calibration: CalibrationParams | None,
     profile: str,
+    *,
+    policy_params: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """One simulation; ``calibration`` None: the static forest's bounds."""
+    """One simulation; ``calibration`` None: the static forest's bounds; ``policy_params``: the
+    policy's parameters (None: its defaults)."""
     jobs = build_workload(spec)
     cal = OnlineCalibrator(est.params.quantile, calibration) if calibration is not None else None
     analyzer = SimAnalyzer(est, calibrator=cal)
     sim = FleetSim(
-        [ReplicaSpec(load_profile(profile))], policy, "round-robin", seed=spec.seed, analyzer=analyzer
+        [ReplicaSpec(load_profile(profile))],
+        policy,
+        "round-robin",
+        seed=spec.seed,
+        analyzer=analyzer,
+        policy_params=policy_params,
     )
     result = sim.run(jobs)
     m = summarize(result, bucket_s=60.0, jobs=job_outcomes(result))
@@ -118,6 +126,11 @@ def main(argv: list[str] | None = None) -> int:
         default="{}",
         help="CalibrationParams fields as JSON for the calibrated runs, e.g. '{\"prompt_bands\": false}'",
     )
+    ap.add_argument(
+        "--policy-params",
+        default="{}",
+        help="the policy's parameters as JSON, for both bounds (e.g. GMAX fields: a variant's runs)",
+    )
     ap.add_argument("--label", default="calibrated", help="the calibrated runs' label in the tables")
     ap.add_argument("--calibrated-only", action="store_true", help="skip the static runs")
     ap.add_argument("--merge", nargs="+", help="only merge these goodput.json files into --out")
@@ -148,7 +161,14 @@ def main(argv: list[str] | None = None) -> int:
                 for calibrated in (True,) if args.calibrated_only else (False, True):
                     t0 = time.perf_counter()
                     params = CalibrationParams(**json.loads(args.calibration)) if calibrated else None
-                    res = run_one(models[train_name], spec, args.policy, params, args.profile)
+                    res = run_one(
+                        models[train_name],
+                        spec,
+                        args.policy,
+                        params,
+                        args.profile,
+                        policy_params=json.loads(args.policy_params) or None,
+                    )
                     rec = {
                         "scenario": label,
                         "train": train_name,
