@@ -18,7 +18,7 @@ Decision the same way:
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Generic, Protocol, TypeVar
 
 from slo_core.policies.base import Decision
@@ -50,6 +50,14 @@ class AppliedDecision(Generic[T]):
         return [r for r in self.waiting if r.request_id in self.listed]
 
 
+_APPLIED_FIELDS = ("waiting", "running", "preempted", "rejected", "listed", "hold_unlisted")
+if tuple(f.name for f in fields(AppliedDecision)) != _APPLIED_FIELDS:  # pragma: no cover
+    raise ImportError("slo_core.policies.apply: AppliedDecision's fields changed; update apply_decision")
+_a_waiting, _a_running, _a_preempted, _a_rejected, _a_listed, _a_hold = (
+    getattr(AppliedDecision, name).__set__ for name in _APPLIED_FIELDS
+)
+
+
 def ordered(items: Sequence[T], order: Sequence[str]) -> tuple[list[T], list[T]]:
     """Split ``items`` into (listed in ``order``'s order, the rest in current order); duplicates once."""
     n = len(order)
@@ -73,21 +81,32 @@ def ordered(items: Sequence[T], order: Sequence[str]) -> tuple[list[T], list[T]]
 
 def apply_decision(decision: Decision, waiting: Sequence[T], running: Sequence[T]) -> AppliedDecision[T]:
     """Apply ``decision`` to ``waiting`` and ``running`` (both in their current order); pure."""
-    preempt_ids = set(decision.preempt)
-    preempted = [r for r in running if r.request_id in preempt_ids]
-    still_running = [r for r in running if r.request_id not in preempt_ids] if preempted else list(running)
-    reject_ids = set(decision.reject)
-    rejected = [r for r in waiting if r.request_id in reject_ids]
-    queued = [r for r in waiting if r.request_id not in reject_ids] if rejected else list(waiting)
+    # most decisions preempt and reject nothing: no pass over the queues then
+    preempted: list[T] = []
+    still_running = list(running)
+    if decision.preempt:
+        preempt_ids = set(decision.preempt)
+        preempted = [r for r in running if r.request_id in preempt_ids]
+        if preempted:
+            still_running = [r for r in running if r.request_id not in preempt_ids]
+    rejected: list[T] = []
+    queued = list(waiting)
+    if decision.reject:
+        reject_ids = set(decision.reject)
+        rejected = [r for r in waiting if r.request_id in reject_ids]
+        if rejected:
+            queued = [r for r in waiting if r.request_id not in reject_ids]
     listed, rest = ordered([*preempted, *queued], decision.admit)
     if decision.running_order is not None:
         first, later = ordered(still_running, decision.running_order)
         still_running = first + later
-    return AppliedDecision(
-        waiting=listed + rest,
-        running=still_running,
-        preempted=preempted,
-        rejected=rejected,
-        listed=frozenset(r.request_id for r in listed),
-        hold_unlisted=decision.hold_unlisted,
-    )
+    # AppliedDecision(...) without the frozen dataclass's __init__ (object.__setattr__ per field):
+    # the simulator applies a decision every few steps
+    out: AppliedDecision[T] = object.__new__(AppliedDecision)
+    _a_waiting(out, listed + rest)
+    _a_running(out, still_running)
+    _a_preempted(out, preempted)
+    _a_rejected(out, rejected)
+    _a_listed(out, frozenset(r.request_id for r in listed))
+    _a_hold(out, decision.hold_unlisted)
+    return out
