@@ -31,7 +31,14 @@ import numpy as np
 from slo_core.objective import Objective
 from slo_core.perf.model import OnlineCorrection
 from slo_core.policies import gmax_scalar as small
-from slo_core.policies.base import BaseEnginePolicy, Decision, EngineView, FinishedView, RequestView
+from slo_core.policies.base import (
+    BaseEnginePolicy,
+    Decision,
+    EngineView,
+    FinishedView,
+    RequestView,
+    new_decision,
+)
 from slo_core.policies.gmax_budget import (
     demand_floor_applies,
     latency_lane,
@@ -391,7 +398,7 @@ class GMAX(BaseEnginePolicy):
             step_s=speed.step_s,
         )
         ids = [r.request_id for r in rows]
-        return Decision(
+        return new_decision(
             admit=_pick(ids, admit),
             preempt=_pick(ids, preempt),
             running_order=_pick(ids, run_order),
@@ -419,14 +426,18 @@ class GMAX(BaseEnginePolicy):
             return None, admit, run_order
         now = engine.now_s
         deadline, bound = sc.deadline_s, sc.bound_tokens
-        g = [float(r.generated_tokens) for r in rows]
-        prompt = [float(r.prompt_tokens) for r in rows]
-        computed = [float(r.computed_tokens) for r in rows]
-        is_lat = [r.slo.kind is _LATENCY for r in rows]
-        # the numpy path's computed < prompt + max(0, g - 1)
-        in_prefill = [
-            c < x + (y - 1.0 if y > 1.0 else 0.0) for c, x, y in zip(computed, prompt, g, strict=True)
-        ]
+        g: list[float] = []
+        prompt: list[float] = []
+        computed: list[float] = []
+        is_lat: list[bool] = []
+        in_prefill: list[bool] = []
+        for r in rows:
+            y, x, c = float(r.generated_tokens), float(r.prompt_tokens), float(r.computed_tokens)
+            g.append(y)
+            prompt.append(x)
+            computed.append(c)
+            is_lat.append(r.slo.kind is _LATENCY)
+            in_prefill.append(c < x + (y - 1.0 if y > 1.0 else 0.0))  # computed < prompt + max(0, g - 1)
         pending: list[float] | None = None
         start_by: list[float] | None = None
         if demand_floor_applies(p) and not all(is_lat):  # latency prompts are never pending

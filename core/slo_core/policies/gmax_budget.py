@@ -346,6 +346,8 @@ def latency_lane_small(
     max_tokens: int,
 ) -> tuple[list[int], list[int], int]:
     """:func:`latency_lane` on lists: (admit, running order, extra tokens)."""
+    if not candidates and not any(in_prefill[i] for i in running_order):
+        return list(admit), list(running_order), 0  # no lane, every running request decodes
     lane: list[int] = []
     ahead = 0.0
     for k, i in enumerate(candidates):
