@@ -18,10 +18,10 @@ Decision the same way:
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import Generic, Protocol, TypeVar
 
-from slo_core.policies.base import Decision
+from slo_core.policies.base import Decision, slots_twin
 
 
 class HasRequestId(Protocol):
@@ -50,11 +50,9 @@ class AppliedDecision(Generic[T]):
         return [r for r in self.waiting if r.request_id in self.listed]
 
 
-_APPLIED_FIELDS = ("waiting", "running", "preempted", "rejected", "listed", "hold_unlisted")
-if tuple(f.name for f in fields(AppliedDecision)) != _APPLIED_FIELDS:  # pragma: no cover
-    raise ImportError("slo_core.policies.apply: AppliedDecision's fields changed; update apply_decision")
-_a_waiting, _a_running, _a_preempted, _a_rejected, _a_listed, _a_hold = (
-    getattr(AppliedDecision, name).__set__ for name in _APPLIED_FIELDS
+# built once per decision: through slots_twin, not the frozen dataclass's slow __init__
+_AppliedSlots = slots_twin(
+    AppliedDecision, ("waiting", "running", "preempted", "rejected", "listed", "hold_unlisted")
 )
 
 
@@ -100,13 +98,13 @@ def apply_decision(decision: Decision, waiting: Sequence[T], running: Sequence[T
     if decision.running_order is not None:
         first, later = ordered(still_running, decision.running_order)
         still_running = first + later
-    # AppliedDecision(...) without the frozen dataclass's __init__ (object.__setattr__ per field):
-    # the simulator applies a decision every few steps
-    out: AppliedDecision[T] = object.__new__(AppliedDecision)
-    _a_waiting(out, listed + rest)
-    _a_running(out, still_running)
-    _a_preempted(out, preempted)
-    _a_rejected(out, rejected)
-    _a_listed(out, frozenset(r.request_id for r in listed))
-    _a_hold(out, decision.hold_unlisted)
+    a = object.__new__(_AppliedSlots)
+    a.waiting = listed + rest
+    a.running = still_running
+    a.preempted = preempted
+    a.rejected = rejected
+    a.listed = frozenset(r.request_id for r in listed)
+    a.hold_unlisted = decision.hold_unlisted
+    a.__class__ = AppliedDecision
+    out: AppliedDecision[T] = a
     return out

@@ -8,114 +8,87 @@ service is memoized on the program and recomputed only after one of its calls ma
 
 from __future__ import annotations
 
-from dataclasses import fields
-
 from slo_core.perf.model import PerfProfile
-from slo_core.policies.base import EngineView, RequestView
+from slo_core.policies.base import EngineView, RequestView, slots_twin
 from slo_core.predict.estimator import BoundSchedule
 from slo_core.sim.request import WAITING, SimRequest
 
-# RequestView is a frozen dataclass: its generated __init__ sets each of its 19 fields through
-# object.__setattr__, ~7 us a view, and the simulator builds one for every request that moved at
-# every decision. The slots' own descriptors set them ~2x faster; the field order is checked here so
-# that a field added to RequestView fails at import instead of shifting values.
-_FIELDS = (
-    "request_id",
-    "slo",
-    "arrival_s",
-    "prompt_tokens",
-    "max_tokens",
-    "generated_tokens",
-    "computed_tokens",
-    "deadline_at_s",
-    "first_token_s",
-    "output_bound",
-    "true_output_tokens",
-    "tenant",
-    "program_id",
-    "stage",
-    "program_arrival_s",
-    "program_deadline_at_s",
-    "program_attained_tokens",
-    "preemptions",
-    "waiting_since_s",
+# the simulator builds a RequestView for every request that moved at every decision, and an
+# EngineView per decision: through slots_twin, not the frozen dataclasses' slow __init__
+_ViewSlots = slots_twin(
+    RequestView,
+    (
+        "request_id",
+        "slo",
+        "arrival_s",
+        "prompt_tokens",
+        "max_tokens",
+        "generated_tokens",
+        "computed_tokens",
+        "deadline_at_s",
+        "first_token_s",
+        "output_bound",
+        "true_output_tokens",
+        "tenant",
+        "program_id",
+        "stage",
+        "program_arrival_s",
+        "program_deadline_at_s",
+        "program_attained_tokens",
+        "preemptions",
+        "waiting_since_s",
+    ),
 )
-if tuple(f.name for f in fields(RequestView)) != _FIELDS:  # pragma: no cover - a changed RequestView
-    raise ImportError("slo_core.sim.views: RequestView's fields changed; update _FIELDS and _new_view")
-(
-    _s_id,
-    _s_slo,
-    _s_arrival,
-    _s_prompt,
-    _s_max,
-    _s_generated,
-    _s_computed,
-    _s_deadline,
-    _s_first,
-    _s_bound,
-    _s_true,
-    _s_tenant,
-    _s_program,
-    _s_stage,
-    _s_program_arrival,
-    _s_program_deadline,
-    _s_attained,
-    _s_preemptions,
-    _s_waiting,
-) = (getattr(RequestView, name).__set__ for name in _FIELDS)
+_EngineViewSlots = slots_twin(
+    EngineView,
+    (
+        "now_s",
+        "step",
+        "max_num_seqs",
+        "max_num_batched_tokens",
+        "kv_blocks_total",
+        "kv_blocks_free",
+        "block_size",
+        "profile",
+        "engine_id",
+    ),
+)
 _object_new = object.__new__
 
 
 def _new_view(r: SimRequest, program_attained: int) -> RequestView:
-    """``RequestView(...)`` of ``r``'s current state, its fields set through the slots' descriptors."""
+    """``RequestView(...)`` of ``r``'s current state (``program_attained``: its program's attained
+    tokens, when it is a program's call)."""
     program = r.program
-    view: RequestView = _object_new(RequestView)
-    _s_id(view, r.request_id)
-    _s_slo(view, r.slo)
-    _s_arrival(view, r.arrival_s)
-    _s_prompt(view, r.prompt_tokens)
-    _s_max(view, r.max_tokens)
-    _s_generated(view, r.generated)
-    _s_computed(view, r.computed)
-    _s_deadline(view, r.deadline_at_s)
-    _s_first(view, r.token_times[0] if r.token_times else None)
-    _s_bound(view, r.output_bound)
-    _s_true(view, r.target_tokens)
-    _s_tenant(view, r.tenant)
+    v = _object_new(_ViewSlots)
+    v.request_id = r.request_id
+    v.slo = r.slo
+    v.arrival_s = r.arrival_s
+    v.prompt_tokens = r.prompt_tokens
+    v.max_tokens = r.max_tokens
+    v.generated_tokens = r.generated
+    v.computed_tokens = r.computed
+    v.deadline_at_s = r.deadline_at_s
+    v.first_token_s = r.token_times[0] if r.token_times else None
+    v.output_bound = r.output_bound
+    v.true_output_tokens = r.target_tokens
+    v.tenant = r.tenant
     if program is not None:
-        _s_program(view, program.program_id)
-        _s_program_arrival(view, program.arrival_s)
-        _s_program_deadline(view, program.deadline_at_s)
-        _s_attained(view, program_attained)
+        v.program_id = program.program_id
+        v.program_arrival_s = program.arrival_s
+        v.program_deadline_at_s = program.deadline_at_s
+        v.program_attained_tokens = program_attained
     else:
-        _s_program(view, None)
-        _s_program_arrival(view, None)
-        _s_program_deadline(view, None)
-        _s_attained(view, r.attained_tokens())
-    _s_stage(view, r.stage)
-    _s_preemptions(view, r.preemptions)
-    _s_waiting(view, r.waiting_since_s if r.state == WAITING else None)
+        v.program_id = None
+        v.program_arrival_s = None
+        v.program_deadline_at_s = None
+        v.program_attained_tokens = r.attained_tokens()
+    v.stage = r.stage
+    v.preemptions = r.preemptions
+    v.waiting_since_s = r.waiting_since_s if r.state == WAITING else None
+    v.__class__ = RequestView
+    view: RequestView = v
     return view
-
-
-_ENGINE_FIELDS = (
-    "now_s",
-    "step",
-    "max_num_seqs",
-    "max_num_batched_tokens",
-    "kv_blocks_total",
-    "kv_blocks_free",
-    "block_size",
-    "profile",
-    "engine_id",
-)
-if tuple(f.name for f in fields(EngineView)) != _ENGINE_FIELDS:  # pragma: no cover - a changed EngineView
-    raise ImportError(
-        "slo_core.sim.views: EngineView's fields changed; update _ENGINE_FIELDS and new_engine_view"
-    )
-_e_now, _e_step, _e_seqs, _e_batched, _e_total, _e_free, _e_block, _e_profile, _e_id = (
-    getattr(EngineView, name).__set__ for name in _ENGINE_FIELDS
-)
 
 
 def new_engine_view(
@@ -130,17 +103,19 @@ def new_engine_view(
     profile: PerfProfile | None,
     engine_id: str,
 ) -> EngineView:
-    """``EngineView(...)``, its slots set through their descriptors (as :func:`_new_view`; one a decision)."""
-    view: EngineView = _object_new(EngineView)
-    _e_now(view, now_s)
-    _e_step(view, step)
-    _e_seqs(view, max_num_seqs)
-    _e_batched(view, max_num_batched_tokens)
-    _e_total(view, kv_blocks_total)
-    _e_free(view, kv_blocks_free)
-    _e_block(view, block_size)
-    _e_profile(view, profile)
-    _e_id(view, engine_id)
+    """``EngineView(...)``, built through :func:`slots_twin` (one a decision)."""
+    v = _object_new(_EngineViewSlots)
+    v.now_s = now_s
+    v.step = step
+    v.max_num_seqs = max_num_seqs
+    v.max_num_batched_tokens = max_num_batched_tokens
+    v.kv_blocks_total = kv_blocks_total
+    v.kv_blocks_free = kv_blocks_free
+    v.block_size = block_size
+    v.profile = profile
+    v.engine_id = engine_id
+    v.__class__ = EngineView
+    view: EngineView = v
     return view
 
 

@@ -1,7 +1,8 @@
 """The fast builders of Decision and AppliedDecision give what the dataclasses' constructors give.
 
-``new_decision`` and ``apply_decision`` set the frozen dataclasses' slots directly; their objects must
-equal, hash and read like the constructors', with every field in its place, and stay frozen.
+``new_decision`` and ``apply_decision`` build them through ``slots_twin``; their objects must equal,
+hash and read like the constructors', with every field in its place, and stay frozen; ``slots_twin``
+refuses a field list that is not the dataclass's.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from slo_core.policies.apply import AppliedDecision, apply_decision, ordered
-from slo_core.policies.base import Decision, new_decision
+from slo_core.policies.base import Decision, new_decision, slots_twin
 
 ids = st.lists(st.sampled_from([f"r{i}" for i in range(8)]), max_size=6, unique=True).map(tuple)
 
@@ -85,3 +86,8 @@ def test_apply_decision_builds_what_the_constructor_builds(
     assert got == want
     with pytest.raises(dataclasses.FrozenInstanceError):
         got.hold_unlisted = not hold  # type: ignore[misc]
+
+
+def test_slots_twin_refuses_a_field_list_that_is_not_the_dataclasses() -> None:
+    with pytest.raises(ImportError, match="Decision's fields changed"):
+        slots_twin(Decision, ("admit", "preempt"))

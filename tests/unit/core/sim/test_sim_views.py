@@ -1,7 +1,7 @@
 """The simulator's request snapshots equal the RequestView its dataclass constructor builds.
 
-views.py sets a view's slots directly (faster than the frozen dataclass's __init__); a view of every
-shape of request (plain and a program's call, waiting and running, before and after its first
+views.py builds views through base.slots_twin (faster than the frozen dataclass's __init__); a view
+of every shape of request (plain and a program's call, waiting and running, before and after its first
 token, with and without a bound) must equal, hash and read like the constructor's, and stay frozen.
 """
 
