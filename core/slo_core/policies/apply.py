@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Generic, Protocol, TypeVar
 
-from slo_core.policies.base import Decision
+from slo_core.policies.base import Decision, slots_twin
 
 
 class HasRequestId(Protocol):
@@ -50,6 +50,12 @@ class AppliedDecision(Generic[T]):
         return [r for r in self.waiting if r.request_id in self.listed]
 
 
+# built once per decision: through slots_twin, not the frozen dataclass's slow __init__
+_AppliedSlots = slots_twin(
+    AppliedDecision, ("waiting", "running", "preempted", "rejected", "listed", "hold_unlisted")
+)
+
+
 def ordered(items: Sequence[T], order: Sequence[str]) -> tuple[list[T], list[T]]:
     """Split ``items`` into (listed in ``order``'s order, the rest in current order); duplicates once."""
     n = len(order)
@@ -73,21 +79,32 @@ def ordered(items: Sequence[T], order: Sequence[str]) -> tuple[list[T], list[T]]
 
 def apply_decision(decision: Decision, waiting: Sequence[T], running: Sequence[T]) -> AppliedDecision[T]:
     """Apply ``decision`` to ``waiting`` and ``running`` (both in their current order); pure."""
-    preempt_ids = set(decision.preempt)
-    preempted = [r for r in running if r.request_id in preempt_ids]
-    still_running = [r for r in running if r.request_id not in preempt_ids] if preempted else list(running)
-    reject_ids = set(decision.reject)
-    rejected = [r for r in waiting if r.request_id in reject_ids]
-    queued = [r for r in waiting if r.request_id not in reject_ids] if rejected else list(waiting)
+    # most decisions preempt and reject nothing: no pass over the queues then
+    preempted: list[T] = []
+    still_running = list(running)
+    if decision.preempt:
+        preempt_ids = set(decision.preempt)
+        preempted = [r for r in running if r.request_id in preempt_ids]
+        if preempted:
+            still_running = [r for r in running if r.request_id not in preempt_ids]
+    rejected: list[T] = []
+    queued = list(waiting)
+    if decision.reject:
+        reject_ids = set(decision.reject)
+        rejected = [r for r in waiting if r.request_id in reject_ids]
+        if rejected:
+            queued = [r for r in waiting if r.request_id not in reject_ids]
     listed, rest = ordered([*preempted, *queued], decision.admit)
     if decision.running_order is not None:
         first, later = ordered(still_running, decision.running_order)
         still_running = first + later
-    return AppliedDecision(
-        waiting=listed + rest,
-        running=still_running,
-        preempted=preempted,
-        rejected=rejected,
-        listed=frozenset(r.request_id for r in listed),
-        hold_unlisted=decision.hold_unlisted,
-    )
+    a = object.__new__(_AppliedSlots)
+    a.waiting = listed + rest
+    a.running = still_running
+    a.preempted = preempted
+    a.rejected = rejected
+    a.listed = frozenset(r.request_id for r in listed)
+    a.hold_unlisted = decision.hold_unlisted
+    a.__class__ = AppliedDecision
+    out: AppliedDecision[T] = a
+    return out

@@ -29,9 +29,10 @@ maximum ≤ 0 means no replica can serve the request in time and admission contr
 from __future__ import annotations
 
 import random
+import types
 from collections.abc import Sequence
-from dataclasses import dataclass, field
-from typing import Protocol, runtime_checkable
+from dataclasses import dataclass, field, fields
+from typing import Any, Protocol, runtime_checkable
 
 from slo_core.perf.model import PerfProfile
 from slo_core.slo import RequestKind, SLOTargets
@@ -126,6 +127,69 @@ class Decision:
     reason: str = ""
     token_budget: int | None = None
     prefill_first: bool = False
+
+
+def slots_twin(cls: type, field_names: tuple[str, ...]) -> Any:
+    """A plain class with the slots of the frozen slots dataclass ``cls``, for building its instances fast.
+
+    A frozen dataclass's __init__ sets every field through ``object.__setattr__`` (a RequestView of 19
+    fields: ~2.7 us). Filling an instance of the twin with plain attribute stores and then assigning
+    ``__class__ = cls`` builds the same object in ~0.4 us (CPython allows the assignment between
+    classes of the same slots layout; it is tried here). ``field_names``: the fields the caller sets,
+    checked against ``cls`` so that a field added to it fails at import instead of staying unset.
+    """
+    if (
+        tuple(f.name for f in fields(cls)) != field_names
+        or tuple(getattr(cls, "__slots__", ())) != field_names
+    ):
+        raise ImportError(f"{cls.__name__}'s fields changed: update the builder that sets {field_names}")
+    bases = getattr(cls, "__orig_bases__", cls.__bases__)  # a Generic dataclass: Generic[T], as cls
+    twin = types.new_class(f"_{cls.__name__}Slots", bases, {}, lambda ns: ns.update(__slots__=field_names))
+    probe: Any = object.__new__(twin)
+    probe.__class__ = cls  # TypeError here if the layouts ever differ
+    return twin
+
+
+_DecisionSlots = slots_twin(
+    Decision,
+    (
+        "admit",
+        "preempt",
+        "running_order",
+        "reject",
+        "hold_unlisted",
+        "reason",
+        "token_budget",
+        "prefill_first",
+    ),
+)
+
+
+def new_decision(
+    *,
+    admit: tuple[str, ...] = (),
+    preempt: tuple[str, ...] = (),
+    running_order: tuple[str, ...] | None = None,
+    reject: tuple[str, ...] = (),
+    hold_unlisted: bool = False,
+    reason: str = "",
+    token_budget: int | None = None,
+    prefill_first: bool = False,
+) -> Decision:
+    """``Decision(...)`` with the same defaults, built through :func:`slots_twin` (equal to it); for
+    policies that decide every few engine steps."""
+    d = object.__new__(_DecisionSlots)
+    d.admit = admit
+    d.preempt = preempt
+    d.running_order = running_order
+    d.reject = reject
+    d.hold_unlisted = hold_unlisted
+    d.reason = reason
+    d.token_budget = token_budget
+    d.prefill_first = prefill_first
+    d.__class__ = Decision
+    out: Decision = d
+    return out
 
 
 @dataclass(frozen=True, slots=True)

@@ -31,8 +31,24 @@ import numpy as np
 from slo_core.objective import Objective
 from slo_core.perf.model import OnlineCorrection
 from slo_core.policies import gmax_scalar as small
-from slo_core.policies.base import BaseEnginePolicy, Decision, EngineView, FinishedView, RequestView
-from slo_core.policies.gmax_budget import latency_lane, median_remaining, pace_deadlines, step_budget
+from slo_core.policies.base import (
+    BaseEnginePolicy,
+    Decision,
+    EngineView,
+    FinishedView,
+    RequestView,
+    new_decision,
+)
+from slo_core.policies.gmax_budget import (
+    demand_floor_applies,
+    latency_lane,
+    latency_lane_small,
+    median_remaining,
+    median_remaining_small,
+    pace_deadlines,
+    step_budget,
+    step_budget_small,
+)
 from slo_core.policies.gmax_fairness import TenantService, blend
 from slo_core.policies.gmax_params import GMAXParams
 from slo_core.policies.gmax_priority import Estimates, SpeedModel, estimate
@@ -57,6 +73,7 @@ from slo_core.policies.gmax_tuning import CutoffTuner
 from slo_core.slo import RequestKind
 
 _HARD_DEADLINE_GOODPUTS = frozenset({"token", "request"})
+_LATENCY = RequestKind.LATENCY
 
 
 def _pick(ids: list[str], index: list[int]) -> tuple[str, ...]:
@@ -381,7 +398,7 @@ class GMAX(BaseEnginePolicy):
             step_s=speed.step_s,
         )
         ids = [r.request_id for r in rows]
-        return Decision(
+        return new_decision(
             admit=_pick(ids, admit),
             preempt=_pick(ids, preempt),
             running_order=_pick(ids, run_order),
@@ -403,48 +420,54 @@ class GMAX(BaseEnginePolicy):
         engine: EngineView,
         step_s: float,
     ) -> tuple[int | None, list[int], list[int]]:
-        """The numpy path's step budget and latency lane on a small snapshot (same arrays, same calls)."""
+        """The numpy path's step budget and latency lane on a small snapshot, in plain floats."""
         p = self.params
         if not p.pace_budget or engine.profile is None or len(rows) == n_wait:
             return None, admit, run_order
         now = engine.now_s
-        g = np.array([float(r.generated_tokens) for r in rows])
-        prompt = np.array([float(r.prompt_tokens) for r in rows])
-        computed = np.array([float(r.computed_tokens) for r in rows])
-        is_lat = np.array([r.slo.kind is RequestKind.LATENCY for r in rows], dtype=np.bool_)
-        in_prefill = computed < prompt + np.maximum(0.0, g - 1.0)
-        run = np.zeros(len(rows), dtype=np.bool_)
-        run[n_wait:] = True
-        deadline = np.array(sc.deadline_s)
-        bound = np.array(sc.bound_tokens)
-        run_a = np.array(run_order, dtype=np.int64)
-        wait_a = np.array(admit, dtype=np.int64)
-        pend = np.concatenate((run_a[in_prefill[run_a] & ~is_lat[run_a]], wait_a[~is_lat[wait_a]]))
-        budget = step_budget(
+        deadline, bound = sc.deadline_s, sc.bound_tokens
+        g: list[float] = []
+        prompt: list[float] = []
+        computed: list[float] = []
+        is_lat: list[bool] = []
+        in_prefill: list[bool] = []
+        for r in rows:
+            y, x, c = float(r.generated_tokens), float(r.prompt_tokens), float(r.computed_tokens)
+            g.append(y)
+            prompt.append(x)
+            computed.append(c)
+            is_lat.append(r.slo.kind is _LATENCY)
+            in_prefill.append(c < x + (y - 1.0 if y > 1.0 else 0.0))  # computed < prompt + max(0, g - 1)
+        pending: list[float] | None = None
+        start_by: list[float] | None = None
+        if demand_floor_applies(p) and not all(is_lat):  # latency prompts are never pending
+            pend = [i for i in run_order if in_prefill[i] and not is_lat[i]]
+            pend += [i for i in admit if not is_lat[i]]
+            pending = [max(0.0, prompt[i] + g[i] - computed[i]) for i in pend]
+            median = median_remaining_small(p, [bound[i] for i in pend], [g[i] for i in pend])
+            start_by = [deadline[i] - m * step_s for i, m in zip(pend, median, strict=True)]
+        budget = step_budget_small(
             p,
             engine.profile,
             engine.max_num_batched_tokens,
             now,
-            in_prefill=in_prefill[run],
-            kv_tokens=computed[run],
-            is_latency=is_lat[run],
-            tbt_s=np.array([small.nan_if_none(r.slo.tbt_s) for r in rows])[run],
-            deadline_s=deadline[run],
-            len_rem_tokens=bound[run] - g[run],
-            pending_tokens=np.maximum(0.0, prompt[pend] + g[pend] - computed[pend]),
-            pending_start_by_s=deadline[pend] - median_remaining(p, bound[pend], g[pend]) * step_s,
+            in_prefill=in_prefill[n_wait:],
+            kv_tokens=computed[n_wait:],
+            is_latency=is_lat[n_wait:],
+            tbt_s=[small.nan_if_none(r.slo.tbt_s) for r in rows[n_wait:]],
+            deadline_s=deadline[n_wait:],
+            len_rem_tokens=[b - y for b, y in zip(bound[n_wait:], g[n_wait:], strict=True)],
+            pending_tokens=pending,
+            pending_start_by_s=start_by,
         )
         if budget is None or not p.latency_lane:
             return budget, admit, run_order
-        ttft = np.array([small.nan_if_none(r.slo.ttft_s) for r in rows])
-        arrival = np.array([r.arrival_s for r in rows])
-        admit_a = np.array(admit, dtype=np.int64)
-        cand = admit_a[is_lat[admit_a]]
-        with np.errstate(invalid="ignore"):
-            cand = cand[now <= arrival[cand] + ttft[cand]]
-        lane = latency_lane(
-            admit_a,
-            np.array(run_order, dtype=np.int64),
+        cand = [
+            i for i in admit if is_lat[i] and now <= rows[i].arrival_s + small.nan_if_none(rows[i].slo.ttft_s)
+        ]
+        admit, run_order, extra = latency_lane_small(
+            admit,
+            run_order,
             candidates=cand,
             prompt_tokens=prompt,
             computed_tokens=computed,
@@ -453,8 +476,7 @@ class GMAX(BaseEnginePolicy):
             is_latency=is_lat,
             max_tokens=p.lane_max_tokens,
         )
-        budget = min(budget + lane.extra_tokens, engine.max_num_batched_tokens)
-        return budget, lane.admit.tolist(), lane.running_order.tolist()
+        return min(budget + extra, engine.max_num_batched_tokens), admit, run_order
 
     def _preemptions_small(
         self,

@@ -37,17 +37,22 @@ admitted first (the latency lane, at most ``lane_max_tokens`` of prompt per deci
 prefill, like that of latency requests already in prefill, is added on top of the cap. Running
 requests are ordered decodes first, then latency prefills, then the other prefills.
 
-Both of GMAX's paths (numpy, plain floats) call these functions on arrays, so they agree exactly.
+GMAX's numpy path calls these functions on arrays; its plain-float path (small snapshots) calls
+their ``*_small`` twins on lists, which run the same IEEE operations in the same order (sums through
+numpy's pairwise order, float_sum) and share the arithmetic after the per-row part, so both agree bit
+for bit (tests/unit/core/policies/test_gmax_budget.py compares them on random rows).
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
 from slo_core.perf.model import PerfProfile
+from slo_core.policies.float_sum import numpy_sum
 from slo_core.policies.gmax_params import GMAXParams
 from slo_core.policies.gmax_priority import Estimates, own_or, z_of_quantile
 from slo_core.policies.gmax_snapshot import B8, COMPOUND, F64, I64, Columns
@@ -65,12 +70,17 @@ def pace_deadlines(c: Columns, est: Estimates, rows: I64) -> F64:
 def median_remaining(p: GMAXParams, bound_tokens: F64, generated_tokens: F64) -> F64:
     """Remaining tokens at the median of GMAX's length model: the analyzer's bound stands for its
     ``bound_quantile`` of a log-normal of spread ``length_sigma`` (true lengths and the mean: as given)."""
-    if p.length_source == "analyzer":
-        median = bound_tokens * math.exp(-z_of_quantile(p.bound_quantile) * p.length_sigma)
-    else:
-        median = bound_tokens
+    factor = _median_factor(p)
+    median = bound_tokens if factor is None else bound_tokens * factor
     out: F64 = np.maximum(median, generated_tokens + 1.0) - generated_tokens
     return out
+
+
+def _median_factor(p: GMAXParams) -> float | None:
+    """The median over the bound of GMAX's length model (None: the bound is the length)."""
+    if p.length_source == "analyzer":
+        return math.exp(-z_of_quantile(p.bound_quantile) * p.length_sigma)
+    return None
 
 
 def step_budget(
@@ -98,27 +108,14 @@ def step_budget(
         return None
     decoding = ~in_prefill
     n_dec = int(np.count_nonzero(decoding))
-    kv = float(np.sum(kv_tokens[decoding] + 1.0))
-    bare_ms = (
-        profile.t_c_ms
-        + max(profile.floor_ms, profile.a_ms_per_token * max(1, n_dec))
-        + profile.d_ms_per_kv_token * kv
-    )
+    bare_ms = _bare_step_ms(profile, n_dec, float(np.sum(kv_tokens[decoding] + 1.0)))
     # NaN (no target) propagates quietly and compares False: dropped
     pace = np.where(is_latency, tbt_s, (deadline_s - now_s) / np.maximum(len_rem_tokens, 1.0))
     paces = np.sort(pace[pace * 1000.0 >= bare_ms])
     if len(paces) == 0:
         return None
-    v_req = float(paces[int(p.pace_quantile * (len(paces) - 1))])
-    spare_ms = v_req * 1000.0 * p.pace_safety - bare_ms
-    extra = int(spare_ms / profile.a_ms_per_token) if spare_ms > 0 else 0
-    extra = max(p.min_prefill_tokens, extra)
-    if (
-        p.demand_floor
-        and p.goodput != "request"
-        and pending_tokens is not None
-        and pending_start_by_s is not None
-    ):
+    need = None
+    if demand_floor_applies(p) and pending_tokens is not None and pending_start_by_s is not None:
         need = demand_tokens(
             pending_tokens,
             pending_start_by_s,
@@ -128,11 +125,45 @@ def step_budget(
             room_tokens=max_batched_tokens - n_dec,
             quantile=p.pace_quantile,
         )
-        if need is not None:
-            # never slower than the pace of the demand_pace_quantile running request
-            v_hi = float(paces[int(p.demand_pace_quantile * (len(paces) - 1))])
-            hi_ms = v_hi * 1000.0 * p.pace_safety - bare_ms
-            extra = max(extra, min(need, int(hi_ms / profile.a_ms_per_token) if hi_ms > 0 else 0))
+    return _budget_of(
+        p, profile, max_batched_tokens, n_dec=n_dec, bare_ms=bare_ms, paces=paces.tolist(), need=need
+    )
+
+
+def _bare_step_ms(profile: PerfProfile, n_dec: int, kv_tokens: float) -> float:
+    """The modelled step of ``n_dec`` decodes over ``kv_tokens`` of KV, no prefill (ms)."""
+    return (
+        profile.t_c_ms
+        + max(profile.floor_ms, profile.a_ms_per_token * max(1, n_dec))
+        + profile.d_ms_per_kv_token * kv_tokens
+    )
+
+
+def demand_floor_applies(p: GMAXParams) -> bool:
+    """The demand floor is on (never under the request goodput: module docstring)."""
+    return p.demand_floor and p.goodput != "request"
+
+
+def _budget_of(
+    p: GMAXParams,
+    profile: PerfProfile,
+    max_batched_tokens: int,
+    *,
+    n_dec: int,
+    bare_ms: float,
+    paces: list[float],
+    need: int | None,
+) -> int:
+    """The cap from the sorted paces that can still be kept and the demand floor's prefill ``need``."""
+    v_req = paces[int(p.pace_quantile * (len(paces) - 1))]
+    spare_ms = v_req * 1000.0 * p.pace_safety - bare_ms
+    extra = int(spare_ms / profile.a_ms_per_token) if spare_ms > 0 else 0
+    extra = max(p.min_prefill_tokens, extra)
+    if need is not None:
+        # never slower than the pace of the demand_pace_quantile running request
+        v_hi = paces[int(p.demand_pace_quantile * (len(paces) - 1))]
+        hi_ms = v_hi * 1000.0 * p.pace_safety - bare_ms
+        extra = max(extra, min(need, int(hi_ms / profile.a_ms_per_token) if hi_ms > 0 else 0))
     return min(n_dec + extra, max_batched_tokens)
 
 
@@ -154,7 +185,14 @@ def demand_tokens(
         return None
     ahead = np.cumsum(tokens)  # prefilled in this order: a prompt waits for every one before it
     rates = np.sort(ahead[live] / slack_ms[live])  # tokens per ms each needs
-    rate = float(rates[int((1.0 - quantile) * (len(rates) - 1))])  # the most pressed few are let go
+    return _need_of(rates.tolist(), bare_ms=bare_ms, a_ms=a_ms, room_tokens=room_tokens, quantile=quantile)
+
+
+def _need_of(
+    rates: list[float], *, bare_ms: float, a_ms: float, room_tokens: int, quantile: float
+) -> int | None:
+    """The prefill tokens per step for the sorted rates (tokens per ms) the pending prompts need."""
+    rate = rates[int((1.0 - quantile) * (len(rates) - 1))]  # the most pressed few are let go
     if rate * a_ms >= 1.0:
         return None
     need = rate * bare_ms / (1.0 - rate * a_ms)
@@ -202,3 +240,133 @@ def latency_lane(
     )
     extra = float(np.sum(prompt_tokens[lane])) + float(np.sum(uncomputed))
     return Lane(new_admit, order, int(extra))
+
+
+# ---- the same on plain floats, for GMAX's small snapshots ---------------------------------------
+
+
+def _maximum(a: float, b: float) -> float:
+    """``np.maximum`` on two floats (NaN if either is NaN)."""
+    if a >= b:
+        return a
+    if a < b:
+        return b
+    return math.nan
+
+
+def median_remaining_small(
+    p: GMAXParams, bound_tokens: Sequence[float], generated_tokens: Sequence[float]
+) -> list[float]:
+    """:func:`median_remaining` on lists."""
+    factor = _median_factor(p)
+    out: list[float] = []
+    for b, g in zip(bound_tokens, generated_tokens, strict=True):
+        median = b if factor is None else b * factor
+        out.append(_maximum(median, g + 1.0) - g)
+    return out
+
+
+def step_budget_small(
+    p: GMAXParams,
+    profile: PerfProfile | None,
+    max_batched_tokens: int,
+    now_s: float,
+    *,
+    in_prefill: Sequence[bool],
+    kv_tokens: Sequence[float],
+    is_latency: Sequence[bool],
+    tbt_s: Sequence[float],
+    deadline_s: Sequence[float],
+    len_rem_tokens: Sequence[float],
+    pending_tokens: Sequence[float] | None = None,
+    pending_start_by_s: Sequence[float] | None = None,
+) -> int | None:
+    """:func:`step_budget` on lists (one entry per running request; the pending ones per prompt)."""
+    if not p.pace_budget or profile is None or len(in_prefill) == 0:
+        return None
+    kv = [k + 1.0 for pre, k in zip(in_prefill, kv_tokens, strict=True) if not pre]
+    n_dec = len(kv)
+    bare_ms = _bare_step_ms(profile, n_dec, numpy_sum(kv))
+    paces: list[float] = []
+    for lat, tbt, deadline, len_rem in zip(is_latency, tbt_s, deadline_s, len_rem_tokens, strict=True):
+        pace = tbt if lat else (deadline - now_s) / _maximum(len_rem, 1.0)
+        if pace * 1000.0 >= bare_ms:  # NaN compares False: dropped
+            paces.append(pace)
+    if not paces:
+        return None
+    paces.sort()
+    need = None
+    if demand_floor_applies(p) and pending_tokens is not None and pending_start_by_s is not None:
+        need = demand_tokens_small(
+            pending_tokens,
+            pending_start_by_s,
+            now_s,
+            bare_ms=bare_ms,
+            a_ms=profile.a_ms_per_token,
+            room_tokens=max_batched_tokens - n_dec,
+            quantile=p.pace_quantile,
+        )
+    return _budget_of(p, profile, max_batched_tokens, n_dec=n_dec, bare_ms=bare_ms, paces=paces, need=need)
+
+
+def demand_tokens_small(
+    tokens: Sequence[float],
+    start_by_s: Sequence[float],
+    now_s: float,
+    *,
+    bare_ms: float,
+    a_ms: float,
+    room_tokens: int,
+    quantile: float = 0.0,
+) -> int | None:
+    """:func:`demand_tokens` on lists (the prompts' running sum in order, as ``np.cumsum``)."""
+    rates: list[float] = []
+    ahead = 0.0
+    for i, (tok, start) in enumerate(zip(tokens, start_by_s, strict=True)):
+        ahead = tok if i == 0 else ahead + tok
+        slack_ms = (start - now_s) * 1000.0
+        if slack_ms > 0 and tok > 0:  # NaN compares False: dropped
+            rates.append(ahead / slack_ms)
+    if not rates:
+        return None
+    rates.sort()
+    return _need_of(rates, bare_ms=bare_ms, a_ms=a_ms, room_tokens=room_tokens, quantile=quantile)
+
+
+def latency_lane_small(
+    admit: Sequence[int],
+    running_order: Sequence[int],
+    *,
+    candidates: Sequence[int],
+    prompt_tokens: Sequence[float],
+    computed_tokens: Sequence[float],
+    generated_tokens: Sequence[float],
+    in_prefill: Sequence[bool],
+    is_latency: Sequence[bool],
+    max_tokens: int,
+) -> tuple[list[int], list[int], int]:
+    """:func:`latency_lane` on lists: (admit, running order, extra tokens)."""
+    if not candidates and not any(in_prefill[i] for i in running_order):
+        return list(admit), list(running_order), 0  # no lane, every running request decodes
+    lane: list[int] = []
+    ahead = 0.0
+    for k, i in enumerate(candidates):
+        x = prompt_tokens[i]
+        ahead = x if k == 0 else ahead + x
+        if ahead - x < max_tokens:
+            lane.append(i)
+    in_lane = set(lane)
+    new_admit = lane + [i for i in admit if i not in in_lane]
+    decodes: list[int] = []
+    lat_pre: list[int] = []
+    other_pre: list[int] = []
+    for i in running_order:
+        if not in_prefill[i]:
+            decodes.append(i)
+        elif is_latency[i]:
+            lat_pre.append(i)
+        else:
+            other_pre.append(i)
+    uncomputed = [_maximum(0.0, prompt_tokens[i] + generated_tokens[i] - computed_tokens[i]) for i in lat_pre]
+    extra = numpy_sum([prompt_tokens[i] for i in lane]) + numpy_sum(uncomputed)
+    return new_admit, decodes + lat_pre + other_pre, int(extra)

@@ -23,7 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from slo_core.objective import Objective
 from slo_core.perf.model import PerfProfile
-from slo_core.policies.base import BaseEnginePolicy, Decision, EngineView, RequestView
+from slo_core.policies.base import BaseEnginePolicy, Decision, EngineView, RequestView, new_decision
 from slo_core.policies.seed_estimates import (
     expected_output_tokens,
     first_token_due_s,
@@ -131,11 +131,16 @@ def dp_view(
     return DPView(tuple(items), cap, unit)
 
 
+_LATENCY = RequestKind.LATENCY
+_BEST_EFFORT = RequestKind.BEST_EFFORT
+
+
 def _next_due_s(r: RequestView) -> float:
-    """next_token_due_s, inlined (the sort keys below run for every admitted request per call)."""
+    """next_token_due_s, inlined with SLOTargets.token_deadline_s (the sort keys below run for every
+    admitted request per call; the same float operations in the same order)."""
     slo = r.slo
-    if slo.kind is RequestKind.LATENCY:
-        return r.arrival_s + slo.token_deadline_s(r.generated_tokens)
+    if slo.kind is _LATENCY:
+        return r.arrival_s + (slo.ttft_s + r.generated_tokens * slo.tbt_s)  # type: ignore[operator]
     if r.deadline_at_s is not None:
         return r.deadline_at_s
     return r.arrival_s + slo.effective_deadline_s
@@ -144,8 +149,8 @@ def _next_due_s(r: RequestView) -> float:
 def _waiting_key(r: RequestView) -> tuple[float, float]:
     """Admitted waiting requests: earliest prefill (first-token) deadline first."""
     slo = r.slo
-    if slo.kind is RequestKind.LATENCY:
-        return (r.arrival_s + slo.token_deadline_s(0), r.arrival_s)  # first_token_due_s
+    if slo.kind is _LATENCY:  # first_token_due_s
+        return (r.arrival_s + (slo.ttft_s + 0 * slo.tbt_s), r.arrival_s)  # type: ignore[operator]
     return (_next_due_s(r), r.arrival_s)
 
 
@@ -184,29 +189,31 @@ class SLOsServe(BaseEnginePolicy):
         present = {r.request_id for r in (*waiting, *running)}
         self.admitted &= present
         self.best_effort &= present
-        best_effort_kind = RequestKind.BEST_EFFORT
         for r in running:  # running SLO requests are admitted, best-effort ones join their tier
-            if r.slo.kind is best_effort_kind:
+            if r.slo.kind is _BEST_EFFORT:
                 self.best_effort.add(r.request_id)
             elif r.request_id not in self.best_effort:
                 self.admitted.add(r.request_id)
         for r in waiting:
-            if r.slo.kind is best_effort_kind:
+            if r.slo.kind is _BEST_EFFORT:
                 self.best_effort.add(r.request_id)
         forced = [r for r in (*running, *waiting) if r.request_id in self.admitted]
-        new = sorted(
-            (
-                r
-                for r in waiting
-                if r.request_id not in self.admitted and r.request_id not in self.best_effort
-            ),
-            key=lambda r: (r.arrival_s, r.request_id),
-        )[: p.max_new_per_call]
+        new: list[RequestView] = []
+        if waiting:  # most calls find nothing waiting
+            new = sorted(
+                (
+                    r
+                    for r in waiting
+                    if r.request_id not in self.admitted and r.request_id not in self.best_effort
+                ),
+                key=lambda r: (r.arrival_s, r.request_id),
+            )[: p.max_new_per_call]
         # the DP view (a DPItem per forced request) is needed only to admit new requests or when a
         # forced request decodes with no prompt left (the batch size of Algorithm 2); most calls
         # have neither, and dp_view is pure: skipping it changes nothing
         view = None
-        if new or any(remaining_prompt_tokens(r) == 0 for r in forced):
+        # remaining_prompt_tokens(r) == 0, inlined
+        if new or any(r.prompt_tokens + r.generated_tokens - r.computed_tokens <= 0 for r in forced):
             view = dp_view(
                 forced,
                 now,
@@ -241,14 +248,14 @@ class SLOsServe(BaseEnginePolicy):
         rejected: set[str],
         reject: tuple[str, ...],
     ) -> Decision:
-        slo_wait = sorted(
-            (r for r in waiting if r.request_id in self.admitted),
-            key=_waiting_key,
-        )
-        be_wait = sorted(
-            (r for r in waiting if r.request_id in self.best_effort and r.request_id not in rejected),
-            key=lambda r: (r.arrival_s, r.request_id),
-        )
+        slo_wait: list[RequestView] = []
+        be_wait: list[RequestView] = []
+        if waiting:
+            slo_wait = sorted((r for r in waiting if r.request_id in self.admitted), key=_waiting_key)
+            be_wait = sorted(
+                (r for r in waiting if r.request_id in self.best_effort and r.request_id not in rejected),
+                key=lambda r: (r.arrival_s, r.request_id),
+            )
         slo_run = sorted(
             (r for r in running if r.request_id in self.admitted),
             key=_running_key,
@@ -256,7 +263,7 @@ class SLOsServe(BaseEnginePolicy):
         be_run = [r for r in running if r.request_id not in self.admitted]
         preempt = self._preempt_best_effort(slo_wait, be_run, len(running), engine)
         keep_be = [r.request_id for r in be_run if r.request_id not in preempt]
-        return Decision(
+        return new_decision(
             admit=tuple(r.request_id for r in (*slo_wait, *be_wait)),
             preempt=tuple(preempt),
             running_order=(*(r.request_id for r in slo_run), *keep_be),

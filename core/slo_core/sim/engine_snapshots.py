@@ -6,7 +6,7 @@ from slo_core.perf.model import PerfProfile
 from slo_core.policies.base import EnginePolicy, EngineView, ReplicaCapabilities, ReplicaView
 from slo_core.sim.engine_types import EngineConfig
 from slo_core.sim.request import SimRequest
-from slo_core.sim.views import request_views
+from slo_core.sim.views import new_engine_view, request_views
 
 
 class EngineSnapshots:
@@ -29,7 +29,7 @@ class EngineSnapshots:
     def engine_view(self, now_s: float) -> EngineView:
         """The engine state and limits a policy sees at ``now_s``."""
         cfg = self.config
-        return EngineView(
+        return new_engine_view(
             now_s=now_s,
             step=self.step,
             max_num_seqs=cfg.max_num_seqs,

@@ -8,9 +8,115 @@ service is memoized on the program and recomputed only after one of its calls ma
 
 from __future__ import annotations
 
-from slo_core.policies.base import RequestView
+from slo_core.perf.model import PerfProfile
+from slo_core.policies.base import EngineView, RequestView, slots_twin
 from slo_core.predict.estimator import BoundSchedule
 from slo_core.sim.request import WAITING, SimRequest
+
+# the simulator builds a RequestView for every request that moved at every decision, and an
+# EngineView per decision: through slots_twin, not the frozen dataclasses' slow __init__
+_ViewSlots = slots_twin(
+    RequestView,
+    (
+        "request_id",
+        "slo",
+        "arrival_s",
+        "prompt_tokens",
+        "max_tokens",
+        "generated_tokens",
+        "computed_tokens",
+        "deadline_at_s",
+        "first_token_s",
+        "output_bound",
+        "true_output_tokens",
+        "tenant",
+        "program_id",
+        "stage",
+        "program_arrival_s",
+        "program_deadline_at_s",
+        "program_attained_tokens",
+        "preemptions",
+        "waiting_since_s",
+    ),
+)
+_EngineViewSlots = slots_twin(
+    EngineView,
+    (
+        "now_s",
+        "step",
+        "max_num_seqs",
+        "max_num_batched_tokens",
+        "kv_blocks_total",
+        "kv_blocks_free",
+        "block_size",
+        "profile",
+        "engine_id",
+    ),
+)
+_object_new = object.__new__
+
+
+def _new_view(r: SimRequest, program_attained: int) -> RequestView:
+    """``RequestView(...)`` of ``r``'s current state (``program_attained``: its program's attained
+    tokens, when it is a program's call)."""
+    program = r.program
+    v = _object_new(_ViewSlots)
+    v.request_id = r.request_id
+    v.slo = r.slo
+    v.arrival_s = r.arrival_s
+    v.prompt_tokens = r.prompt_tokens
+    v.max_tokens = r.max_tokens
+    v.generated_tokens = r.generated
+    v.computed_tokens = r.computed
+    v.deadline_at_s = r.deadline_at_s
+    v.first_token_s = r.token_times[0] if r.token_times else None
+    v.output_bound = r.output_bound
+    v.true_output_tokens = r.target_tokens
+    v.tenant = r.tenant
+    if program is not None:
+        v.program_id = program.program_id
+        v.program_arrival_s = program.arrival_s
+        v.program_deadline_at_s = program.deadline_at_s
+        v.program_attained_tokens = program_attained
+    else:
+        v.program_id = None
+        v.program_arrival_s = None
+        v.program_deadline_at_s = None
+        v.program_attained_tokens = r.attained_tokens()
+    v.stage = r.stage
+    v.preemptions = r.preemptions
+    v.waiting_since_s = r.waiting_since_s if r.state == WAITING else None
+    v.__class__ = RequestView
+    view: RequestView = v
+    return view
+
+
+def new_engine_view(
+    *,
+    now_s: float,
+    step: int,
+    max_num_seqs: int,
+    max_num_batched_tokens: int,
+    kv_blocks_total: int,
+    kv_blocks_free: int,
+    block_size: int,
+    profile: PerfProfile | None,
+    engine_id: str,
+) -> EngineView:
+    """``EngineView(...)``, built through :func:`slots_twin` (one a decision)."""
+    v = _object_new(_EngineViewSlots)
+    v.now_s = now_s
+    v.step = step
+    v.max_num_seqs = max_num_seqs
+    v.max_num_batched_tokens = max_num_batched_tokens
+    v.kv_blocks_total = kv_blocks_total
+    v.kv_blocks_free = kv_blocks_free
+    v.block_size = block_size
+    v.profile = profile
+    v.engine_id = engine_id
+    v.__class__ = EngineView
+    view: EngineView = v
+    return view
 
 
 def request_view(r: SimRequest, program_attained: int | None = None) -> RequestView:
@@ -24,35 +130,20 @@ def request_view(r: SimRequest, program_attained: int | None = None) -> RequestV
     else:
         attained = -1
     key = (r.computed, r.generated, r.preemptions, r.state, attained)
-    old = r.view_key
-    if old == key:
+    if r.view_key == key:
         return r.view  # type: ignore[return-value]
+    return _refresh(r, key, attained)
+
+
+def _refresh(r: SimRequest, key: tuple[int, int, int, int, int], attained: int) -> RequestView:
+    """A new view of ``r`` (its state changed since the last one, which had ``r.view_key``)."""
+    old = r.view_key
     sched = r.bound_schedule
     # the analyzer re-estimates the bound as tokens stream (§4.1); a plain schedule is a pure function
     # of the tokens generated, so only a new count needs a new bound (a calibrated one learns: always)
     if sched is not None and (old is None or old[1] != r.generated or type(sched) is not BoundSchedule):
         r.output_bound = sched.at(r.generated)
-    view = RequestView(
-        r.request_id,
-        r.slo,
-        r.arrival_s,
-        r.prompt_tokens,
-        r.max_tokens,
-        r.generated,
-        r.computed,
-        r.deadline_at_s,
-        r.token_times[0] if r.token_times else None,
-        r.output_bound,
-        r.target_tokens,
-        r.tenant,
-        program.program_id if program is not None else None,
-        r.stage,
-        program.arrival_s if program is not None else None,
-        program.deadline_at_s if program is not None else None,
-        attained if program is not None else r.attained_tokens(),
-        r.preemptions,
-        r.waiting_since_s if r.state == WAITING else None,
-    )
+    view = _new_view(r, attained)
     r.view = view
     r.view_key = key
     return view
@@ -65,15 +156,10 @@ def request_views(requests: list[SimRequest]) -> list[RequestView]:
     append = out.append
     for r in requests:
         p = r.program
-        if p is None:
-            if r.view_key == (r.computed, r.generated, r.preemptions, r.state, -1):
-                append(r.view)  # type: ignore[arg-type]
-            else:
-                append(request_view(r))
-            continue
-        a = p.attained_tokens()
-        if r.view_key == (r.computed, r.generated, r.preemptions, r.state, a):
+        a = -1 if p is None else p.attained_tokens()
+        key = (r.computed, r.generated, r.preemptions, r.state, a)
+        if r.view_key == key:
             append(r.view)  # type: ignore[arg-type]
         else:
-            append(request_view(r, a))
+            append(_refresh(r, key, a))
     return out

@@ -1,0 +1,128 @@
+"""The simulator's request snapshots equal the RequestView its dataclass constructor builds.
+
+views.py builds views through base.slots_twin (faster than the frozen dataclass's __init__); a view
+of every shape of request (plain and a program's call, waiting and running, before and after its first
+token, with and without a bound) must equal, hash and read like the constructor's, and stay frozen.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from slo_core.policies.base import EngineView, RequestView
+from slo_core.sim.request import RUNNING, WAITING, ProgramState, SimRequest
+from slo_core.sim.views import new_engine_view, request_view, request_views
+from slo_core.slo import RequestKind, SLOTargets
+
+SLOS = (
+    SLOTargets(RequestKind.LATENCY, ttft_s=1.0, tbt_s=0.05),
+    SLOTargets(RequestKind.DEADLINE, deadline_s=8.0),
+    SLOTargets(RequestKind.COMPOUND, deadline_s=30.0),
+)
+
+
+def expected(r: SimRequest) -> RequestView:
+    program = r.program
+    return RequestView(
+        r.request_id,
+        r.slo,
+        r.arrival_s,
+        r.prompt_tokens,
+        r.max_tokens,
+        r.generated,
+        r.computed,
+        r.deadline_at_s,
+        r.token_times[0] if r.token_times else None,
+        r.output_bound,
+        r.target_tokens,
+        r.tenant,
+        program.program_id if program is not None else None,
+        r.stage,
+        program.arrival_s if program is not None else None,
+        program.deadline_at_s if program is not None else None,
+        program.attained_tokens() if program is not None else r.attained_tokens(),
+        r.preemptions,
+        r.waiting_since_s if r.state == WAITING else None,
+    )
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    slo=st.sampled_from(SLOS),
+    prompt=st.integers(1, 4000),
+    generated=st.integers(0, 300),
+    running=st.booleans(),
+    bound=st.one_of(st.none(), st.integers(1, 2000)),
+    in_program=st.booleans(),
+    preemptions=st.integers(0, 3),
+    tenant=st.sampled_from(["default", "t1"]),
+)
+def test_a_view_equals_the_dataclass_constructors(
+    slo: SLOTargets,
+    prompt: int,
+    generated: int,
+    running: bool,
+    bound: int | None,
+    in_program: bool,
+    preemptions: int,
+    tenant: str,
+) -> None:
+    program = None
+    if in_program:
+        program = ProgramState("p1", 0.5, SLOS[2], (((prompt, 50),),), tenant=tenant)
+    r = SimRequest(
+        "r1",
+        1.25,
+        slo,
+        prompt,
+        output_tokens=400,
+        max_tokens=1024,
+        deadline_at_s=None if slo.kind is RequestKind.LATENCY else 9.0,
+        output_bound=bound,
+        tenant=tenant,
+        program=program,
+        stage=0 if in_program else None,
+    )
+    if program is not None:
+        program.calls.append(r)
+    r.state = RUNNING if running else WAITING
+    r.computed = prompt + generated - (1 if generated else 0)
+    r.generated = generated
+    r.token_times = [2.0 + 0.05 * i for i in range(generated)]
+    r.preemptions = preemptions
+    view = request_view(r)
+    want = expected(r)
+    assert view == want
+    assert hash(view) == hash(want)
+    assert [getattr(view, f.name) for f in dataclasses.fields(RequestView)] == [
+        getattr(want, f.name) for f in dataclasses.fields(RequestView)
+    ]
+    assert request_views([r]) == [want]
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        view.generated_tokens = 0  # type: ignore[misc]
+
+
+def test_an_engine_view_equals_the_dataclass_constructors() -> None:
+    kw = {
+        "now_s": 3.5,
+        "step": 17,
+        "max_num_seqs": 64,
+        "max_num_batched_tokens": 2048,
+        "kv_blocks_total": 1000,
+        "kv_blocks_free": 250,
+        "block_size": 16,
+        "profile": None,
+        "engine_id": "replica-2",
+    }
+    view = new_engine_view(**kw)  # type: ignore[arg-type]
+    want = EngineView(**kw)  # type: ignore[arg-type]
+    assert view == want
+    assert hash(view) == hash(want)
+    assert [getattr(view, f.name) for f in dataclasses.fields(EngineView)] == list(kw.values())
+    assert view.kv_tokens_free == 250 * 16
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        view.step = 0  # type: ignore[misc]
