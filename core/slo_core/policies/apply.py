@@ -77,23 +77,20 @@ def ordered(items: Sequence[T], order: Sequence[str]) -> tuple[list[T], list[T]]
     return listed, rest
 
 
+def _taken_out(items: Sequence[T], ids: Sequence[str]) -> tuple[list[T], list[T]]:
+    """(the items whose id is in ``ids``, the rest), both in order; no pass over ``items`` without ids."""
+    if not ids:
+        return [], list(items)
+    wanted = set(ids)
+    taken = [r for r in items if r.request_id in wanted]
+    return taken, ([r for r in items if r.request_id not in wanted] if taken else list(items))
+
+
 def apply_decision(decision: Decision, waiting: Sequence[T], running: Sequence[T]) -> AppliedDecision[T]:
     """Apply ``decision`` to ``waiting`` and ``running`` (both in their current order); pure."""
     # most decisions preempt and reject nothing: no pass over the queues then
-    preempted: list[T] = []
-    still_running = list(running)
-    if decision.preempt:
-        preempt_ids = set(decision.preempt)
-        preempted = [r for r in running if r.request_id in preempt_ids]
-        if preempted:
-            still_running = [r for r in running if r.request_id not in preempt_ids]
-    rejected: list[T] = []
-    queued = list(waiting)
-    if decision.reject:
-        reject_ids = set(decision.reject)
-        rejected = [r for r in waiting if r.request_id in reject_ids]
-        if rejected:
-            queued = [r for r in waiting if r.request_id not in reject_ids]
+    preempted, still_running = _taken_out(running, decision.preempt)
+    rejected, queued = _taken_out(waiting, decision.reject)
     listed, rest = ordered([*preempted, *queued], decision.admit)
     if decision.running_order is not None:
         first, later = ordered(still_running, decision.running_order)

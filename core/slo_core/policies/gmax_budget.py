@@ -46,8 +46,9 @@ for bit (tests/unit/core/policies/test_gmax_budget.py compares them on random ro
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -114,19 +115,23 @@ def step_budget(
     paces = np.sort(pace[pace * 1000.0 >= bare_ms])
     if len(paces) == 0:
         return None
-    need = None
-    if demand_floor_applies(p) and pending_tokens is not None and pending_start_by_s is not None:
-        need = demand_tokens(
-            pending_tokens,
-            pending_start_by_s,
-            now_s,
-            bare_ms=bare_ms,
-            a_ms=profile.a_ms_per_token,
-            room_tokens=max_batched_tokens - n_dec,
-            quantile=p.pace_quantile,
-        )
     return _budget_of(
-        p, profile, max_batched_tokens, n_dec=n_dec, bare_ms=bare_ms, paces=paces.tolist(), need=need
+        p,
+        profile,
+        max_batched_tokens,
+        n_dec=n_dec,
+        bare_ms=bare_ms,
+        paces=paces.tolist(),
+        need=_pending_need(
+            p,
+            profile,
+            demand_tokens,
+            room_tokens=max_batched_tokens - n_dec,
+            now_s=now_s,
+            bare_ms=bare_ms,
+            pending_tokens=pending_tokens,
+            pending_start_by_s=pending_start_by_s,
+        ),
     )
 
 
@@ -142,6 +147,32 @@ def _bare_step_ms(profile: PerfProfile, n_dec: int, kv_tokens: float) -> float:
 def demand_floor_applies(p: GMAXParams) -> bool:
     """The demand floor is on (never under the request goodput: module docstring)."""
     return p.demand_floor and p.goodput != "request"
+
+
+def _pending_need(
+    p: GMAXParams,
+    profile: PerfProfile,
+    demand: Callable[..., int | None],
+    *,
+    room_tokens: int,
+    now_s: float,
+    bare_ms: float,
+    pending_tokens: Any,
+    pending_start_by_s: Any,
+) -> int | None:
+    """The demand floor's prefill need (``demand``: :func:`demand_tokens` or its plain-float twin), or
+    None when the floor is off or nothing is pending."""
+    if not demand_floor_applies(p) or pending_tokens is None or pending_start_by_s is None:
+        return None
+    return demand(
+        pending_tokens,
+        pending_start_by_s,
+        now_s,
+        bare_ms=bare_ms,
+        a_ms=profile.a_ms_per_token,
+        room_tokens=room_tokens,
+        quantile=p.pace_quantile,
+    )
 
 
 def _budget_of(
@@ -295,18 +326,24 @@ def step_budget_small(
     if not paces:
         return None
     paces.sort()
-    need = None
-    if demand_floor_applies(p) and pending_tokens is not None and pending_start_by_s is not None:
-        need = demand_tokens_small(
-            pending_tokens,
-            pending_start_by_s,
-            now_s,
-            bare_ms=bare_ms,
-            a_ms=profile.a_ms_per_token,
+    return _budget_of(
+        p,
+        profile,
+        max_batched_tokens,
+        n_dec=n_dec,
+        bare_ms=bare_ms,
+        paces=paces,
+        need=_pending_need(
+            p,
+            profile,
+            demand_tokens_small,
             room_tokens=max_batched_tokens - n_dec,
-            quantile=p.pace_quantile,
-        )
-    return _budget_of(p, profile, max_batched_tokens, n_dec=n_dec, bare_ms=bare_ms, paces=paces, need=need)
+            now_s=now_s,
+            bare_ms=bare_ms,
+            pending_tokens=pending_tokens,
+            pending_start_by_s=pending_start_by_s,
+        ),
+    )
 
 
 def demand_tokens_small(
