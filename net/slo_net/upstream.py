@@ -288,10 +288,6 @@ class UpstreamPool:
             self._loop = asyncio.get_running_loop()
         return self._loop
 
-    @property
-    def closed(self) -> bool:
-        return self._closed
-
     async def post(
         self, url: str, body: bytes, headers: dict[str, str], *, read_timeout_s: float | None
     ) -> UpstreamResponse:

@@ -39,8 +39,13 @@ def _canonical(tags: Mapping[str, Any]) -> str:
     return _CANONICAL.encode({k: v for k, v in tags.items() if k.startswith(PREFIX) and k != SIG_TAG})
 
 
+def _message(stamp: str, canonical: str) -> bytes:
+    """What the MAC covers: the signing time, then the canonical tags."""
+    return f"{stamp}\n{canonical}".encode()
+
+
 def _payload(tags: Mapping[str, Any], stamp: str) -> bytes:
-    return f"{stamp}\n{_canonical(tags)}".encode()
+    return _message(stamp, _canonical(tags))
 
 
 def _mac(key: bytes, payload: bytes) -> str:
@@ -60,7 +65,7 @@ def signed_json(tags: Mapping[str, Any], key: bytes, now_s: float) -> bytes:
         return json.dumps(sign(tags, key, now_s), separators=(",", ":")).encode()
     stamp = str(int(now_s))
     body = _canonical(tags)
-    sig = stamp + "." + _mac(key, (stamp + "\n" + body).encode())
+    sig = f"{stamp}.{_mac(key, _message(stamp, body))}"
     head = body[:-1] + ("," if len(body) > 2 else "")
     return f'{head}"{SIG_TAG}":"{sig}"}}'.encode()
 
