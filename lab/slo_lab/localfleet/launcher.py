@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import random
 import secrets
 import signal
 import socket
@@ -56,7 +57,41 @@ def default_policy_file() -> Path:
     raise FleetError(f"the example policy {EXAMPLE_POLICY} is not installed; pass --policy-file PATH")
 
 
+EPHEMERAL_RANGE_FILE = Path("/proc/sys/net/ipv4/ip_local_port_range")
+_PICK_FLOOR = 20000  # ports below the kernel's ephemeral range, above the usual services'
+_handed_out: set[int] = set()  # ports this process gave a child that may not have bound them yet
+_rng = random.SystemRandom()
+
+
+def _ephemeral_range() -> tuple[int, int]:
+    try:
+        low, high = (int(x) for x in EPHEMERAL_RANGE_FILE.read_text().split()[:2])
+        return low, high
+    except (OSError, ValueError):
+        return 32768, 60999  # Linux's default
+
+
 def free_port(host: str = "127.0.0.1") -> int:
+    """A port that nothing listens on, for a child to bind a moment later.
+
+    Between this check and the child's bind, any socket the kernel gives an ephemeral port (an
+    outgoing connection, a bind to port 0) could take it. So the port is picked below the kernel's
+    ephemeral range, where the kernel never hands ports out on its own, at random, never the same
+    twice in one process; where that range is empty, the kernel picks (port 0).
+    """
+    low, _ = _ephemeral_range()
+    if low - _PICK_FLOOR >= 1000:
+        for _ in range(200):
+            port = _rng.randrange(_PICK_FLOOR, low)
+            if port in _handed_out:
+                continue
+            with socket.socket() as s:
+                try:
+                    s.bind((host, port))
+                except OSError:
+                    continue
+            _handed_out.add(port)
+            return port
     with socket.socket() as s:
         s.bind((host, 0))
         return int(s.getsockname()[1])
