@@ -71,6 +71,22 @@ class BoundSchedule:
         b = self.bounds_tokens[min(g // self.every_tokens, len(self.bounds_tokens) - 1)]
         return max(min(max(b, g + 1), self.max_tokens), g, 1)
 
+    def held(self, generated_tokens: int) -> tuple[int, int]:
+        """``(at(g), until)``: the bound after ``g`` tokens and the first count past ``g`` where it may
+        change (``at(h) == at(g)`` for every ``g <= h < until``), so a caller that sees the count grow
+        one token at a time asks again only when it reaches ``until``."""
+        g = max(0, generated_tokens)
+        last = len(self.bounds_tokens) - 1
+        k = min(g // self.every_tokens, last)
+        b = self.bounds_tokens[k]
+        bracket_end = (k + 1) * self.every_tokens if k < last else 1 << 62
+        cap = self.max_tokens
+        if b >= cap and g <= cap:  # at(h) = cap for h <= cap in this bracket
+            return max(cap, 1), min(bracket_end, cap + 1)
+        if g + 1 <= b <= cap:  # at(h) = b while h + 1 <= b in this bracket
+            return max(b, 1), min(bracket_end, b)
+        return self.at(g), g + 1
+
 
 @dataclass(frozen=True, slots=True)
 class BoundQuery:

@@ -38,6 +38,7 @@ class ProgramState:
         "failed",
         "finish_s",
         "index",
+        "live_from",
         "max_tokens",
         "next_stage",
         "pending_calls",
@@ -72,6 +73,9 @@ class ProgramState:
         self.next_stage = 0
         self.pending_calls = 0
         self.calls: list[SimRequest] = []
+        # calls before this index belong to finished stages (a stage starts once every call of the
+        # one before left), so none of them runs or waits: the fleet sets it as it releases a stage
+        self.live_from = 0
         self.attained_done_tokens = 0
         # attained_tokens() memoized; -1: stale. Whoever changes a call's computed/generated/state or
         # attained_done_tokens resets it (the engine's step, preemption and leaving; the fleet's stage end)
@@ -89,7 +93,7 @@ class ProgramState:
         if cached >= 0:
             return cached
         live = 0
-        for c in self.calls:
+        for c in self.calls[self.live_from :]:
             if c.state in (RUNNING, WAITING):
                 live += c.attained_tokens()
         self.attained_cache = total = self.attained_done_tokens + live
@@ -109,7 +113,9 @@ class SimRequest:
     __slots__ = (
         "arrival_s",
         "blocks",
+        "bound_from",
         "bound_schedule",
+        "bound_until",
         "computed",
         "deadline_at_s",
         "expected_tokens",
@@ -187,6 +193,9 @@ class SimRequest:
             None  # the analyzer's bounds by generated tokens
         )
         self.view_key: tuple[int, int, int, int, int] | None = None
+        # output_bound holds for generated in [bound_from, bound_until) (BoundSchedule.held; empty: ask)
+        self.bound_from = 0
+        self.bound_until = 0
 
     def cap_to_context(self, max_model_len: int) -> bool:
         """Cap max_tokens so prompt + output fits the context (as vLLM does); False if the prompt cannot."""

@@ -165,3 +165,24 @@ def test_compound_calls_are_bounded_at_their_own_quantile(est: OutputBoundEstima
     finally:
         est.params = original
     assert original.compound_quantile is None and original.quantile == 0.95  # the shipped defaults
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    every=st.integers(1, 64),
+    cap=st.integers(1, 600),
+    bounds=st.lists(st.integers(0, 700), min_size=1, max_size=8),
+    g=st.integers(-3, 800),
+)
+def test_held_bound_is_the_bound_at_every_count_until_it_says(
+    every: int, cap: int, bounds: list[int], g: int
+) -> None:
+    """The simulator asks ``held`` once and reuses the bound for counts up to ``until``."""
+    from slo_core.predict.estimator import BoundSchedule
+
+    sched = BoundSchedule(every_tokens=every, max_tokens=cap, bounds_tokens=tuple(bounds))
+    bound, until = sched.held(g)
+    assert bound == sched.at(g)
+    assert until > max(g, 0)
+    for h in range(max(g, 0), min(until, max(g, 0) + 2000)):
+        assert sched.at(h) == bound, (h, until)
