@@ -51,9 +51,9 @@ class GMAXParams(BaseModel):
     )
     program_rest: bool = Field(
         True,
-        description="under the 'request' goodput a compound call's priority divides its program's value by "
-        "the program's remaining work (this stage and the time the analyzer reserved for later stages), "
-        "not by this stage's alone",
+        description="under the 'request' and 'token' goodputs (both pay a program once, at its end) a "
+        "compound call's priority divides its program's value by the program's remaining work (this "
+        "stage and the time the analyzer reserved for later stages), not by this stage's alone",
     )
     bound_quantile: float = Field(
         0.95, gt=0.5, lt=1, description="quantile the analyzer's output bound stands for (fraction)"

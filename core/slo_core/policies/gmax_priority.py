@@ -14,10 +14,12 @@ each remaining token i whose projected delivery now + t_prefill + (i − g + 1)�
 arrival + TTFT + i·TBT. Compound calls aggregate len_rem, t_gen and goodput over the calls of the
 current stage (same program and stage) and are judged against their program's deadline, the
 only one the goodput functions pay for (``compound_deadline='stage'``: the analyzer's stage
-sub-deadline, JITServe §4.1). Under the request goodput, which pays a program once for all of its
-stages, a compound call's priority divides by the program's remaining work: this stage's t_gen plus
-the time the analyzer reserved for the later stages (program − stage sub-deadline), at this stage's
-parallelism (``program_rest``). Waiting requests gain
+sub-deadline, JITServe §4.1). Under the request and token goodputs, which pay a program once, for
+all of its stages, when its last call finishes in time, a compound call's priority divides by the
+program's remaining work: this stage's t_gen plus the time the analyzer reserved for the later
+stages (program − stage sub-deadline), at this stage's parallelism (``program_rest``). The value is
+not raised by the later stages' tokens (measured: finishing programs already under way serves more
+of them). Waiting requests gain
 δ·frames waited (starvation guard, in tokens; under the request goodput, where a request is worth
 one, δ tokens' share of the request: δ/(prompt + bound)); best-effort requests use a default
 deadline.
@@ -34,6 +36,9 @@ from slo_core.policies.gmax_params import GMAXParams
 from slo_core.policies.gmax_snapshot import B8, BEST_EFFORT, COMPOUND, F64, I64, LATENCY, Columns
 
 _EPS_S = 1e-9
+# goodputs that pay a compound program all at once, at its end, for which ``program_rest`` weighs a
+# call against the program's remaining work (tempo also pays at the end, but was not measured with it)
+PROGRAM_PAID = frozenset({"request", "token"})
 _MIN_T_S = 1e-6
 
 
@@ -334,10 +339,10 @@ def estimate(c: Columns, now_s: float, speed: SpeedModel, p: GMAXParams, frame_s
     with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
         bw = np.where(is_lat, v / c.tbt_s, np.where(t_rem > 0, t_gen_agg / t_rem, np.inf))
     work = t_gen_agg
-    if p.program_rest and p.goodput == "request":
-        # the request goodput pays a program once, for all of its stages: its remaining work is this
-        # stage's and the later stages', which the analyzer reserved (program − stage sub-deadline)
-        # time for; they are taken to run as parallel as this one
+    if p.program_rest and p.goodput in PROGRAM_PAID:
+        # the goodput pays a program once, for all of its stages: its remaining work is this stage's
+        # and the later stages', which the analyzer reserved (program − stage sub-deadline) time
+        # for; they are taken to run as parallel as this one
         prog = np.nan_to_num(program_deadline, nan=0.0)
         later_s = np.where(
             stage_mask, np.maximum(0.0, prog - np.fmin(own_or(c.deadline_at_s, prog), prog)), 0.0

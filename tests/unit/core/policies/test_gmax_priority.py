@@ -120,7 +120,8 @@ def test_compound_stage_calls_aggregate_length_bandwidth_and_goodput() -> None:
     a = req("a", CP, program_id="p", stage=1, program_attained_tokens=500, deadline_at_s=30.0, bound=50)
     b = req("b", CP, program_id="p", stage=1, program_attained_tokens=500, deadline_at_s=30.0, bound=150)
     other = req("c", CP, program_id="q", stage=0, deadline_at_s=30.0, bound=100)
-    e = run([a, b, other], now_s=10.0, compound_deadline="stage")
+    # the stage's own work only (program_rest off: the later stages' reserved time is tested below)
+    e = run([a, b, other], now_s=10.0, compound_deadline="stage", program_rest=False)
     # stage p/1: len_rem 50 + 150, t_gen 0.5 + 1.5 = 2 s; goodput = 300 earlier + (100+50) + (100+150)
     assert e.len_rem_tokens[:2].tolist() == [200.0, 200.0]
     assert e.t_gen_s[:2] == pytest.approx([2.0, 2.0])
@@ -175,7 +176,7 @@ def test_every_goodput_function_gives_finite_nonnegative_priorities(name: str) -
     assert e.priority[1] > 0  # a feasible deadline request pays under every function
 
 
-def test_request_goodput_weighs_a_program_by_its_remaining_work() -> None:
+def test_request_and_token_goodputs_weigh_a_program_by_its_remaining_work() -> None:
     # p is in its first stage, with 40 s reserved for its later stages (stage sub-deadline 20 s,
     # program deadline 60 s); q is in its last stage. Each call: 100 tokens left, t_gen = 1 s.
     p = req("p", CP, program_id="p", stage=0, deadline_at_s=20.0, program_deadline_at_s=60.0)
@@ -186,6 +187,12 @@ def test_request_goodput_weighs_a_program_by_its_remaining_work() -> None:
     assert e.priority == pytest.approx([1.0 / (1.0 + 40.0), 1.0])
     off = run([p, q], now_s=10.0, goodput="request", feasibility="bound", program_rest=False)
     assert off.priority == pytest.approx([1.0, 1.0])
-    # the token goodput pays each stage's tokens as they are earned: its priority is per stage
+    # the token goodput also pays a program once, at its end (slo_core.gain): the same weighing
     tok = run([p, q], now_s=10.0, feasibility="bound")
-    assert tok.priority[0] == pytest.approx(tok.priority[1])
+    assert tok.goodput[0] == pytest.approx(tok.goodput[1])
+    assert tok.priority[0] == pytest.approx(tok.priority[1] / 41.0)
+    tok_off = run([p, q], now_s=10.0, feasibility="bound", program_rest=False)
+    assert tok_off.priority[0] == pytest.approx(tok_off.priority[1])
+    # tdg pays per token: per-stage priority whatever program_rest says
+    tdg = run([p, q], now_s=10.0, goodput="tdg", feasibility="bound")
+    assert tdg.priority[0] == pytest.approx(tdg.priority[1])
