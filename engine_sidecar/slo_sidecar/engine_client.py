@@ -10,6 +10,7 @@ engine's body is passed through (:func:`complete`). Leaving :func:`stream_events
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import time
@@ -132,6 +133,7 @@ async def stream_events(
                 if payload == openai.DONE_PAYLOAD:
                     if i:
                         yield batch[:i]
+                    await _finish(resp)
                     return
                 failure = _error_of(payload) if b'"error"' in payload else None  # rare: parsed then
                 if failure is not None:
@@ -144,6 +146,25 @@ async def stream_events(
     finally:
         resp.close()  # before the end of the answer this aborts the request in the engine
     raise EngineUnavailable("engine closed the stream before it finished")
+
+
+# after [DONE], how long and how much the rest of the answer (the chunked body's terminator, which
+# the engine's server writes on its own a moment later) may take before the connection is dropped
+FINISH_WAIT_S = 0.05
+FINISH_MAX_BYTES = 4096
+
+
+async def _finish(resp: UpstreamResponse) -> None:
+    """Read the end of an answer whose ``[DONE]`` came, so that its connection goes back to the pool
+    (closed before the end, it would be aborted); a pod that sends more, or is slow to end, loses the
+    connection instead (the caller's ``close``)."""
+    left = FINISH_MAX_BYTES
+    try:
+        async with asyncio.timeout(FINISH_WAIT_S):
+            while not resp.complete and left > 0:
+                left -= len(await resp.readany())
+    except (TimeoutError, UpstreamError):
+        pass
 
 
 def _error_of(payload: bytes) -> EngineUnavailable | None:
