@@ -30,17 +30,17 @@ from __future__ import annotations
 
 import argparse
 import json
-import multiprocessing
 import os
 import statistics
 import sys
 import time
 from collections import defaultdict
-from concurrent.futures import ProcessPoolExecutor, as_completed
+from concurrent.futures import as_completed
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from slo_core.bench.parallel import process_pool
 from slo_core.bench.runner import BenchConfig, run_one_timed
 from slo_core.metrics.ceiling import offline_bound
 from slo_core.objective import Objective
@@ -258,8 +258,7 @@ def run(args: argparse.Namespace) -> int:
             for t in todo:
                 finished(t, *run_one_timed(t.config(), (t.policy, t.router, t.rps)))
         else:
-            ctx = multiprocessing.get_context("spawn")
-            with ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as pool:
+            with process_pool(workers) as pool:
                 futures = {
                     pool.submit(run_one_timed, t.config(), (t.policy, t.router, t.rps)): t for t in todo
                 }
@@ -363,8 +362,7 @@ def calibrate(args: argparse.Namespace) -> int:
         for f, r in combos:
             save(_calibrate_one(f, r, args))
     else:
-        ctx = multiprocessing.get_context("spawn")
-        with ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as pool:
+        with process_pool(workers) as pool:
             futures = [pool.submit(_calibrate_one, f, r, args) for f, r in combos]
             for fut in as_completed(futures):
                 save(fut.result())

@@ -27,6 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from scenarios import BURST_START_S, PROFILE, SCENARIOS, CapacitySearch, Run, capacity_searches, runs
 
+from slo_core.bench.parallel import die_with_parent
 from slo_core.metrics import job_outcomes, summarize
 from slo_core.metrics.capacity import serving_capacity
 from slo_core.perf import load_profile
@@ -164,7 +165,8 @@ def _run_pool(tasks: list[Any], workers: int, records: list[dict[str, Any]], pat
     bar = tqdm(total=len(tasks), unit="run", file=sys.stderr, dynamic_ncols=True)
     bar.set_description_str(f"{tasks[0].scenario}", refresh=False)
     try:
-        with Pool(max(1, min(workers, len(tasks)))) as pool:
+        # Pool's exit terminates its workers; die_with_parent also ends them if this process is killed
+        with Pool(max(1, min(workers, len(tasks))), initializer=die_with_parent) as pool:
             for rec in pool.imap_unordered(execute, tasks):
                 records.append(rec)
                 _save(records, path)

@@ -11,16 +11,16 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
-import multiprocessing
 import time
 import traceback
 from collections.abc import Callable, Sequence
-from concurrent.futures import ProcessPoolExecutor, as_completed
+from concurrent.futures import as_completed
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from slo_core.bench.parallel import process_pool
 from slo_core.metrics import job_outcomes, latency_samples, summarize
 from slo_core.objective import Objective
 from slo_core.perf.model import PerfProfile
@@ -209,8 +209,7 @@ def run_bench(
             tick = None if progress is None else functools.partial(progress, _label(key))
             finished(key, run_one(cfg, key, tick))
     else:
-        ctx = multiprocessing.get_context("spawn")  # no inherited threads or state: a clean process
-        with ProcessPoolExecutor(max_workers=min(workers, len(todo)), mp_context=ctx) as pool:
+        with process_pool(min(workers, len(todo))) as pool:
             futures = {pool.submit(run_one, cfg, key): key for key in todo}
             for fut in as_completed(futures):
                 finished(futures[fut], fut.result())
