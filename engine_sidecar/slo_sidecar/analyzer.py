@@ -66,21 +66,36 @@ class CompoundAnalyzer:
         prog.last_seen_s = now_s
         return prog
 
-    def call_arrived(self, prog: ProgramRun, stage: int | None, tier: SLOTier, now_s: float) -> float | None:
-        """A call of ``stage`` (None: the next stage) arrives: its absolute sub-deadline (None: none)."""
+    def call_arrived(
+        self,
+        prog: ProgramRun,
+        stage: int | None,
+        tier: SLOTier,
+        now_s: float,
+        *,
+        fallback_at_s: float | None = None,
+    ) -> float | None:
+        """A call of ``stage`` (None: the next stage) arrives: its absolute sub-deadline (None: none).
+
+        ``fallback_at_s``: the due time to keep when no stored pattern matches, where the caller has a
+        better one than this sidecar's own rule (engine mode: the router's ``routing_deadline_at_s``,
+        reckoned from the program's first call anywhere in the fleet and the stated stage count, which
+        a pod's reports do not carry)."""
         s = stage if stage is not None else prog.stage + 1
         if s > prog.stage:
             self._flush(prog)
             prog.stage, prog.stage_start_s, prog.stage_end_s = s, now_s, now_s
             if prog.deadline_at_s is not None:
-                fallback = fallback_stage_deadline_at_s(
-                    prog.deadline_at_s,
-                    prog.arrival_s,
-                    now_s,
-                    s,
-                    stages=prog.stated_stages,
-                    tier_share=tier.stage_deadline_share,
-                )
+                fallback = fallback_at_s
+                if fallback is None:
+                    fallback = fallback_stage_deadline_at_s(
+                        prog.deadline_at_s,
+                        prog.arrival_s,
+                        now_s,
+                        s,
+                        stages=prog.stated_stages,
+                        tier_share=tier.stage_deadline_share,
+                    )
                 at, matched = self.tracker.stage_deadline_at_s(
                     prog.program_id,
                     LLM_STAGE,

@@ -159,9 +159,15 @@ class EngineMirror:
         if tier is None or r.deadline_s <= 0:
             return
         now = float(r.arrival_unix_s)
-        prog = self.compound.program(r.program_id, now, float(r.deadline_s), None)
-        stage = int(r.stage) if r.stage else None
-        sub = self.compound.call_arrived(prog, stage, tier, now)
+        # the stated stage count: the fallback's equal split, and the program's end (its pattern stored)
+        prog = self.compound.program(r.program_id, now, float(r.deadline_s), int(r.stages) or None)
+        stage = int(r.stage) if r.HasField("stage") else None
+        # Without a matching pattern the call keeps the due time its tags carry: the router's
+        # routing_deadline_at_s, the simulator's fallback rule on what only the router knows (the
+        # program's first call in the fleet, the stated stage count); this pod's own rule, lacking
+        # both, gave the whole program's deadline and undid the split (live vs simulated, issue 15).
+        tagged = float(r.deadline_unix_s)
+        sub = self.compound.call_arrived(prog, stage, tier, now, fallback_at_s=tagged if tagged > 0 else None)
         t.program_id, t.stage, t.prompt_tokens = r.program_id, stage, int(r.prompt_tokens)
         if t.stage is None:
             t.stage = prog.stage

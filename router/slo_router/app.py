@@ -140,7 +140,7 @@ async def _serve(state: RouterState, request: Request, labels: list[str]) -> Res
         assert state.client is not None
         if ep.spec.mode == "engine":  # straight to the engine: the SLO rides along as signed tags (the
             # engine reads no SLO header, so none is built or signed)
-            body_bytes = with_tags(forward, view, tier, state.tag_keys, clock=state.clock)
+            body_bytes = with_tags(forward, view, tier, state.tag_keys, clock=state.clock, stages=slo.stages)
             headers = engine_headers(request_id)
         else:
             body_bytes = forward

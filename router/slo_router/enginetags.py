@@ -22,8 +22,11 @@ from slo_core.wire.signing import signed_json
 from slo_core.wire.tags import EngineTags
 
 
-def engine_tags(view: RequestView, tier: str, *, now_s: float, wall_now_s: float) -> EngineTags:
-    """The tags of a routed request; its deadline moves from the router's clock to unix seconds."""
+def engine_tags(
+    view: RequestView, tier: str, *, now_s: float, wall_now_s: float, stages: int | None = None
+) -> EngineTags:
+    """The tags of a routed request; its deadline moves from the router's clock to unix seconds.
+    ``stages``: the program's stated stage count (the pod's analyzer splits the deadline by it)."""
     deadline = view.deadline_at_s + (wall_now_s - now_s) if view.deadline_at_s is not None else None
     return EngineTags(
         targets=view.slo,
@@ -33,6 +36,7 @@ def engine_tags(view: RequestView, tier: str, *, now_s: float, wall_now_s: float
         program_id=view.program_id,
         stage=view.stage,
         tier=tier,
+        stages=stages,
     )
 
 
@@ -44,10 +48,11 @@ def tagged_body(
     *,
     clock: Callable[[], float],
     wall_clock: Callable[[], float] = time.time,
+    stages: int | None = None,
 ) -> bytes:
     """The JSON body for an engine-mode pod: ``forward`` plus the (signed, when a key is set) tags."""
     encoded = json.dumps(forward, separators=(",", ":")).encode()
-    return with_tags(encoded, view, tier, keys, clock=clock, wall_clock=wall_clock)
+    return with_tags(encoded, view, tier, keys, clock=clock, wall_clock=wall_clock, stages=stages)
 
 
 def with_tags(
@@ -58,11 +63,12 @@ def with_tags(
     *,
     clock: Callable[[], float],
     wall_clock: Callable[[], float] = time.time,
+    stages: int | None = None,
 ) -> bytes:
     """``encoded`` (a JSON object without ``vllm_xargs``: the forwarded body, as bytes) with the tags
     appended as its last member, so the body is not decoded and encoded again."""
     wall = wall_clock()
-    xargs = engine_tags(view, tier, now_s=clock(), wall_now_s=wall).to_xargs()
+    xargs = engine_tags(view, tier, now_s=clock(), wall_now_s=wall, stages=stages).to_xargs()
     if keys is not None:  # the ring's signing key: the previous one until the current has settled
         tags = signed_json(xargs, keys().signing_key(wall), wall)
     else:

@@ -123,7 +123,9 @@ def _request(pb: Any, row: RequestRow) -> Any:
         msg.deadline_unix_s = tags.deadline_at_s or 0.0
         msg.tenant = tags.tenant
         msg.program_id = tags.program_id or ""
-        msg.stage = tags.stage or 0
+        msg.stages = tags.stages or 0
+        if tags.stage is not None:  # stage 0 is a stage: only a call without one leaves it unset
+            msg.stage = tags.stage
         msg.output_bound = tags.output_bound or 0
     return msg
 

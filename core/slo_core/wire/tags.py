@@ -32,6 +32,7 @@ class EngineTags:
     program_id: str | None = None
     stage: int | None = None
     tier: str | None = None  # the SLOPolicy tier name (reported back to routers with the request's state)
+    stages: int | None = None  # the program's stage count, when its client stated it (x-slo-stages)
 
     def to_xargs(self) -> dict[str, str | int | float]:
         t = self.targets
@@ -51,6 +52,7 @@ class EngineTags:
             "slo_stage": self.stage,
             "slo_request_key": self.request_key or None,
             "slo_tier": self.tier,
+            "slo_stages": self.stages,
         }
         out.update({k: v for k, v in optional.items() if v is not None})
         return out
@@ -80,6 +82,9 @@ def decode_tags(raw: Mapping[str, Any] | None) -> EngineTags | None:
     )
     bound = raw.get("slo_output_bound")
     stage = raw.get("slo_stage")
+    stages = int(raw["slo_stages"]) if raw.get("slo_stages") is not None else None
+    if stages is not None and stages < 1:
+        raise ValueError(f"vllm_xargs.slo_stages must be >= 1, got {stages}")
     program = raw.get("slo_program_id")
     return EngineTags(
         targets=targets,
@@ -90,6 +95,7 @@ def decode_tags(raw: Mapping[str, Any] | None) -> EngineTags | None:
         program_id=str(program) if program is not None else None,
         stage=int(stage) if stage is not None else None,
         tier=str(raw["slo_tier"]) if raw.get("slo_tier") is not None else None,
+        stages=stages,
     )
 
 

@@ -134,7 +134,7 @@ async def pick(
     set_headers = upstream_headers(slo, tier, tenant, request_id, state.tag_keys)
     forward = router_app.body_to_forward(state, adm)
     if ep.spec.mode == "engine":  # the gateway sends to vLLM itself: the SLO rides as signed tags
-        out = tagged_body(forward, view, tier, state.tag_keys, clock=state.clock)
+        out = tagged_body(forward, view, tier, state.tag_keys, clock=state.clock, stages=slo.stages)
     else:
         out = _json_bytes(forward)
     return Picked(

@@ -159,3 +159,70 @@ def test_the_program_clock_is_per_tenant_bounded_and_forgets_programs_long_past_
     assert len(clock) == 2  # the least recently seen, ("a", "p"), dropped: seen again, it starts anew
     assert clock.arrival_s("a", "p", 28.0, 30.0) == 28.0
     assert clock.arrival_s("a", "q", 27.0 + 61.0, 30.0) == 88.0  # two deadlines later: a new program
+
+
+@pytest.mark.parametrize("share", [None, (0.5, 0.3, 0.2)])
+async def test_in_engine_mode_each_call_is_scheduled_by_the_sub_deadline_the_simulator_gives_it(
+    share: tuple[float, ...] | None,
+) -> None:
+    # Engine mode end to end: the router's view and tags, the engine's report (the vLLM plugin's and
+    # engine-sim's to_report), the pod sidecar's answer, and the due time the engine then schedules
+    # the call by (engine-sim's runner: the answer's sub-deadline where it gives one, else the tags').
+    # The pod sees neither the stated stage count nor the program's first call elsewhere in the fleet,
+    # so where no pattern matched it must keep the router's figure, not fall back to the program's
+    # whole deadline (what it did: live GMAX saw no stage split at all, the simulator's did).
+    from dataclasses import replace
+
+    from slo_core.routing import ProgramClock
+    from slo_core.wire.request_slo import SLORequest
+    from slo_proto import slofleet_pb2 as pb
+    from slo_router.enginetags import engine_tags
+    from slo_router.intake import request_view
+    from slo_router.tenants import Tenant
+    from slo_sidecar.config import PolicyConfig, SidecarKnobs
+    from slo_sidecar.estimators import FallbackEstimator
+    from slo_sidecar.service import Sidecar
+    from slo_vllm_plugin.report import EngineSnapshot, Finished, RequestRow, to_report
+
+    tier = replace(FLOW, stage_deadline_share=share)
+    analyzer = SimAnalyzer(load_estimator())
+    sim = FleetSim(
+        [ReplicaSpec(STEP_10MS)], "fcfs", analyzer=analyzer, config=SimConfig(drain="all"),
+        tiers={"flow": tier},
+    )  # fmt: skip
+    jobs = [replace(j, tier="flow") for j in programs()]
+    calls = [r for r in sim.run(jobs).requests if r.program is not None]
+    assert analyzer.matched_stages > 0 and analyzer.default_stages > 0
+    sidecar = Sidecar(
+        knobs=SidecarKnobs(mode="engine", pod="p"),
+        config=PolicyConfig(tiers={"flow": tier}, default_tier="flow"),
+        engine_url="http://127.0.0.1:9",
+        estimator=FallbackEstimator(),
+    )
+    programs_seen = ProgramClock()
+    tenant = Tenant("t", ("flow",), "flow")
+    events: list[tuple[float, int, SimRequest]] = []
+    for r in calls:
+        assert r.finish_s is not None
+        events += [(r.arrival_s, 1, r), (r.finish_s, 0, r)]  # at equal times a finish comes first
+    split = 0
+    for t, kind, r in sorted(events, key=lambda e: (e[0], e[1], e[2].request_id)):
+        assert r.program is not None
+        if kind == 0:  # the engine's next report (a fraction of a second later in a live engine)
+            done = Finished(r.request_id, r.generated, "stop", "flow", "met", r.prompt_tokens)
+            await sidecar.mirror.take(to_report(EngineSnapshot(t, 0, 0, 0, 0.0, 8192, ()), [done]))
+            continue
+        slo = SLORequest(program_id=r.program.program_id, stage=r.stage, stages=len(r.program.stages))
+        view = request_view(
+            r.request_id, r.slo, t, body={"prompt": "x"}, tenant=tenant, slo=slo, programs=programs_seen,
+            stage_share=share,
+        )  # fmt: skip
+        tags = replace(engine_tags(view, "flow", now_s=t, wall_now_s=t, stages=slo.stages), tier="flow")
+        row = RequestRow(r.request_id, "waiting", r.prompt_tokens, 0, r.max_tokens, t, tags)
+        report = to_report(EngineSnapshot(t, 0, 1, 0, 0.0, 8192, (row,)), [])
+        answer = {key: due for key, _, due in await sidecar.mirror.take(report)}
+        engine_due = answer[r.request_id] or tags.deadline_at_s
+        assert engine_due == pytest.approx(r.deadline_at_s, abs=1e-9), r.request_id
+        split += engine_due < r.program.deadline_at_s - 1e-9
+    assert split > len(calls) // 2  # most calls are due before their program's end
+    assert isinstance(pb.EngineRequest().HasField("stage"), bool)

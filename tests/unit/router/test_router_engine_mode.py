@@ -36,14 +36,15 @@ def _view(deadline_at: float | None) -> RequestView:
 def test_the_engine_body_carries_signed_tags_with_a_unix_deadline() -> None:
     forward = {"model": "m", "prompt": "hi", "stream": True}
     raw = tagged_body(
-        forward, _view(130.0), "batch", lambda: KeyRing(KEY), clock=lambda: 100.0, wall_clock=lambda: 1.7e9
-    )
+        forward, _view(130.0), "batch", lambda: KeyRing(KEY), clock=lambda: 100.0, wall_clock=lambda: 1.7e9,
+        stages=4,
+    )  # fmt: skip
     body = json.loads(raw)
     assert {k: body[k] for k in forward} == forward
     tags, why = trusted_tags(body["vllm_xargs"], [KEY], 1.7e9 + 5)
     assert why is None and tags is not None
-    assert (tags.tier, tags.request_key, tags.tenant, tags.program_id, tags.stage) == (
-        "batch", "rtr-1", "acme", "prog-7", 2
+    assert (tags.tier, tags.request_key, tags.tenant, tags.program_id, tags.stage, tags.stages) == (
+        "batch", "rtr-1", "acme", "prog-7", 2, 4
     )  # fmt: skip
     assert tags.targets.deadline_s == 30.0 and tags.targets.priority_weight == 2.0
     assert tags.deadline_at_s == pytest.approx(1.7e9 + 30.0)
@@ -51,6 +52,8 @@ def test_the_engine_body_carries_signed_tags_with_a_unix_deadline() -> None:
     assert trusted_tags(body["vllm_xargs"], [b"another-key-0123456789"], 1.7e9)[0] is None
     tampered = {**body["vllm_xargs"], "slo_priority_weight": 100.0}
     assert trusted_tags(tampered, [KEY], 1.7e9)[1] == "forged signature"
+    restaged = {**body["vllm_xargs"], "slo_stages": 1}  # the stage count is signed like the rest
+    assert trusted_tags(restaged, [KEY], 1.7e9)[1] == "forged signature"
 
 
 def test_without_a_key_the_tags_go_unsigned() -> None:
