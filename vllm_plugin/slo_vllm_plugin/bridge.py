@@ -11,7 +11,9 @@ from __future__ import annotations
 import logging
 import random
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from slo_core.policies.apply import ordered
@@ -24,6 +26,25 @@ log = logging.getLogger(__name__)
 
 
 BEST_EFFORT = SLOTargets(RequestKind.BEST_EFFORT)
+MAX_PROGRAMS = 4096  # compound programs remembered (least recently seen dropped), as engine-sim
+
+
+@dataclass(slots=True)
+class ProgramSeen:
+    """A compound program as this engine has seen it: engine-sim's ProgramState rule (arrival of its
+    first call here; deadline that arrival plus the SLO's, or the tags' when later), and the service
+    its finished calls got here."""
+
+    arrival_s: float
+    deadline_at_s: float
+    done_tokens: int = 0
+
+
+def attained_tokens(request: Any) -> int:
+    """core's SimRequest.attained_tokens on a vLLM request: each prompt token once, plus the output."""
+    out = int(request.num_output_tokens)
+    prompt = int(request.num_prompt_tokens)
+    return (prompt if out > 0 else min(int(request.num_computed_tokens), prompt)) + out
 
 
 class PolicyBridge:
@@ -55,6 +76,7 @@ class PolicyBridge:
         self._clock = clock
         self._rng = random.Random(seed)
         self._tags: dict[str, EngineTags | None] = {}
+        self._programs: OrderedDict[str, ProgramSeen] = OrderedDict()
         self._events = True
         self.step = 0
         self.last_admit: tuple[str, ...] = ()
@@ -70,6 +92,30 @@ class PolicyBridge:
     def forget(self, request_ids: Iterable[str]) -> None:
         for rid in request_ids:
             self._tags.pop(rid, None)
+
+    def program(self, tags: EngineTags | None, arrival_s: float) -> ProgramSeen | None:
+        """The compound program a request's tags name (None: none, or a latency SLO, which has no
+        program deadline); first seen now, it arrives with this request."""
+        if tags is None or not tags.program_id or tags.targets.kind is RequestKind.LATENCY:
+            return None
+        pid = tags.program_id
+        p = self._programs.get(pid)
+        if p is None:
+            deadline = arrival_s + tags.targets.effective_deadline_s
+            if tags.deadline_at_s is not None:
+                deadline = max(deadline, tags.deadline_at_s)
+            p = self._programs[pid] = ProgramSeen(arrival_s, deadline)
+            while len(self._programs) > MAX_PROGRAMS:
+                self._programs.popitem(last=False)
+        else:
+            self._programs.move_to_end(pid)
+        return p
+
+    def call_ended(self, request: Any) -> None:
+        """A request left the engine (finished, aborted or rejected): its program keeps its service."""
+        tags = self._tags.get(request.request_id)
+        if tags is not None and tags.program_id and (p := self._programs.get(tags.program_id)):
+            p.done_tokens += attained_tokens(request)
 
     def frame_due(self) -> bool:
         return self.step % self.guard.frame_steps == 0 or (self.guard.reschedule_on_events and self._events)
@@ -103,7 +149,11 @@ class PolicyBridge:
             self._tags[rid] = tags
         return self._tags[rid]
 
-    def view(self, request: Any, bounds: Mapping[str, int]) -> RequestView:
+    def view(
+        self, request: Any, bounds: Mapping[str, int], live_service: Mapping[str, int] | None = None
+    ) -> RequestView:
+        """The policy's snapshot of a request. ``live_service``: per program, the attained tokens of
+        its calls live in this engine now (:meth:`decide` sums them; without it, this request's)."""
         tags = self.tags(request)
         targets = tags.targets if tags else BEST_EFFORT
         arrival = float(request.arrival_time)
@@ -115,6 +165,18 @@ class PolicyBridge:
         if deadline_at is None and targets.kind is not RequestKind.LATENCY:
             deadline_at = arrival + targets.effective_deadline_s
         bound = bounds.get(key, tags.output_bound if tags else None)
+        program = self.program(tags, arrival)
+        own = attained_tokens(request)
+        if program is not None:  # as core's simulator views a call: its program's, not its own
+            assert tags is not None and tags.program_id is not None
+            live = live_service.get(tags.program_id, own) if live_service is not None else own
+            program_fields: dict[str, Any] = {
+                "program_arrival_s": program.arrival_s,
+                "program_deadline_at_s": program.deadline_at_s,
+                "program_attained_tokens": program.done_tokens + live,
+            }
+        else:
+            program_fields = {"program_attained_tokens": own}
         return RequestView(
             request_id=request.request_id,
             slo=targets,
@@ -129,6 +191,7 @@ class PolicyBridge:
             program_id=tags.program_id if tags else None,
             stage=tags.stage if tags else None,
             preemptions=int(getattr(request, "num_preemptions", 0)),
+            **program_fields,
         )
 
     def decide(
@@ -140,8 +203,13 @@ class PolicyBridge:
         bounds = self._bounds() or {}
         self._deadline_now = self._deadlines() if bounds else {}
         now = self._clock()
-        w = [self.view(r, bounds) for r in waiting]
-        r = [self.view(x, bounds) for x in running]
+        live: dict[str, int] = {}  # per program, the service of its calls live here
+        for req in (*waiting, *running):
+            tags = self.tags(req)
+            if tags is not None and tags.program_id:
+                live[tags.program_id] = live.get(tags.program_id, 0) + attained_tokens(req)
+        w = [self.view(r, bounds, live) for r in waiting]
+        r = [self.view(x, bounds, live) for x in running]
         decision = self.guard.decide(w, r, engine(now), self._rng)
         self._events = False
         self.decisions += 1

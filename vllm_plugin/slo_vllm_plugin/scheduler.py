@@ -188,6 +188,7 @@ class SLOScheduler(Scheduler):  # type: ignore[misc]
         return outputs
 
     def _free_request(self, request: Any, *args: Any, **kwargs: Any) -> Any:
+        self.slo_bridge.call_ended(request)  # before forget drops its tags
         if self.slo_analyzer is not None:
             rid = request.request_id
             tags = self.slo_bridge.tags(request)
