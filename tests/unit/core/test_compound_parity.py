@@ -9,6 +9,8 @@ sub-deadline the simulator gave it, both where a stored pattern matched and wher
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 from builders import STEP_10MS
 
@@ -47,6 +49,29 @@ def simulate() -> tuple[list[SimRequest], SimAnalyzer]:
     calls = [r for r in result.requests if r.program is not None]
     assert all(r.state == FINISHED for r in calls)
     return calls, analyzer
+
+
+def simulate_in_tier(share: tuple[float, ...] | None) -> tuple[list[SimRequest], dict[str, float | None]]:
+    """The programs in tier ``flow`` with ``share`` as its stage shares: the calls, and the due time the
+    simulator's router routed each one on."""
+    tier = replace(FLOW, stage_deadline_share=share)
+    analyzer = SimAnalyzer(load_estimator())
+    sim = FleetSim(
+        [ReplicaSpec(STEP_10MS)], "fcfs", analyzer=analyzer, config=SimConfig(drain="all"),
+        tiers={"flow": tier},
+    )  # fmt: skip
+    routed: dict[str, float | None] = {}
+    route = sim.pipeline.route
+
+    def recording(view, *args, **kwargs):  # type: ignore[no-untyped-def]
+        routed[view.request_id] = view.deadline_at_s
+        return route(view, *args, **kwargs)
+
+    sim.pipeline.route = recording  # type: ignore[method-assign]
+    jobs = [replace(j, tier="flow") for j in programs()]
+    calls = [r for r in sim.run(jobs).requests if r.program is not None]
+    assert analyzer.matched_stages > 0 and analyzer.default_stages > 0  # both paths are exercised
+    return calls, routed
 
 
 def replay_in_sidecar(calls: list[SimRequest]) -> dict[str, float | None]:
@@ -109,29 +134,12 @@ def test_the_router_routes_each_call_on_the_due_time_the_simulator_routes_it(
     # The router cannot know the analyzer's pattern-matched sub-deadline before it dispatches (the pod's
     # sidecar computes it for the engine), so both route a compound call on core's routing_deadline_at_s,
     # reckoned from the program's first call; the engine then gets the analyzer's sub-deadline.
-    from dataclasses import replace
-
     from slo_core.routing import ProgramClock
     from slo_core.wire.request_slo import SLORequest
     from slo_router.intake import request_view
     from slo_router.tenants import Tenant
 
-    tier = replace(FLOW, stage_deadline_share=share)
-    analyzer = SimAnalyzer(load_estimator())
-    sim = FleetSim(
-        [ReplicaSpec(STEP_10MS)], "fcfs", analyzer=analyzer, config=SimConfig(drain="all"),
-        tiers={"flow": tier},
-    )  # fmt: skip
-    routed: dict[str, float | None] = {}
-    route = sim.pipeline.route
-
-    def recording(view, *args, **kwargs):  # type: ignore[no-untyped-def]
-        routed[view.request_id] = view.deadline_at_s
-        return route(view, *args, **kwargs)
-
-    sim.pipeline.route = recording  # type: ignore[method-assign]
-    jobs = [replace(j, tier="flow") for j in programs()]
-    calls = [r for r in sim.run(jobs).requests if r.program is not None]
+    calls, routed = simulate_in_tier(share)
     programs_seen = ProgramClock()
     tenant = Tenant("t", ("flow",), "flow")
     narrowed = 0
@@ -171,8 +179,6 @@ async def test_in_engine_mode_each_call_is_scheduled_by_the_sub_deadline_the_sim
     # The pod sees neither the stated stage count nor the program's first call elsewhere in the fleet,
     # so where no pattern matched it must keep the router's figure, not fall back to the program's
     # whole deadline (what it did: live GMAX saw no stage split at all, the simulator's did).
-    from dataclasses import replace
-
     from slo_core.routing import ProgramClock
     from slo_core.wire.request_slo import SLORequest
     from slo_proto import slofleet_pb2 as pb
@@ -185,14 +191,7 @@ async def test_in_engine_mode_each_call_is_scheduled_by_the_sub_deadline_the_sim
     from slo_vllm_plugin.report import EngineSnapshot, Finished, RequestRow, to_report
 
     tier = replace(FLOW, stage_deadline_share=share)
-    analyzer = SimAnalyzer(load_estimator())
-    sim = FleetSim(
-        [ReplicaSpec(STEP_10MS)], "fcfs", analyzer=analyzer, config=SimConfig(drain="all"),
-        tiers={"flow": tier},
-    )  # fmt: skip
-    jobs = [replace(j, tier="flow") for j in programs()]
-    calls = [r for r in sim.run(jobs).requests if r.program is not None]
-    assert analyzer.matched_stages > 0 and analyzer.default_stages > 0
+    calls, _ = simulate_in_tier(share)
     sidecar = Sidecar(
         knobs=SidecarKnobs(mode="engine", pod="p"),
         config=PolicyConfig(tiers={"flow": tier}, default_tier="flow"),
