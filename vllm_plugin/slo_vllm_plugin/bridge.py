@@ -17,7 +17,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from slo_core.policies.apply import ordered
-from slo_core.policies.base import Decision, EnginePolicy, EngineView, RequestView
+from slo_core.policies.base import (
+    MAX_ENGINE_PROGRAMS,
+    Decision,
+    EnginePolicy,
+    EngineView,
+    RequestView,
+    attained_service,
+)
 from slo_core.policies.guard import GuardedPolicy
 from slo_core.slo import RequestKind, SLOTargets
 from slo_core.wire.tags import EngineTags, decode_tags, distrust
@@ -26,7 +33,6 @@ log = logging.getLogger(__name__)
 
 
 BEST_EFFORT = SLOTargets(RequestKind.BEST_EFFORT)
-MAX_PROGRAMS = 4096  # compound programs remembered (least recently seen dropped), as engine-sim
 
 
 @dataclass(slots=True)
@@ -41,10 +47,10 @@ class ProgramSeen:
 
 
 def attained_tokens(request: Any) -> int:
-    """core's SimRequest.attained_tokens on a vLLM request: each prompt token once, plus the output."""
-    out = int(request.num_output_tokens)
-    prompt = int(request.num_prompt_tokens)
-    return (prompt if out > 0 else min(int(request.num_computed_tokens), prompt)) + out
+    """core's attained service of a vLLM request (as the simulator counts a SimRequest's)."""
+    return attained_service(
+        int(request.num_prompt_tokens), int(request.num_computed_tokens), int(request.num_output_tokens)
+    )
 
 
 class PolicyBridge:
@@ -105,7 +111,7 @@ class PolicyBridge:
             if tags.deadline_at_s is not None:
                 deadline = max(deadline, tags.deadline_at_s)
             p = self._programs[pid] = ProgramSeen(arrival_s, deadline)
-            while len(self._programs) > MAX_PROGRAMS:
+            while len(self._programs) > MAX_ENGINE_PROGRAMS:
                 self._programs.popitem(last=False)
         else:
             self._programs.move_to_end(pid)
@@ -166,17 +172,17 @@ class PolicyBridge:
             deadline_at = arrival + targets.effective_deadline_s
         bound = bounds.get(key, tags.output_bound if tags else None)
         program = self.program(tags, arrival)
-        own = attained_tokens(request)
         if program is not None:  # as core's simulator views a call: its program's, not its own
             assert tags is not None and tags.program_id is not None
-            live = live_service.get(tags.program_id, own) if live_service is not None else own
+            live = live_service.get(tags.program_id) if live_service is not None else None
             program_fields: dict[str, Any] = {
                 "program_arrival_s": program.arrival_s,
                 "program_deadline_at_s": program.deadline_at_s,
-                "program_attained_tokens": program.done_tokens + live,
+                "program_attained_tokens": program.done_tokens
+                + (attained_tokens(request) if live is None else live),
             }
         else:
-            program_fields = {"program_attained_tokens": own}
+            program_fields = {"program_attained_tokens": attained_tokens(request)}
         return RequestView(
             request_id=request.request_id,
             slo=targets,

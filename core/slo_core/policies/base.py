@@ -37,6 +37,17 @@ from typing import Any, Protocol, runtime_checkable
 from slo_core.perf.model import PerfProfile
 from slo_core.slo import RequestKind, SLOTargets
 
+# compound programs an engine remembers (the least recently seen dropped): engine-sim and the plugin
+MAX_ENGINE_PROGRAMS = 4096
+
+
+def attained_service(prompt_tokens: int, computed_tokens: int, generated_tokens: int) -> int:
+    """Tokens of service a request received, each prompt token once (a recompute is not counted):
+    what ``RequestView.program_attained_tokens`` sums over a program's calls."""
+    if generated_tokens > 0:
+        return prompt_tokens + generated_tokens
+    return min(computed_tokens, prompt_tokens)
+
 
 @dataclass(frozen=True, slots=True)
 class RequestView:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from slo_core.policies.base import attained_service
 from slo_core.predict.compound import fallback_stage_deadline_at_s
 from slo_core.slo import SLOTargets
 
@@ -211,8 +212,7 @@ class SimRequest:
 
     def attained_tokens(self) -> int:
         """Tokens of service received, counting each prompt token once (recompute not counted)."""
-        prompt_done = self.prompt_tokens if self.generated > 0 else min(self.computed, self.prompt_tokens)
-        return prompt_done + self.generated
+        return attained_service(self.prompt_tokens, self.computed, self.generated)
 
     def outstanding_tokens(self) -> int:
         """The router's load measure: unprefilled prompt plus remaining expected output (bound or cap)."""

@@ -82,7 +82,7 @@ def _new_view(r: SimRequest, program_attained: int) -> RequestView:
         v.program_id = None
         v.program_arrival_s = None
         v.program_deadline_at_s = None
-        # SimRequest.attained_tokens, inline (a call per view was a tenth of the view's cost)
+        # slo_core.policies.base.attained_service, inline (a call per view was a tenth of its cost)
         g = r.generated
         v.program_attained_tokens = (r.prompt_tokens if g > 0 else min(r.computed, r.prompt_tokens)) + g
     v.stage = r.stage

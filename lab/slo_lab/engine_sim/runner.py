@@ -27,7 +27,7 @@ from typing import Any
 
 from slo_core.gain import SLOWatch
 from slo_core.perf import sped_up
-from slo_core.policies.base import EnginePolicy
+from slo_core.policies.base import MAX_ENGINE_PROGRAMS, EnginePolicy
 from slo_core.policies.registry import make_engine_policy
 from slo_core.sim.engine import SimEngine
 from slo_core.sim.engine_types import EngineConfig
@@ -44,7 +44,6 @@ from .settings import EngineSimSettings, resolve_profile
 log = logging.getLogger(__name__)
 
 BEST_EFFORT = SLOTargets(RequestKind.BEST_EFFORT)
-MAX_PROGRAMS = 4096
 MAX_AHEAD_S = 0.002
 MAX_LAG_S = 0.02
 # one output event: (new tokens, time of the step that made them, finish reason or None)
@@ -259,7 +258,7 @@ class EngineRunner:
             if tags.deadline_at_s is not None:
                 p.deadline_at_s = max(p.deadline_at_s, tags.deadline_at_s)
             self._programs[pid] = p
-            while len(self._programs) > MAX_PROGRAMS:
+            while len(self._programs) > MAX_ENGINE_PROGRAMS:
                 self._programs.popitem(last=False)
         else:
             self._programs.move_to_end(pid)

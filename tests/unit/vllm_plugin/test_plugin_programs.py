@@ -9,12 +9,12 @@ from __future__ import annotations
 from types import SimpleNamespace
 from typing import Any
 
-from slo_core.policies.base import Decision, RequestView
+from slo_core.policies.base import MAX_ENGINE_PROGRAMS, Decision, RequestView
 from slo_core.policies.registry import make_engine_policy
 from slo_core.sim.request import RUNNING, WAITING, ProgramState, SimRequest
 from slo_core.slo import RequestKind, SLOTargets
 from slo_core.wire.tags import EngineTags
-from slo_vllm_plugin.bridge import MAX_PROGRAMS, PolicyBridge
+from slo_vllm_plugin.bridge import PolicyBridge
 
 AGENT = SLOTargets(RequestKind.COMPOUND, deadline_s=60.0, priority_weight=2.0)
 BATCH = SLOTargets(RequestKind.DEADLINE, deadline_s=30.0)
@@ -81,6 +81,6 @@ def test_a_later_tag_deadline_extends_the_program_and_old_programs_are_dropped()
     assert b.view(request("x", late, 100.0, 5, 0, 0), {}).program_deadline_at_s == 500.0
     latency = EngineTags(SLOTargets(RequestKind.LATENCY, ttft_s=1.0, tbt_s=0.1), program_id="r")
     assert b.view(request("y", latency, 100.0, 5, 0, 0), {}).program_deadline_at_s is None
-    for i in range(MAX_PROGRAMS + 5):
+    for i in range(MAX_ENGINE_PROGRAMS + 5):
         b.program(EngineTags(AGENT, program_id=f"p{i}"), float(i))
-    assert len(b._programs) == MAX_PROGRAMS and "q" not in b._programs
+    assert len(b._programs) == MAX_ENGINE_PROGRAMS and "q" not in b._programs
