@@ -20,6 +20,7 @@ from slo_core.predict.compound import LLM_STAGE, CompoundTracker, fallback_stage
 from slo_core.predict.pattern_store import PatternHistory
 from slo_core.predict.patterns import PatternGraph, Stage
 from slo_core.slo import SLOTier
+from slo_core.wire.tags import program_start_s
 
 
 @dataclass
@@ -57,11 +58,20 @@ class CompoundAnalyzer:
         return self.tracker.history
 
     def program(
-        self, program_id: str, now_s: float, deadline_s: float | None, stated: int | None
+        self,
+        program_id: str,
+        now_s: float,
+        deadline_s: float | None,
+        stated: int | None,
+        *,
+        start_s: float | None = None,
     ) -> ProgramRun:
+        """The program a call at ``now_s`` belongs to; first seen here, it began at the router's stated
+        ``start_s`` (its first call in the fleet) when the call carries one, else now."""
         prog = self.programs.get(program_id)
         if prog is None:
-            prog = ProgramRun(program_id, now_s, now_s + deadline_s if deadline_s else None, stated, now_s)
+            start = program_start_s(now_s, start_s)
+            prog = ProgramRun(program_id, start, start + deadline_s if deadline_s else None, stated, now_s)
             self.programs[program_id] = prog
         prog.last_seen_s = now_s
         return prog

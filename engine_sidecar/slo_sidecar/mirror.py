@@ -160,7 +160,14 @@ class EngineMirror:
             return
         now = float(r.arrival_unix_s)
         # the stated stage count: the fallback's equal split, and the program's end (its pattern stored)
-        prog = self.compound.program(r.program_id, now, float(r.deadline_s), int(r.stages) or None)
+        started = float(r.program_start_unix_s)
+        prog = self.compound.program(
+            r.program_id,
+            now,
+            float(r.deadline_s),
+            int(r.stages) or None,
+            start_s=started if started > 0 else None,
+        )
         stage = int(r.stage) if r.HasField("stage") else None
         # Without a matching pattern the call keeps the due time its tags carry: the router's
         # routing_deadline_at_s, the simulator's fallback rule on what only the router knows (the

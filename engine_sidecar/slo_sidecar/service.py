@@ -20,7 +20,7 @@ from typing import Any
 import httpx
 
 from slo_core.slo import SLOTargets, SLOTier
-from slo_core.wire.headers import TENANT_HEADER, verify_headers
+from slo_core.wire.headers import TENANT_HEADER, program_start_of, verify_headers
 from slo_core.wire.keyring import KeyRing
 from slo_core.wire.request_slo import SLOParamError, SLORequest, parse_slo
 from slo_core.wire.signing import sign
@@ -180,6 +180,7 @@ class Sidecar:
             program_id=slo.program_id,
             stage=slo.stage,
             stated_stages=slo.stages,
+            program_start_unix_s=program_start_of(headers),
             tenant=tenant,
             request_id=self._request_id(headers.get("x-request-id")),
         )

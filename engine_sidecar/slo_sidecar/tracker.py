@@ -103,12 +103,19 @@ class Outcome:
 class Tracker:
     """Live requests, active compound programs and the history of finished requests."""
 
-    def __init__(self, history: History, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        history: History,
+        clock: Callable[[], float] = time.monotonic,
+        *,
+        wall_offset_s: float | None = None,
+    ) -> None:
+        """``wall_offset_s``: unix time minus ``clock``'s (default: measured, for time.monotonic)."""
         self.history = history
         self.clock = clock
         self.live: dict[str, LiveRequest] = {}
         self.compound = CompoundAnalyzer(history.patterns)  # core's CompoundTracker, as in the simulator
-        self._wall_offset_s = time.time() - time.monotonic()
+        self._wall_offset_s = time.time() - time.monotonic() if wall_offset_s is None else wall_offset_s
 
     def unix(self, mono_s: float | None) -> float:
         return 0.0 if mono_s is None else mono_s + self._wall_offset_s
@@ -126,6 +133,7 @@ class Tracker:
         program_id: str | None,
         stage: int | None,
         stated_stages: int | None,
+        program_start_unix_s: float | None = None,
         request_id: str | None = None,
         tenant: str = "default",
     ) -> LiveRequest:
@@ -148,14 +156,18 @@ class Tracker:
         if targets.kind is not RequestKind.LATENCY:
             live.deadline_at_s = now + targets.effective_deadline_s
         if program_id is not None:
-            self._place_in_program(live, tier, stated_stages, now)
+            started = program_start_unix_s - self._wall_offset_s if program_start_unix_s else None
+            self._place_in_program(live, tier, stated_stages, now, started)
         self.live[live.request_id] = live
         return live
 
-    def _place_in_program(self, live: LiveRequest, tier: SLOTier, stated: int | None, now: float) -> None:
-        """Compound call: the program's arrival and deadline, and this stage's sub-deadline φ(s)·D."""
+    def _place_in_program(
+        self, live: LiveRequest, tier: SLOTier, stated: int | None, now: float, started: float | None
+    ) -> None:
+        """Compound call: the program's arrival (``started``: the router's, on this tracker's clock) and
+        deadline, and this stage's sub-deadline φ(s)·D."""
         assert live.program_id is not None
-        prog = self.compound.program(live.program_id, now, live.targets.deadline_s, stated)
+        prog = self.compound.program(live.program_id, now, live.targets.deadline_s, stated, start_s=started)
         live.program_arrival_s = prog.arrival_s
         live.program_deadline_at_s = prog.deadline_at_s
         sub = self.compound.call_arrived(prog, live.stage, tier, now)

@@ -77,7 +77,16 @@ FIELDS = (
     "deadline", "target_ttft", "vllm_xargs", "priority", "temperature", "tools", "tool_choice", "prompt",
     "logprobs", "user",
 )  # fmt: skip
-HEADERS = ("x-slo-tier", "x-slo-ttft-s", "x-slo-deadline-s", "x-slo-stage", "x-request-id", "x-slo-nope")
+HEADERS = (
+    "x-slo-tier",
+    "x-slo-ttft-s",
+    "x-slo-deadline-s",
+    "x-slo-stage",
+    "x-slo-stages",
+    "x-slofleet-program-start",
+    "x-request-id",
+    "x-slo-nope",
+)
 
 
 def random_json(rng: random.Random, depth: int = 0) -> Any:

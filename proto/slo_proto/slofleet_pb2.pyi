@@ -45,7 +45,7 @@ class BoundsReply(_message.Message):
     def __init__(self, bounds: _Optional[_Iterable[_Union[RequestBound, _Mapping]]] = ..., generated_unix_s: _Optional[float] = ...) -> None: ...
 
 class EngineRequest(_message.Message):
-    __slots__ = ("request_key", "phase", "prompt_tokens", "generated_tokens", "max_tokens", "arrival_unix_s", "kind", "tier", "priority_weight", "ttft_s", "tbt_s", "deadline_s", "deadline_unix_s", "tenant", "program_id", "stage", "output_bound", "first_token_unix_s", "stages")
+    __slots__ = ("request_key", "phase", "prompt_tokens", "generated_tokens", "max_tokens", "arrival_unix_s", "kind", "tier", "priority_weight", "ttft_s", "tbt_s", "deadline_s", "deadline_unix_s", "tenant", "program_id", "stage", "output_bound", "first_token_unix_s", "stages", "program_start_unix_s")
     REQUEST_KEY_FIELD_NUMBER: _ClassVar[int]
     PHASE_FIELD_NUMBER: _ClassVar[int]
     PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
@@ -65,6 +65,7 @@ class EngineRequest(_message.Message):
     OUTPUT_BOUND_FIELD_NUMBER: _ClassVar[int]
     FIRST_TOKEN_UNIX_S_FIELD_NUMBER: _ClassVar[int]
     STAGES_FIELD_NUMBER: _ClassVar[int]
+    PROGRAM_START_UNIX_S_FIELD_NUMBER: _ClassVar[int]
     request_key: str
     phase: str
     prompt_tokens: int
@@ -84,7 +85,8 @@ class EngineRequest(_message.Message):
     output_bound: int
     first_token_unix_s: float
     stages: int
-    def __init__(self, request_key: _Optional[str] = ..., phase: _Optional[str] = ..., prompt_tokens: _Optional[int] = ..., generated_tokens: _Optional[int] = ..., max_tokens: _Optional[int] = ..., arrival_unix_s: _Optional[float] = ..., kind: _Optional[str] = ..., tier: _Optional[str] = ..., priority_weight: _Optional[float] = ..., ttft_s: _Optional[float] = ..., tbt_s: _Optional[float] = ..., deadline_s: _Optional[float] = ..., deadline_unix_s: _Optional[float] = ..., tenant: _Optional[str] = ..., program_id: _Optional[str] = ..., stage: _Optional[int] = ..., output_bound: _Optional[int] = ..., first_token_unix_s: _Optional[float] = ..., stages: _Optional[int] = ...) -> None: ...
+    program_start_unix_s: float
+    def __init__(self, request_key: _Optional[str] = ..., phase: _Optional[str] = ..., prompt_tokens: _Optional[int] = ..., generated_tokens: _Optional[int] = ..., max_tokens: _Optional[int] = ..., arrival_unix_s: _Optional[float] = ..., kind: _Optional[str] = ..., tier: _Optional[str] = ..., priority_weight: _Optional[float] = ..., ttft_s: _Optional[float] = ..., tbt_s: _Optional[float] = ..., deadline_s: _Optional[float] = ..., deadline_unix_s: _Optional[float] = ..., tenant: _Optional[str] = ..., program_id: _Optional[str] = ..., stage: _Optional[int] = ..., output_bound: _Optional[int] = ..., first_token_unix_s: _Optional[float] = ..., stages: _Optional[int] = ..., program_start_unix_s: _Optional[float] = ...) -> None: ...
 
 class FinishedRequest(_message.Message):
     __slots__ = ("request_key", "generated_tokens", "finish_reason", "tier", "outcome", "prompt_tokens")

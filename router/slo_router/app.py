@@ -37,7 +37,7 @@ from slo_core.wire.tags import strip_engine_tags
 from slo_router.accounting import respond
 from slo_router.config import RouterConfig
 from slo_router.endpoints import EndpointState
-from slo_router.enginetags import with_tags
+from slo_router.enginetags import program_start_unix_s, with_tags
 from slo_router.errors import APIError, error_response, exception_handlers, internal_error_response
 from slo_router.intake import (
     affinity_of,
@@ -144,7 +144,10 @@ async def _serve(state: RouterState, request: Request, labels: list[str]) -> Res
             headers = engine_headers(request_id)
         else:
             body_bytes = forward
-            headers = upstream_headers(slo, tier, tenant, request_id, state.tag_keys)
+            started = program_start_unix_s(view, clock=state.clock)
+            headers = upstream_headers(
+                slo, tier, tenant, request_id, state.tag_keys, program_start_unix_s=started
+            )
         try:
             opening = open_upstream(
                 state.client,

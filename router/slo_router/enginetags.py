@@ -27,7 +27,9 @@ def engine_tags(
 ) -> EngineTags:
     """The tags of a routed request; its deadline moves from the router's clock to unix seconds.
     ``stages``: the program's stated stage count (the pod's analyzer splits the deadline by it)."""
-    deadline = view.deadline_at_s + (wall_now_s - now_s) if view.deadline_at_s is not None else None
+    shift = wall_now_s - now_s
+    deadline = view.deadline_at_s + shift if view.deadline_at_s is not None else None
+    start = view.program_arrival_s + shift if view.program_arrival_s is not None else None
     return EngineTags(
         targets=view.slo,
         request_key=view.request_id,
@@ -37,7 +39,18 @@ def engine_tags(
         stage=view.stage,
         tier=tier,
         stages=stages,
+        program_start_at_s=start,
     )
+
+
+def program_start_unix_s(
+    view: RequestView, *, clock: Callable[[], float], wall_clock: Callable[[], float] = time.time
+) -> float | None:
+    """A compound call's program start (its first call at this router) in unix seconds, for the
+    proxy-mode header; None for any other request."""
+    if view.program_arrival_s is None:
+        return None
+    return view.program_arrival_s + (wall_clock() - clock())
 
 
 def tagged_body(

@@ -21,7 +21,13 @@ from slo_core.policies.base import RequestView
 from slo_core.predict.compound import routing_deadline_at_s
 from slo_core.routing import Affinity, ProgramClock
 from slo_core.slo import RequestKind, SLOTargets
-from slo_core.wire.headers import INTERNAL_PREFIX, REQUEST_ID_HEADER, sign_headers
+from slo_core.wire.headers import (
+    INTERNAL_PREFIX,
+    PROGRAM_START_HEADER,
+    REQUEST_ID_HEADER,
+    TENANT_HEADER,
+    sign_headers,
+)
 from slo_core.wire.keyring import KeyRing
 from slo_core.wire.limits import SAFE_TOKEN, check_headers, parse_json_object, read_capped, token_count
 from slo_core.wire.request_slo import SLOParamError, SLORequest, parse_slo, to_headers
@@ -142,17 +148,22 @@ def upstream_headers(
     tenant: Tenant,
     request_id: str,
     keys: Callable[[], KeyRing] | None = None,
+    *,
+    program_start_unix_s: float | None = None,
 ) -> dict[str, str]:
     """The SLO as headers with the bound tier; the body's SLO fields are stripped before forwarding.
-    With the tag key ring they are signed (the sidecar believes only signed ones)."""
+    With the tag key ring they are signed (the sidecar believes only signed ones).
+    ``program_start_unix_s``: a compound call's program start (its first call at this router)."""
     headers = to_headers(slo.model_copy(update={"tier": tier}))
     headers.update(
         {
             "content-type": "application/json",
             "x-request-id": request_id,
-            f"{INTERNAL_PREFIX}tenant": tenant.name,
+            TENANT_HEADER: tenant.name,
         }
     )
+    if program_start_unix_s is not None:
+        headers[PROGRAM_START_HEADER] = repr(program_start_unix_s)
     if keys is not None:
         now_s = time.time()
         headers = sign_headers(headers, keys().signing_key(now_s), now_s)
@@ -231,6 +242,7 @@ def request_view(
         if targets.deadline_s
         else (now + targets.effective_deadline_s if targets.kind is RequestKind.BEST_EFFORT else None)
     )
+    first: float | None = None
     if (
         targets.kind is RequestKind.COMPOUND
         and targets.deadline_s
@@ -252,6 +264,10 @@ def request_view(
         tenant=tenant.name,
         program_id=slo.program_id,
         stage=slo.stage,
+        # the program as the simulator's views show it (its first call in the fleet); the pods get
+        # the start in the signed tags or headers and date the program from it, not their first call
+        program_arrival_s=first,
+        program_deadline_at_s=first + targets.effective_deadline_s if first is not None else None,
     )
 
 

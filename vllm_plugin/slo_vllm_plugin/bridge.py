@@ -27,7 +27,7 @@ from slo_core.policies.base import (
 )
 from slo_core.policies.guard import GuardedPolicy
 from slo_core.slo import RequestKind, SLOTargets
-from slo_core.wire.tags import EngineTags, decode_tags, distrust
+from slo_core.wire.tags import EngineTags, decode_tags, distrust, program_start_s
 
 log = logging.getLogger(__name__)
 
@@ -107,6 +107,7 @@ class PolicyBridge:
         pid = tags.program_id
         p = self._programs.get(pid)
         if p is None:
+            arrival_s = program_start_s(arrival_s, tags.program_start_at_s)
             deadline = arrival_s + tags.targets.effective_deadline_s
             if tags.deadline_at_s is not None:
                 deadline = max(deadline, tags.deadline_at_s)

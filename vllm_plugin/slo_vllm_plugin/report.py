@@ -124,6 +124,7 @@ def _request(pb: Any, row: RequestRow) -> Any:
         msg.tenant = tags.tenant
         msg.program_id = tags.program_id or ""
         msg.stages = tags.stages or 0
+        msg.program_start_unix_s = tags.program_start_at_s or 0.0
         if tags.stage is not None:  # stage 0 is a stage: only a call without one leaves it unset
             msg.stage = tags.stage
         msg.output_bound = tags.output_bound or 0

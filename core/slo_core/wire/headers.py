@@ -6,12 +6,15 @@ without the router cannot raise itself above its tier."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 
 from slo_core.wire.signing import PREFIX, SIG_TAG, sign, verify
 
 INTERNAL_PREFIX = "x-slofleet-"  # every header under it is stripped from client requests at the router
 TENANT_HEADER = INTERNAL_PREFIX + "tenant"  # the tenant the router authenticated the request as
+# a compound call's program start (unix seconds): when its first call reached the router
+PROGRAM_START_HEADER = INTERNAL_PREFIX + "program-start"
 REQUEST_ID_HEADER = "x-request-id"
 SIGNATURE_HEADER = INTERNAL_PREFIX + "signature"  # the router's HMAC over the headers below
 
@@ -38,3 +41,16 @@ def verify_headers(headers: Mapping[str, str], keys: Sequence[bytes], now_s: flo
     if not sig:
         return "unsigned"
     return verify({**_signed_part(headers), SIG_TAG: sig}, keys, now_s)
+
+
+def program_start_of(headers: Mapping[str, str]) -> float | None:
+    """The router's program start (:data:`PROGRAM_START_HEADER`, unix seconds): None when absent, not
+    a finite positive number, or malformed (the pod then dates the program from the call itself)."""
+    raw = headers.get(PROGRAM_START_HEADER)
+    if not raw or len(raw) > 32:
+        return None
+    try:
+        value = float(raw)
+    except ValueError:
+        return None
+    return value if math.isfinite(value) and value > 0 else None

@@ -33,6 +33,9 @@ class EngineTags:
     stage: int | None = None
     tier: str | None = None  # the SLOPolicy tier name (reported back to routers with the request's state)
     stages: int | None = None  # the program's stage count, when its client stated it (x-slo-stages)
+    # when the program's first call reached the router (unix s): a pod that sees a later stage first
+    # dates the program from it, as the simulator does, not from the first call it saw itself
+    program_start_at_s: float | None = None
 
     def to_xargs(self) -> dict[str, str | int | float]:
         t = self.targets
@@ -53,6 +56,7 @@ class EngineTags:
             "slo_request_key": self.request_key or None,
             "slo_tier": self.tier,
             "slo_stages": self.stages,
+            "slo_program_start_at_s": self.program_start_at_s,
         }
         out.update({k: v for k, v in optional.items() if v is not None})
         return out
@@ -66,6 +70,15 @@ def _num(raw: Mapping[str, Any], key: str) -> float | None:
     if not math.isfinite(number):
         raise ValueError(f"vllm_xargs.{key} must be finite, got {value!r}")
     return number
+
+
+def program_start_s(now_s: float, stated_s: float | None) -> float:
+    """When a pod reckons a compound program began, on first seeing one of its calls at ``now_s``: the
+    router's stated start (its first call anywhere in the fleet, the simulator's program arrival) when
+    the signed tags or headers carry one, never later than now; else now (a pod without a router)."""
+    if stated_s is None or not math.isfinite(stated_s):
+        return now_s
+    return min(now_s, stated_s)
 
 
 def decode_tags(raw: Mapping[str, Any] | None) -> EngineTags | None:
@@ -96,6 +109,7 @@ def decode_tags(raw: Mapping[str, Any] | None) -> EngineTags | None:
         stage=int(stage) if stage is not None else None,
         tier=str(raw["slo_tier"]) if raw.get("slo_tier") is not None else None,
         stages=stages,
+        program_start_at_s=_num(raw, "slo_program_start_at_s"),
     )
 
 

@@ -35,7 +35,7 @@ from slo_core.sim.outcomes import Feedback
 from slo_core.sim.request import REJECTED, RUNNING, ProgramState, SimRequest
 from slo_core.slo import RequestKind, SLOTargets
 from slo_core.wire.keyring import KeyFile
-from slo_core.wire.tags import EngineTags, distrust
+from slo_core.wire.tags import EngineTags, distrust, program_start_s
 from slo_vllm_plugin.report import EngineSnapshot, Finished, RequestRow, Throttle, judge, watch
 
 from .policy_hook import GuardedPolicy, observes_feedback
@@ -251,8 +251,9 @@ class EngineRunner:
         pid = tags.program_id or ""
         p = self._programs.get(pid)
         if p is None:
+            start = program_start_s(now, tags.program_start_at_s)
             try:
-                p = ProgramState(pid, now, targets, (), tier=targets.priority_class, tenant=tags.tenant)
+                p = ProgramState(pid, start, targets, (), tier=targets.priority_class, tenant=tags.tenant)
             except ValueError:  # a latency SLO has no program deadline
                 return None
             if tags.deadline_at_s is not None:

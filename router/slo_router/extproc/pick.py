@@ -20,7 +20,7 @@ from slo_core.policies.base import RequestView
 from slo_core.wire.headers import INTERNAL_PREFIX
 from slo_router import app as router_app
 from slo_router.endpoints import EndpointState
-from slo_router.enginetags import tagged_body
+from slo_router.enginetags import program_start_unix_s, tagged_body
 from slo_router.errors import APIError
 from slo_router.intake import (
     affinity_of,
@@ -131,7 +131,10 @@ async def pick(
     if result.affinity:
         state.metrics.affinity_hits.labels(result.affinity).inc()
     ep.note_sent(view, state.clock())
-    set_headers = upstream_headers(slo, tier, tenant, request_id, state.tag_keys)
+    started = program_start_unix_s(view, clock=state.clock)
+    set_headers = upstream_headers(
+        slo, tier, tenant, request_id, state.tag_keys, program_start_unix_s=started
+    )
     forward = router_app.body_to_forward(state, adm)
     if ep.spec.mode == "engine":  # the gateway sends to vLLM itself: the SLO rides as signed tags
         out = tagged_body(forward, view, tier, state.tag_keys, clock=state.clock, stages=slo.stages)

@@ -15,6 +15,7 @@ import pytest
 from builders import STEP_10MS
 
 from slo_core.gain import GainParams
+from slo_core.policies.registry import make_engine_policy
 from slo_core.predict import load_estimator
 from slo_core.sim.analyzer import SimAnalyzer
 from slo_core.sim.fleet import FleetSim, ReplicaSpec, SimConfig
@@ -225,3 +226,102 @@ async def test_in_engine_mode_each_call_is_scheduled_by_the_sub_deadline_the_sim
         split += engine_due < r.program.deadline_at_s - 1e-9
     assert split > len(calls) // 2  # most calls are due before their program's end
     assert isinstance(pb.EngineRequest().HasField("stage"), bool)
+
+
+async def test_a_pod_that_first_sees_a_later_stage_dates_the_program_from_its_first_call_in_the_fleet() -> (
+    None
+):
+    # With several pods, a program's later stages may land on a pod that never saw its first call.
+    # The simulator's ProgramState (one per fleet) begins at the first call; the router knows it (its
+    # ProgramClock) and states it in the signed tags (engine mode) or headers (proxy mode). Before, each
+    # pod dated the program from the first call it saw itself: a later deadline than the simulator's.
+    from slo_core.routing import ProgramClock
+    from slo_core.wire.headers import program_start_of, sign_headers, verify_headers
+    from slo_core.wire.request_slo import SLORequest
+    from slo_core.wire.tags import decode_tags
+    from slo_lab.engine_sim.runner import EngineRunner, EngineSimSettings
+    from slo_router.enginetags import engine_tags, program_start_unix_s
+    from slo_router.intake import request_view, upstream_headers
+    from slo_router.tenants import Tenant
+    from slo_sidecar.config import PolicyConfig, SidecarKnobs
+    from slo_sidecar.estimators import FallbackEstimator
+    from slo_sidecar.service import Sidecar
+    from slo_vllm_plugin.bridge import PolicyBridge
+    from slo_vllm_plugin.report import EngineSnapshot, RequestRow, to_report
+
+    calls, _ = simulate_in_tier(None)
+    wall = 1.8e9  # unix seconds at the router's clock 0
+    programs_seen = ProgramClock()
+    tenant = Tenant("t", ("flow",), "flow")
+    mirror = Sidecar(
+        knobs=SidecarKnobs(mode="engine", pod="b"),
+        config=PolicyConfig(tiers={"flow": FLOW}, default_tier="flow"),
+        engine_url="http://127.0.0.1:9",
+        estimator=FallbackEstimator(),
+    ).mirror
+    engine_sim = EngineRunner(EngineSimSettings())
+    plugin = PolicyBridge(make_engine_policy("fcfs", {}))
+    now = [0.0]
+    proxy = Tracker(History(), clock=lambda: now[0], wall_offset_s=wall)
+    checked = 0
+    for r in sorted(calls, key=lambda c: (c.arrival_s, c.request_id)):
+        assert r.program is not None
+        t = r.arrival_s
+        slo = SLORequest(program_id=r.program.program_id, stage=r.stage, stages=len(r.program.stages))
+        view = request_view(
+            r.request_id, r.slo, t, body={"prompt": "x"}, tenant=tenant, slo=slo, programs=programs_seen,
+        )  # fmt: skip
+        assert (view.program_arrival_s, view.program_deadline_at_s) == (
+            r.program.arrival_s,
+            r.program.deadline_at_s,
+        )
+        if r.stage == 0:
+            continue  # pod b never sees a first stage: it is the router's word against its own clock
+        tags = engine_tags(view, "flow", now_s=t, wall_now_s=t + wall, stages=slo.stages)
+        tags = decode_tags(tags.to_xargs())  # as the engine reads them
+        assert tags is not None
+        pid, start, end = r.program.program_id, r.program.arrival_s + wall, r.program.deadline_at_s + wall
+        # engine mode: the pod sidecar (from the engine's report), engine-sim and the vLLM plugin
+        row = RequestRow(r.request_id, "waiting", r.prompt_tokens, 0, r.max_tokens, t + wall, tags)
+        await mirror.take(to_report(EngineSnapshot(t + wall, 0, 1, 0, 0.0, 8192, (row,)), []))
+        run = mirror.compound.programs[pid]
+        assert (run.arrival_s, run.deadline_at_s) == pytest.approx((start, end), abs=1e-6)
+        state = engine_sim._program(tags, tags.targets, t + wall)
+        assert state is not None
+        assert (state.arrival_s, state.deadline_at_s) == pytest.approx((start, end), abs=1e-6)
+        seen = plugin.program(tags, t + wall)
+        assert seen is not None
+        assert (seen.arrival_s, seen.deadline_at_s) == pytest.approx((start, end), abs=1e-6)
+        # proxy mode: the router's signed header, read by the pod sidecar's tracker
+        headers = upstream_headers(
+            slo, "flow", tenant, r.request_id, program_start_unix_s=program_start_unix_s(
+                view, clock=lambda: t, wall_clock=lambda: t + wall  # noqa: B023
+            ),
+        )  # fmt: skip
+        now[0] = t
+        live = proxy.new_request(
+            tier=FLOW, targets=FLOW.targets(), prompt_text="", prompt_tokens=r.prompt_tokens,
+            max_tokens=r.max_tokens, max_wait_s=30.0, bound=r.max_tokens, program_id=pid, stage=r.stage,
+            stated_stages=slo.stages, program_start_unix_s=program_start_of(headers), request_id=r.request_id,
+        )  # fmt: skip
+        assert (live.program_arrival_s, live.program_deadline_at_s) == pytest.approx(
+            (r.program.arrival_s, r.program.deadline_at_s), abs=1e-6
+        )
+        checked += 1
+    assert checked > 5
+    # the start is signed with the rest: a caller cannot move its program's clock
+    key = b"k" * 32
+    signed = sign_headers({"x-slo-tier": "flow", "x-slofleet-program-start": "100.0"}, key, wall)
+    assert verify_headers(signed, [key], wall) is None
+    assert verify_headers({**signed, "x-slofleet-program-start": "1.0"}, [key], wall) is not None
+
+
+@pytest.mark.parametrize("raw", ["", "nan", "inf", "-5", "0", "1e400", "12abc", "1" * 40])
+def test_a_malformed_program_start_is_ignored(raw: str) -> None:
+    from slo_core.wire.headers import program_start_of
+    from slo_core.wire.tags import program_start_s
+
+    assert program_start_of({"x-slofleet-program-start": raw}) is None
+    assert program_start_s(50.0, None) == 50.0
+    assert program_start_s(50.0, 60.0) == 50.0  # a start after the call itself: the call's time
+    assert program_start_s(50.0, 40.0) == 40.0
