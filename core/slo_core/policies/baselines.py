@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable, Sequence
+from operator import attrgetter
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -138,12 +139,12 @@ class Sarathi(BaseEnginePolicy):
         )
 
 
-def _ordered_admission(
-    waiting: Sequence[RequestView], key: Callable[[RequestView], tuple[float, ...]]
-) -> tuple[str, ...]:
-    """Waiting ids sorted by ``key``, ties kept in queue order."""
-    ranked = sorted(range(len(waiting)), key=lambda i: (*key(waiting[i]), i))
-    return tuple(waiting[i].request_id for i in ranked)
+def _ordered_admission(waiting: Sequence[RequestView], key: Callable[[RequestView], Any]) -> tuple[str, ...]:
+    """Waiting ids sorted by ``key``, ties kept in queue order (the sort is stable)."""
+    return tuple(map(_REQUEST_ID, sorted(waiting, key=key)))
+
+
+_REQUEST_ID = attrgetter("request_id")
 
 
 class EDF(BaseEnginePolicy):
@@ -162,7 +163,7 @@ class EDF(BaseEnginePolicy):
         engine: EngineView,
         rng: random.Random,
     ) -> Decision:
-        return Decision(admit=_ordered_admission(waiting, lambda r: (next_due_s(r),)), reason="edf")
+        return Decision(admit=_ordered_admission(waiting, next_due_s), reason="edf")
 
 
 class SJFOracle(BaseEnginePolicy):
