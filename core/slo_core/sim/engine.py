@@ -14,7 +14,8 @@ Each step (:meth:`SimEngine.plan`) the engine
 
 With ``skip_order_free`` (the fleet's setting) the engine leaves out step 1 for a policy whose
 decisions depend only on the queues' contents (``order_free_decisions``) wherever the decision could
-only reorder running requests whose order changes nothing this step (:meth:`SimEngine._skippable`);
+only reorder queues whose order changes nothing this step: running requests that all fit, and
+waiting ones when no sequence slot is free (:meth:`SimEngine._skippable`);
 a reader of the order mid-step gets it applied first. The run is the same, decision for decision
 (``tests/unit/core/sim/test_sim_order_free.py``); an every-step policy costs what FCFS costs on
 most steps. With ``prefill_first`` (vLLM v0's order) step 3 runs before step 2. The step's duration comes from
@@ -127,8 +128,9 @@ class SimEngine(EngineSnapshots):
             and self._feedback is None
             and bool(getattr(policy, "order_free_decisions", False))
         )
-        # (now_s, free KV blocks) of the decision plan() left out for the step in flight, if any
-        self._deferred: tuple[float, int] | None = None
+        # (now_s, free KV blocks, the waiting queue then) of the decision plan() left out for the step
+        # in flight, if any
+        self._deferred: tuple[float, int, list[SimRequest]] | None = None
         if self._fast:
             # a FIFO policy's decision never depends on the queues: learn its knobs once
             self._set_knobs(policy.decide([], [], self.engine_view(0.0), self.rng))
@@ -193,16 +195,20 @@ class SimEngine(EngineSnapshots):
     def _skippable(self) -> bool:
         """Whether this step's decision cannot change what runs, for an order-free policy (one whose
         decision depends on the queues' contents, not their order, and only orders and admits:
-        ``order_free_decisions``) when nothing waits.
+        ``order_free_decisions``) when nothing waits, or when requests wait but every sequence slot is
+        taken (nothing can be admitted this step, whatever the order or the held set).
 
-        The decision would then only reorder the running requests. Their order decides nothing in a
-        step where every one of them gets all its tokens (they fit the token budget), no KV
-        preemption can happen (their new blocks fit the free ones) and no call of a compound program
-        finishes (the fleet's program bookkeeping, which may route the next stage and so read this
-        engine, follows the order of finishes). The next decision sees the same contents whatever
-        their order; a reader of the order in between gets the left-out decision applied first
-        (:meth:`_apply_deferred`).
+        The decision would then only reorder the queues. The waiting order decides nothing in a step
+        that admits nobody; the next decision (its contents unchanged) orders them anew. The running
+        order decides nothing in a step where every one of them gets all its tokens (they fit the
+        token budget), no KV preemption can happen (their new blocks fit the free ones) and no call of
+        a compound program finishes (the fleet's program bookkeeping, which may route the next stage
+        and so read this engine, follows the order of finishes). The next decision sees the same
+        contents whatever their order; a reader of the order in between gets the left-out decision
+        applied first (:meth:`_apply_deferred`).
         """
+        if self.waiting and len(self.running) < self.config.max_num_seqs:
+            return False
         budget = self.token_budget
         free = self.free_blocks
         bs = self.block_size
@@ -216,18 +222,25 @@ class SimEngine(EngineSnapshots):
 
     def _apply_deferred(self) -> None:
         """Take the decision :meth:`plan` left out for the step in flight, on the state it saw then (the
-        running requests have not moved since; nothing waited), so the running order is what it
-        would have been."""
+        running requests have not moved since; the waiting queue then is a prefix of today's: only
+        arrivals were appended), so both orders are what they would have been."""
         if self._deferred is None:
             return
-        now_s, free_blocks = self._deferred
+        now_s, free_blocks, waiting = self._deferred
         self._deferred = None
         view = dataclasses.replace(self.engine_view(now_s), kv_blocks_free=free_blocks)
-        decision = self.policy.decide([], request_views(self.running), view, self.rng)
+        decision = self.policy.decide(request_views(waiting), request_views(self.running), view, self.rng)
         self.decisions += 1
-        applied = apply_decision(decision, [], self.running)
-        if applied.preempted or decision.token_budget is not None or decision.prefill_first:
+        applied = apply_decision(decision, waiting, self.running)
+        if (
+            applied.preempted
+            or applied.rejected
+            or decision.token_budget is not None
+            or decision.prefill_first
+        ):
             raise RuntimeError(f"{self.policy.name}: an order-free policy only orders and admits")
+        arrived = self.waiting[len(waiting) :]
+        self.waiting = applied.waiting + arrived
         self.running = applied.running
         self.listed = applied.listed
         self.hold_unlisted = applied.hold_unlisted
@@ -245,8 +258,8 @@ class SimEngine(EngineSnapshots):
         self.step += 1
         self.step_start_s = now_s
         if not self._fast and (self.step % self._frame == 0 or (self._on_events and self.events)):
-            if self._order_free and not self.waiting and self._skippable():
-                self._deferred = (now_s, self.free_blocks)
+            if self._order_free and self._skippable():
+                self._deferred = (now_s, self.free_blocks, list(self.waiting))
             else:
                 self._decide(now_s)
         self._batch_p = []

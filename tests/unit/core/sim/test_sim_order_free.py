@@ -137,5 +137,37 @@ def test_the_running_order_a_reader_sees_is_the_order_deciding_every_step_gives(
     assert engines[0].decisions < engines[1].decisions
 
 
-def _order(e: SimEngine, now: float) -> list[str]:
-    return [r.request_id for r in e.replica_view(now).running]
+def _order(e: SimEngine, now: float) -> tuple[list[str], list[str], bool, frozenset[str]]:
+    """Both queues' order as a reader sees them, and the held set admission will go by."""
+    view = e.replica_view(now)
+    return (
+        [r.request_id for r in view.running],
+        [r.request_id for r in view.waiting],
+        e.hold_unlisted,
+        e.listed,
+    )
+
+
+def test_with_every_sequence_slot_taken_the_waiting_queue_decides_nothing(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Requests wait while all max_num_seqs slots run: no order admits any of them this step, so the
+    # decision is left out there too; arrivals during the step join the waiting queue after the
+    # left-out decision's order, as they would after a decision taken.
+    left_out_while_waiting = 0
+    skippable = SimEngine._skippable
+
+    def counting(self: SimEngine) -> bool:
+        nonlocal left_out_while_waiting
+        out = skippable(self)
+        left_out_while_waiting += out and bool(self.waiting)
+        return out
+
+    monkeypatch.setattr(SimEngine, "_skippable", counting)
+    jobs = build_workload(WorkloadSpec(duration_s=5.0, rps=30.0, mix=(1, 1, 1), seed=11))
+    spec = ReplicaSpec(H100, EngineConfig(max_num_seqs=6))
+    config = SimConfig(report_interval_s=0.02)
+    skipping = FleetSim([spec] * 2, SlideBatching, "go-routing", seed=2, config=config).run(jobs)
+    reference = FleetSim([spec] * 2, EveryStep, "go-routing", seed=2, config=config).run(jobs)
+    assert outcomes(skipping) == outcomes(reference)
+    assert left_out_while_waiting > 100
