@@ -43,8 +43,9 @@ class CallRecord:
 
     sent_s: float
     token_times_s: list[float] = field(default_factory=list)
-    status: str = "ok"  # ok | rejected | error
+    status: str = "ok"  # ok | rejected | dropped | error
     error: str = ""
+    finish_reason: str | None = None  # the engine's, as the last event or the response said
 
 
 @dataclass
@@ -58,7 +59,10 @@ class JobRecord:
     def status(self) -> str:
         if self.completed:
             return "ok"
-        return "rejected" if any(c.status == "rejected" for c in self.calls) else "error"
+        for status in ("rejected", "dropped"):
+            if any(c.status == status for c in self.calls):
+                return status
+        return "error"
 
 
 def _headers(job: Job, stage: int | None = None) -> dict[str, str]:
@@ -110,6 +114,8 @@ class Replayer:
         async for chunk in stream:
             if chunk.choices and chunk.choices[0].delta.content:
                 rec.token_times_s.append(self.clock())
+            if chunk.choices and chunk.choices[0].finish_reason:
+                rec.finish_reason = chunk.choices[0].finish_reason
             if chunk.usage is not None:
                 used = chunk.usage.completion_tokens
         # a chunk may carry several tokens that piled up: the usage count is the truth
@@ -127,6 +133,7 @@ class Replayer:
             extra_headers=_headers(job, stage),
         )
         now = self.clock()
+        rec.finish_reason = out.choices[0].finish_reason if out.choices else None
         n = out.usage.completion_tokens if out.usage is not None else 0
         rec.token_times_s.extend([now] * n)
 
@@ -137,7 +144,14 @@ class Replayer:
                 await self._stream_chat(job, rec, prompt_tokens, out_tokens)
             else:
                 await self._complete(job, rec, prompt_tokens, out_tokens, stage)
-            if len(rec.token_times_s) < out_tokens:
+            if len(rec.token_times_s) < out_tokens and rec.finish_reason == "abort":
+                # the engine's scheduler let the call go (a hard deadline it could no longer meet):
+                # a miss the simulator counts the same way, not a fault of the fleet
+                rec.status, rec.error = (
+                    "dropped",
+                    f"dropped by the engine after {len(rec.token_times_s)} tokens",
+                )
+            elif len(rec.token_times_s) < out_tokens:
                 rec.status, rec.error = "error", f"stream ended after {len(rec.token_times_s)} tokens"
         except (openai.RateLimitError, openai.InternalServerError) as exc:
             rec.status = "rejected" if getattr(exc, "status_code", 0) in (429, 503) else "error"
@@ -242,7 +256,7 @@ def outcomes(
 
 def describe(records: Sequence[JobRecord]) -> dict[str, Any]:
     """Counts by status, for reconciling with the fleet's own metrics."""
-    counts: dict[str, int] = {"ok": 0, "rejected": 0, "error": 0}
+    counts: dict[str, int] = {"ok": 0, "rejected": 0, "dropped": 0, "error": 0}
     for r in records:
         counts[r.status] += 1
     return counts

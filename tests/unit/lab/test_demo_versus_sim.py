@@ -7,6 +7,8 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
+import pytest
+
 from slo_core.crd.loads import parse_policy
 from slo_core.workloads import WorkloadSpec, build_workload, parse_mix
 from slo_core.workloads.jobs import Job
@@ -178,3 +180,48 @@ def test_demotions_are_compared_live_vs_simulated_per_tier_the_router_counts() -
         {"slofleet": {**tier, "demoted_by_tier": live}}, {"slofleet": {**tier, "demoted_by_tier": {"x": 2}}}
     )
     assert "| demoted to best effort (requests and calls) | 7 | 2 | +5 |" in text
+
+
+@pytest.mark.parametrize("finish", ["abort", "length"])
+@pytest.mark.parametrize("stream", [True, False])
+async def test_a_call_the_engine_let_go_is_counted_dropped_not_an_error(finish: str, *, stream: bool) -> None:
+    # The engine's scheduler ends a waiting call it can no longer serve in time with finish_reason
+    # "abort" (the simulator counts it missed). The demo's console listed those as errors; a call that
+    # ends short for any other reason still is one.
+    import json
+    import time
+
+    import httpx
+    import openai
+
+    from slo_lab.localfleet.replay import Replayer, describe, failure_reasons
+
+    kind = "latency" if stream else "deadline"
+    job = replace(next(j for j in _jobs() if j.slo.kind.value == kind), arrival_s=0.0)
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        usage = {"prompt_tokens": 1, "completion_tokens": 0, "total_tokens": 1}
+        if json.loads(request.content).get("stream"):
+            chunks = [
+                {"id": "c", "object": "chat.completion.chunk", "created": 0, "model": "m",
+                 "choices": [{"index": 0, "delta": {"content": ""}, "finish_reason": finish}]},
+                {"id": "c", "object": "chat.completion.chunk", "created": 0, "model": "m", "choices": [],
+                 "usage": usage},
+            ]  # fmt: skip
+            text = "".join(f"data: {json.dumps(c)}\n\n" for c in chunks) + "data: [DONE]\n\n"
+            return httpx.Response(200, text=text, headers={"content-type": "text/event-stream"})
+        return httpx.Response(200, json={
+            "id": "c", "object": "text_completion", "created": 0, "model": "m",
+            "choices": [{"index": 0, "text": "", "finish_reason": finish}], "usage": usage,
+        })  # fmt: skip
+
+    http = httpx.AsyncClient(transport=httpx.MockTransport(answer))
+    client = openai.AsyncOpenAI(base_url="http://fleet/v1", api_key="k", http_client=http, max_retries=0)
+    record = await Replayer(client, "m", time.monotonic).run_job(job, time.monotonic())
+    await http.aclose()
+    expected = "dropped" if finish == "abort" else "error"
+    assert not record.completed and record.status == expected
+    assert describe([record])[expected] == 1
+    assert next(iter(failure_reasons([record]))).startswith(
+        "dropped by the engine" if finish == "abort" else "stream ended"
+    )
