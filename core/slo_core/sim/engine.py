@@ -128,9 +128,9 @@ class SimEngine(EngineSnapshots):
             and self._feedback is None
             and bool(getattr(policy, "order_free_decisions", False))
         )
-        # (now_s, free KV blocks, the waiting queue then) of the decision plan() left out for the step
-        # in flight, if any
-        self._deferred: tuple[float, int, list[SimRequest]] | None = None
+        # (now_s, free KV blocks, how many waited then) of the decision plan() left out for the step in
+        # flight, if any (until the step completes the waiting queue only grows at its end)
+        self._deferred: tuple[float, int, int] | None = None
         if self._fast:
             # a FIFO policy's decision never depends on the queues: learn its knobs once
             self._set_knobs(policy.decide([], [], self.engine_view(0.0), self.rng))
@@ -226,8 +226,9 @@ class SimEngine(EngineSnapshots):
         arrivals were appended), so both orders are what they would have been."""
         if self._deferred is None:
             return
-        now_s, free_blocks, waiting = self._deferred
+        now_s, free_blocks, n_waiting = self._deferred
         self._deferred = None
+        waiting = self.waiting[:n_waiting]
         view = dataclasses.replace(self.engine_view(now_s), kv_blocks_free=free_blocks)
         decision = self.policy.decide(request_views(waiting), request_views(self.running), view, self.rng)
         self.decisions += 1
@@ -239,8 +240,7 @@ class SimEngine(EngineSnapshots):
             or decision.prefill_first
         ):
             raise RuntimeError(f"{self.policy.name}: an order-free policy only orders and admits")
-        arrived = self.waiting[len(waiting) :]
-        self.waiting = applied.waiting + arrived
+        self.waiting = applied.waiting + self.waiting[n_waiting:]
         self.running = applied.running
         self.listed = applied.listed
         self.hold_unlisted = applied.hold_unlisted
@@ -259,7 +259,7 @@ class SimEngine(EngineSnapshots):
         self.step_start_s = now_s
         if not self._fast and (self.step % self._frame == 0 or (self._on_events and self.events)):
             if self._order_free and self._skippable():
-                self._deferred = (now_s, self.free_blocks, list(self.waiting))
+                self._deferred = (now_s, self.free_blocks, len(self.waiting))
             else:
                 self._decide(now_s)
         self._batch_p = []
