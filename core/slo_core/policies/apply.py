@@ -19,10 +19,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from operator import attrgetter
 from typing import Generic, Protocol, TypeVar
 
-from slo_core.policies.base import Decision, slots_twin
+from slo_core.policies.base import Decision, request_id_of, slots_twin
 
 
 class HasRequestId(Protocol):
@@ -57,9 +56,6 @@ _AppliedSlots = slots_twin(
 )
 
 
-_REQUEST_ID = attrgetter("request_id")
-
-
 def ordered(items: Sequence[T], order: Sequence[str]) -> tuple[list[T], list[T]]:
     """Split ``items`` into (listed in ``order``'s order, the rest in current order); duplicates once."""
     n = len(order)
@@ -69,7 +65,7 @@ def ordered(items: Sequence[T], order: Sequence[str]) -> tuple[list[T], list[T]]
                 break
         else:
             return list(items[:n]), list(items[n:])
-    by_id = dict(zip(map(_REQUEST_ID, items), items, strict=True))
+    by_id = dict(zip(map(request_id_of, items), items, strict=True))
     if n == len(by_id) == len(items) and by_id.keys() == set(order):
         # a whole new order of the queue (what most policies return): every id once, nothing left
         return list(map(by_id.__getitem__, order)), []
@@ -107,7 +103,7 @@ def apply_decision(decision: Decision, waiting: Sequence[T], running: Sequence[T
     a.running = still_running
     a.preempted = preempted
     a.rejected = rejected
-    a.listed = frozenset(map(_REQUEST_ID, listed))
+    a.listed = frozenset(map(request_id_of, listed))
     a.hold_unlisted = decision.hold_unlisted
     a.__class__ = AppliedDecision
     out: AppliedDecision[T] = a

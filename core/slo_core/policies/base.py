@@ -32,10 +32,14 @@ import random
 import types
 from collections.abc import Sequence
 from dataclasses import dataclass, field, fields
+from operator import attrgetter
 from typing import Any, Protocol, runtime_checkable
 
 from slo_core.perf.model import PerfProfile
 from slo_core.slo import RequestKind, SLOTargets
+
+# a request's id (views, SimRequests, anything with ``request_id``), as a C-level key function
+request_id_of = attrgetter("request_id")
 
 # compound programs an engine remembers (the least recently seen dropped): engine-sim and the plugin
 MAX_ENGINE_PROGRAMS = 4096

@@ -23,13 +23,12 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable, Sequence
-from operator import attrgetter
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from slo_core.policies.autellix import AutellixPLAS, AutellixPLASParams
-from slo_core.policies.base import BaseEnginePolicy, Decision, EngineView, RequestView
+from slo_core.policies.base import BaseEnginePolicy, Decision, EngineView, RequestView, request_id_of
 from slo_core.policies.ltr import LTR, LTRParams, NoisyOraclePredictor
 from slo_core.slo import RequestKind
 
@@ -141,10 +140,7 @@ class Sarathi(BaseEnginePolicy):
 
 def _ordered_admission(waiting: Sequence[RequestView], key: Callable[[RequestView], Any]) -> tuple[str, ...]:
     """Waiting ids sorted by ``key``, ties kept in queue order (the sort is stable)."""
-    return tuple(map(_REQUEST_ID, sorted(waiting, key=key)))
-
-
-_REQUEST_ID = attrgetter("request_id")
+    return tuple(map(request_id_of, sorted(waiting, key=key)))
 
 
 class EDF(BaseEnginePolicy):

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from slo_core.policies.base import RequestView
+from slo_core.policies.base import RequestView, request_id_of
 from slo_core.slo import RequestKind
 
 F64 = npt.NDArray[np.float64]
@@ -55,7 +55,6 @@ _PROGRESS = (
     "waiting_since_s",
     "program_attained_tokens",
 )
-_ID = attrgetter("request_id")
 
 
 def _nan_if_none(value: float | int | None) -> float:
@@ -199,7 +198,7 @@ class SnapshotTable:
     def columns(self, waiting: Sequence[RequestView], running: Sequence[RequestView]) -> Columns:
         """Columns of ``waiting`` followed by ``running`` (request ids must be unique)."""
         reqs = [*waiting, *running]
-        ids: list[str] = list(map(_ID, reqs))
+        ids: list[str] = list(map(request_id_of, reqs))
         rows = self._rows(reqs, ids)
         self._refresh(reqs, rows)
         is_running = np.zeros(len(reqs), dtype=np.bool_)

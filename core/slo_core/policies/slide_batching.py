@@ -35,7 +35,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from slo_core.objective import Objective
 from slo_core.perf.model import OnlineCorrection, PerfProfile
-from slo_core.policies.base import BaseEnginePolicy, Decision, EngineView, RequestView
+from slo_core.policies.base import BaseEnginePolicy, Decision, EngineView, RequestView, request_id_of
 from slo_core.policies.float_sum import numpy_sum
 from slo_core.policies.seed_estimates import (
     decode_core_s,
@@ -203,14 +203,13 @@ def canonical_queue(
     queue = sorted([*running, *waiting], key=_ARRIVAL_ID)
     if not running:
         return queue, [True] * len(queue)
-    running_ids = set(map(_REQUEST_ID, running))
+    running_ids = set(map(request_id_of, running))
     return queue, [r.request_id not in running_ids for r in queue]
 
 
 _ARRIVAL_ID = attrgetter("arrival_s", "request_id")
 # from this many queued requests the plan's two sorts run in numpy (below, plain lists are cheaper)
 _SORT_IN_NUMPY_FROM = 256
-_REQUEST_ID = attrgetter("request_id")
 
 # per request id: (the snapshot the terms were computed from, T̃ before β, next-token due time, gain)
 _Terms = tuple[RequestView, float, float, float]
