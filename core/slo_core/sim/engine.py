@@ -402,8 +402,13 @@ class SimEngine(EngineSnapshots):
                     finished.append(r)
         decodes = self._batch_d
         for r in decodes:
-            if r.program is not None:
-                r.program.attained_cache = -1
+            prog = r.program
+            if prog is not None:
+                # a decode adds one token to its program's attained service (a prompt's last token,
+                # generated 0, adds the prompt: recount); a call that finishes is recounted below
+                a = prog.attained_cache
+                if a >= 0:
+                    prog.attained_cache = a + 1 if r.generated > 0 else -1
             r.computed += 1
             r.generated += 1
             r.num_tokens += 1
@@ -420,6 +425,8 @@ class SimEngine(EngineSnapshots):
         self._batch_d = []
         if finished:
             for r in finished:
+                if r.program is not None:
+                    r.program.attained_cache = -1
                 r.state = FINISHED
                 r.finish_s = t
                 self.free_blocks += r.blocks

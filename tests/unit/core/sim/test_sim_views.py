@@ -13,10 +13,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from slo_core.perf import load_profile
 from slo_core.policies.base import EngineView, RequestView
+from slo_core.sim import engine as engine_module
+from slo_core.sim.fleet import FleetSim, ReplicaSpec
 from slo_core.sim.request import RUNNING, WAITING, ProgramState, SimRequest
 from slo_core.sim.views import new_engine_view, request_view, request_views
 from slo_core.slo import RequestKind, SLOTargets
+from slo_core.workloads import WorkloadSpec, build_workload
 
 SLOS = (
     SLOTargets(RequestKind.LATENCY, ttft_s=1.0, tbt_s=0.05),
@@ -126,3 +130,29 @@ def test_an_engine_view_equals_the_dataclass_constructors() -> None:
     assert view.kv_tokens_free == 250 * 16
     with pytest.raises(dataclasses.FrozenInstanceError):
         view.step = 0  # type: ignore[misc]
+
+
+@pytest.mark.parametrize(("policy", "dags"), [("gmax", "tot"), ("edf", "deep-research")])
+def test_a_programs_counted_service_always_equals_a_recount(
+    monkeypatch: pytest.MonkeyPatch, policy: str, dags: str
+) -> None:
+    """The engine keeps a program's attained service up to date as its calls decode (one token each)
+    instead of recounting it every step; every view read must see what a recount gives."""
+    checked = [0]
+
+    def recounting(reqs: list[SimRequest]) -> list[RequestView]:
+        for r in reqs:
+            p = r.program
+            if p is not None and p.attained_cache >= 0:
+                live = sum(
+                    c.attained_tokens() for c in p.calls[p.live_from :] if c.state in (RUNNING, WAITING)
+                )
+                assert p.attained_cache == p.attained_done_tokens + live, r
+                checked[0] += 1
+        return request_views(reqs)
+
+    monkeypatch.setattr(engine_module, "request_views", recounting)
+    jobs = build_workload(WorkloadSpec(duration_s=8.0, rps=10.0, mix=(1, 1, 1), dags=dags, seed=4))
+    spec = ReplicaSpec(load_profile("h100-llama3-8b-tp1"))
+    FleetSim([spec], policy, "round-robin", seed=1).run(jobs)
+    assert checked[0] > 1000
