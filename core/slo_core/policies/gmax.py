@@ -177,7 +177,8 @@ class GMAX(BaseEnginePolicy):
         out = np.zeros(len(c), dtype=np.bool_)
         if p.reject_past_deadline and p.goodput in _HARD_DEADLINE_GOODPUTS:
             hard = (c.kind == DEADLINE) | (c.kind == COMPOUND)
-            out |= waiting & hard & (np.nan_to_num(est.program_deadline_at_s, nan=np.inf) < now_s)
+            # NaN (no program deadline) compares False, as the +inf it stands for would
+            out |= waiting & hard & (est.program_deadline_at_s < now_s)
         if p.max_wait_s is not None:
             not_started = (c.generated_tokens == 0) & (c.computed_tokens == 0)
             out |= waiting & not_started & (now_s - c.arrival_s > p.max_wait_s)

@@ -40,6 +40,7 @@ _EPS_S = 1e-9
 # call against the program's remaining work (tempo also pays at the end, but was not measured with it)
 PROGRAM_PAID = frozenset({"request", "token"})
 _MIN_T_S = 1e-6
+_MAX_F = float(np.finfo(np.float64).max)
 
 
 @dataclass(frozen=True, slots=True)
@@ -152,6 +153,13 @@ def own_or(values: F64, fallback: F64) -> F64:
     return out
 
 
+def nan_to_num(x: F64, nan: float = 0.0) -> F64:
+    """``np.nan_to_num(x, nan=nan)`` of a float64 array (±inf to ±the largest float) in four ufunc
+    calls: numpy's own spends most of its time in Python, and GMAX calls it ~10 times a decision."""
+    out: F64 = np.where(np.isnan(x), nan, np.minimum(np.maximum(x, -_MAX_F), _MAX_F))
+    return out
+
+
 def latency_on_time_tokens(c: Columns, now_s: float, t_pre: F64, bound: F64, v: float) -> tuple[F64, B8]:
     """(remaining tokens i ∈ [g, bound) delivered by arrival + TTFT + i·TBT, next token on time)."""
     g = c.generated_tokens
@@ -166,17 +174,18 @@ def latency_on_time_tokens(c: Columns, now_s: float, t_pre: F64, bound: F64, v: 
         flat = np.where(c0 <= 0, bound - g, 0.0)
         n_on = np.where(k > 0, grow, np.where(k < 0, shrink, flat))
         next_on = c0 <= g * k
-    out: F64 = np.nan_to_num(n_on)
-    return out, next_on
+    return nan_to_num(n_on), next_on
 
 
 def normal_cdf(x: F64) -> F64:
     """Φ(x), vectorized (Abramowitz–Stegun 7.1.26, |error| < 1.5e-7); ±inf map to 1 and 0."""
-    z = np.abs(np.nan_to_num(x, nan=0.0, posinf=40.0, neginf=-40.0)) / np.sqrt(2.0)
+    x0 = np.where(np.isnan(x), 0.0, x)
+    # |x| capped at 40 (exp(-800) is 0.0: erf is exactly 1 from |x| ≈ 38 on, capped or not)
+    z = np.abs(np.minimum(np.maximum(x0, -40.0), 40.0)) / np.sqrt(2.0)
     t = 1.0 / (1.0 + 0.3275911 * z)
     poly = t * (0.254829592 + t * (-0.284496736 + t * (1.421413741 + t * (-1.453152027 + t * 1.061405429))))
     erf = 1.0 - poly * np.exp(-z * z)
-    out: F64 = np.where(np.nan_to_num(x, nan=0.0) >= 0, 0.5 * (1.0 + erf), 0.5 * (1.0 - erf))
+    out: F64 = np.where(x0 >= 0, 0.5 * (1.0 + erf), 0.5 * (1.0 - erf))
     return out
 
 
@@ -211,7 +220,7 @@ def fit_probability(generated: F64, bound: F64, slack_tokens: F64, sigma: float,
             generated > 0, normal_cdf((np.log(np.maximum(generated, 1e-9)) - log_b) / sigma + z_bound), 0.0
         )
         p = np.where(slack_tokens <= 0, 0.0, (hi - lo) / np.maximum(1.0 - lo, 1e-12))
-    out: F64 = np.clip(np.nan_to_num(p), 0.0, 1.0)
+    out: F64 = np.where(np.isnan(p), 0.0, np.minimum(np.maximum(p, 0.0), 1.0))
     return out
 
 
@@ -219,7 +228,7 @@ def _decay(slo_s: F64, actual_s: F64, alpha: float) -> F64:
     """Tempo's min(1, (SLO/x)^α), 0 for an SLO already behind (SLO ≤ 0)."""
     with np.errstate(invalid="ignore", divide="ignore"):
         ratio = np.clip(np.maximum(slo_s, 0.0) / np.maximum(actual_s, _MIN_T_S), 0.0, 1.0)
-        out: F64 = np.nan_to_num(ratio**alpha)
+        out: F64 = nan_to_num(ratio**alpha)
     return out
 
 
@@ -282,10 +291,11 @@ def estimate(c: Columns, now_s: float, speed: SpeedModel, p: GMAXParams, frame_s
     stages = _Groups(stage_key, stage_mask)
     t_finish = _stage_sum(stages, t_gen, reduce_max=True)  # stage calls run in parallel
     t_gen_agg = _stage_sum(stages, t_gen)  # bandwidth: every call holds a slot
-    feasible_deadline = now_s + t_finish <= np.nan_to_num(deadline, nan=-np.inf) + _EPS_S
+    dl = nan_to_num(deadline, nan=-np.inf)
+    feasible_deadline = now_s + t_finish <= dl + _EPS_S
     if p.feasibility == "probabilistic" and p.length_source != "oracle":
         # P(this call fits before its deadline); a stage needs all of its calls: the product.
-        slack = (np.nan_to_num(deadline, nan=-np.inf) - now_s - t_pre) / v
+        slack = (dl - now_s - t_pre) / v
         z_b = z_of_quantile(p.bound_quantile) if p.length_source == "analyzer" else 0.0
         p_fit = fit_probability(g, bound, slack, p.length_sigma, z_b)
         with np.errstate(divide="ignore"):
@@ -319,7 +329,7 @@ def estimate(c: Columns, now_s: float, speed: SpeedModel, p: GMAXParams, frame_s
         )
         gl = first + gp.output_weight * (n_on + (len_rem - n_on) * late)
     else:  # tdg
-        n_dl = np.clip(np.floor((np.nan_to_num(deadline) - now_s - t_pre) / v), 0.0, len_rem)
+        n_dl = np.clip(np.floor((nan_to_num(deadline) - now_s - t_pre) / v), 0.0, len_rem)
         gd = gp.decode_token_weight * n_dl + (gp.first_token_weight - gp.decode_token_weight) * (
             (g == 0) & (n_dl >= 1)
         )
@@ -343,7 +353,7 @@ def estimate(c: Columns, now_s: float, speed: SpeedModel, p: GMAXParams, frame_s
         # the goodput pays a program once, for all of its stages: its remaining work is this stage's
         # and the later stages', which the analyzer reserved (program − stage sub-deadline) time
         # for; they are taken to run as parallel as this one
-        prog = np.nan_to_num(program_deadline, nan=0.0)
+        prog = nan_to_num(program_deadline)
         later_s = np.where(
             stage_mask, np.maximum(0.0, prog - np.fmin(own_or(c.deadline_at_s, prog), prog)), 0.0
         )

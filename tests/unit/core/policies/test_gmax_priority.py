@@ -10,7 +10,14 @@ from builders import BE, CP, DL, LAT, deadline, request
 
 from slo_core.policies.base import RequestView
 from slo_core.policies.gmax_params import GMAXParams
-from slo_core.policies.gmax_priority import Estimates, SpeedModel, estimate
+from slo_core.policies.gmax_priority import (
+    Estimates,
+    SpeedModel,
+    estimate,
+    fit_probability,
+    nan_to_num,
+    normal_cdf,
+)
 from slo_core.policies.gmax_snapshot import SnapshotTable
 from slo_core.slo import SLOTargets
 
@@ -196,3 +203,36 @@ def test_request_and_token_goodputs_weigh_a_program_by_its_remaining_work() -> N
     # tdg pays per token: per-stage priority whatever program_rest says
     tdg = run([p, q], now_s=10.0, goodput="tdg", feasibility="bound")
     assert tdg.priority[0] == pytest.approx(tdg.priority[1])
+
+
+_SPECIAL = np.array([np.nan, np.inf, -np.inf, 0.0, -0.0, 1e-300, -3.5, 39.0, 41.0, 1e300, -1e308, 7.25])
+
+
+@pytest.mark.parametrize("nan", [0.0, -np.inf, np.inf, 3.0])
+def test_nan_to_num_is_numpys(nan: float) -> None:
+    assert np.array_equal(nan_to_num(_SPECIAL, nan=nan), np.nan_to_num(_SPECIAL, nan=nan), equal_nan=True)
+
+
+def test_normal_cdf_and_fit_probability_give_numpys_clipping_results_bit_for_bit() -> None:
+    """The hot-path forms (no np.nan_to_num / np.clip) against the forms they replaced."""
+    x = np.concatenate((_SPECIAL, np.linspace(-60.0, 60.0, 2001)))
+    z = np.abs(np.nan_to_num(x, nan=0.0, posinf=40.0, neginf=-40.0)) / np.sqrt(2.0)
+    t = 1.0 / (1.0 + 0.3275911 * z)
+    poly = t * (0.254829592 + t * (-0.284496736 + t * (1.421413741 + t * (-1.453152027 + t * 1.061405429))))
+    with np.errstate(over="ignore"):  # the replaced form squared 1e300 (the new one caps |x| first)
+        erf = 1.0 - poly * np.exp(-z * z)
+    before = np.where(np.nan_to_num(x, nan=0.0) >= 0, 0.5 * (1.0 + erf), 0.5 * (1.0 - erf))
+    assert np.array_equal(normal_cdf(x), before)
+    rng = np.random.default_rng(5)
+    g = np.concatenate(([0.0, 0.0, 5.0, 5.0], rng.integers(0, 400, 500).astype(float)))
+    bound = np.concatenate(([0.0, 10.0, 1.0, np.inf], rng.integers(1, 800, 500).astype(float)))
+    slack = np.concatenate(([np.nan, -np.inf, np.inf, 0.0], rng.normal(100.0, 300.0, 500)))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        p = fit_probability(g, bound, slack, 0.45, 1.64)
+    assert np.all((p >= 0.0) & (p <= 1.0))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        log_b = np.log(np.maximum(bound, 1.0))
+        hi = normal_cdf((np.log(np.maximum(g + slack, 1e-9)) - log_b) / 0.45 + 1.64)
+        lo = np.where(g > 0, normal_cdf((np.log(np.maximum(g, 1e-9)) - log_b) / 0.45 + 1.64), 0.0)
+        raw = np.where(slack <= 0, 0.0, (hi - lo) / np.maximum(1.0 - lo, 1e-12))
+    assert np.array_equal(p, np.clip(np.nan_to_num(raw), 0.0, 1.0))
