@@ -405,7 +405,7 @@ class SimEngine(EngineSnapshots):
             prog = r.program
             if prog is not None:
                 # a decode adds one token to its program's attained service (a prompt's last token,
-                # generated 0, adds the prompt: recount); a call that finishes is recounted below
+                # generated 0, adds the prompt: recount)
                 a = prog.attained_cache
                 if a >= 0:
                     prog.attained_cache = a + 1 if r.generated > 0 else -1
@@ -425,8 +425,6 @@ class SimEngine(EngineSnapshots):
         self._batch_d = []
         if finished:
             for r in finished:
-                if r.program is not None:
-                    r.program.attained_cache = -1
                 r.state = FINISHED
                 r.finish_s = t
                 self.free_blocks += r.blocks

@@ -329,6 +329,7 @@ class FleetSim:
                 analyzer.program_finished(p, t, completed=False)
             return
         p.attained_done_tokens = sum(c.attained_tokens() for c in p.calls)
+        p.live_from = len(p.calls)  # the stage's calls are now all in attained_done_tokens
         p.attained_cache = -1
         if analyzer is not None:
             analyzer.stage_finished(p, p.next_stage - 1, t)

@@ -89,14 +89,17 @@ class ProgramState:
         return self.finish_s is not None
 
     def attained_tokens(self) -> int:
-        """Autellix's attained service: tokens served to the program so far (no recompute counted)."""
+        """Autellix's attained service: tokens served to the program so far (no recompute counted).
+
+        A call of the running stage that has left (finished, aborted, rejected) keeps its service, as
+        the vLLM plugin and engine-sim count it (their ``done_tokens`` grows as a call ends): only
+        a preempted prefill gives service back."""
         cached = self.attained_cache
         if cached >= 0:
             return cached
         live = 0
         for c in self.calls[self.live_from :]:
-            if c.state in (RUNNING, WAITING):
-                live += c.attained_tokens()
+            live += c.attained_tokens()
         self.attained_cache = total = self.attained_done_tokens + live
         return total
 
