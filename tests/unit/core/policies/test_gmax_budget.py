@@ -12,7 +12,7 @@ from builders import DL, LAT, SMALL_GPU, request
 from slo_core.policies import gmax_scalar
 from slo_core.policies.base import EngineView, RequestView
 from slo_core.policies.gmax import GMAX
-from slo_core.policies.gmax_budget import demand_tokens, latency_lane, step_budget
+from slo_core.policies.gmax_budget import demand_tokens, demand_tokens_small, latency_lane, step_budget
 from slo_core.policies.gmax_params import GMAXParams
 
 # SMALL_GPU: t_c 5 ms, floor 10 ms, a = 0.1 ms per batched token, d = 1e-4 ms per KV token
@@ -156,6 +156,27 @@ def test_demand_that_no_step_can_meet_or_that_is_already_late_gives_no_floor() -
     assert demand_tokens(two, by, 0.0, bare_ms=15.0, a_ms=0.1, room_tokens=8192) is None
     let_go = demand_tokens(two, by, 0.0, bare_ms=15.0, a_ms=0.1, room_tokens=8192, quantile=0.25)
     assert let_go is not None
+
+
+def test_prompts_already_past_their_latest_start_count_as_ones_no_step_can_start() -> None:
+    # ten prompts of 100 tokens, the first three already late: the seven others could all start in
+    # time at 0.1 a ms, but more than the let-go share (15 %) of the queue is lost already: overload,
+    # and the floor stands (before, the late ones were dropped and the floor rose for the survivors)
+    tokens = np.full(10, 100.0)
+    by = np.array([-1.0, -0.5, -0.1, *([10.0] * 7)])
+    args = {"bare_ms": 15.0, "a_ms": 0.1, "room_tokens": 8192, "quantile": 0.15}
+    assert demand_tokens(tokens, by, 0.0, **args) is None
+    assert demand_tokens_small(tokens.tolist(), by.tolist(), 0.0, **args) is None
+    # one late prompt in ten is within the let-go share: the floor is the survivors' rate
+    by[1:3] = 10.0
+    need = demand_tokens(tokens, by, 0.0, **args)
+    assert need is not None and need == demand_tokens_small(tokens.tolist(), by.tolist(), 0.0, **args)
+    # rates (the late one's 100 tokens still go first): 200 ... 1000 tokens in 10 s, then ∞; the
+    # 0.85 quantile of the ten is the eighth, 900 tokens in 10,000 ms
+    rate = 900.0 / 10_000.0
+    assert need == int(np.ceil(rate * 15.0 / (1.0 - 0.1 * rate)))
+    # a prompt without a latest start (NaN) is not the floor's, late or not
+    assert demand_tokens(np.array([100.0]), np.array([np.nan]), 0.0, **args) is None
 
 
 def test_gmax_raises_the_cap_when_the_queue_can_still_all_start_in_time(
