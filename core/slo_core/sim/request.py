@@ -75,7 +75,8 @@ class ProgramState:
         self.pending_calls = 0
         self.calls: list[SimRequest] = []
         # calls before this index belong to finished stages (a stage starts once every call of the
-        # one before left), so none of them runs or waits: the fleet sets it as it releases a stage
+        # one before left), so none of them runs or waits and their service is in
+        # attained_done_tokens: the fleet moves it past a stage's calls as the stage ends
         self.live_from = 0
         self.attained_done_tokens = 0
         # attained_tokens() memoized; -1: stale. Whoever changes a call's computed/generated/state or
