@@ -388,7 +388,6 @@ class FleetSim:
         p.next_stage += 1
         calls = p.stages[s]
         p.pending_calls = len(calls)
-        p.live_from = len(p.calls)
         analyzer = self.analyzer
         share = self.stage_shares.get(p.tier)
         deadline_s = p.deadline_at_s - p.arrival_s
