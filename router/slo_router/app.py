@@ -82,14 +82,9 @@ async def completions(request: Request) -> Response | RelayResponse:
 
 
 async def _serve(state: RouterState, request: Request, labels: list[str]) -> Response | RelayResponse:
-    if not state.policy_loaded:  # no tiers or tenants to bind the caller to yet
-        raise APIError(
-            503,
-            f"the router has not read SLOPolicy {state.policy_source or '(unnamed)'} yet; retry shortly",
-            kind="server_error",
-            code="policy_not_loaded",
-            retry_after_s=5.0,
-        )
+    not_yet = state.not_serving_yet()
+    if not_yet is not None:
+        raise not_yet
     adm = await admit(state, request, labels, id_prefix="rtr")
     body, model, tenant, slo, tier, view = adm.body, adm.model, adm.tenant, adm.slo, adm.tier, adm.view
     request_id = view.request_id
@@ -352,11 +347,16 @@ async def ready(request: Request) -> Response:
     state: RouterState = request.app.state.router
     n = len(state.usable_endpoints())
     state.metrics.endpoints_ready.set(n)
-    # ?engines=optional: ready once the policy is read (the chart's probe: a router with no engine
-    # answers 503 + Retry-After itself instead of leaving the Service)
+    # ?engines=optional: ready once started up (policy and key Secrets read, engine pods listed and
+    # their state streams tried once; the chart's probe: a router with no engine answers 503 +
+    # Retry-After itself instead of leaving the Service)
     engines_optional = request.query_params.get("engines") == "optional"
-    ok = (n > 0 or engines_optional) and state.policy_loaded
+    ok = (n > 0 or engines_optional) and state.settled()
     body: dict[str, Any] = {"ready": ok, "endpoints": n, "policy_loaded": state.policy_loaded}
+    if not state.keys_loaded:
+        body["keys_loaded"] = False
+    if not state.endpoints_listed:
+        body["endpoints_listed"] = False
     if state.policy_source:
         body["policy"] = state.policy_source
     return JSONResponse(body, status_code=200 if ok else 503)

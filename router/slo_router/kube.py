@@ -136,6 +136,9 @@ class KubeDiscovery:
         if policy_name:  # closed until the policy is read; set before the app takes any request
             state.policy_loaded = False
             state.policy_source = self.policy_source
+        # not ready, and no key refused, until the policy's key Secrets and the pods were read once
+        state.keys_loaded = False
+        state.endpoints_listed = False
 
     # ------------------------------------------------------------------------- lifecycle
 
@@ -273,7 +276,7 @@ class KubeDiscovery:
                     last_good[tenant] = secret_keys(secret, key, tenant)
                 for k, t in last_good.get(tenant, {}).items():
                     keys.setdefault(k, t)
-            self._post(self._set_keys, keys)
+            self._post(self._set_keys, keys, secrets)
             self._secrets_due.wait(self.secrets_every_s)
             self._secrets_due.clear()
 
@@ -337,11 +340,15 @@ class KubeDiscovery:
         if metrics is not None:
             metrics.key_reads_failed.labels(tenant).inc()
 
-    def _set_keys(self, keys: dict[str, str]) -> None:
+    def _set_keys(self, keys: dict[str, str], read_for: dict[str, tuple[str, str]]) -> None:
         before = len(self.state.keys)
         self.state.keys.replace(keys)
         if len(keys) != before:
             log.info("API keys: %d known (from Secrets)", len(keys))
+        # the first read of the Secrets the policy in force names ends startup's key gate (a read
+        # made for the config before the policy arrived does not: its tenants are not the policy's)
+        if self.state.policy_loaded and read_for == dict(self.state.config.key_secrets):
+            self.state.keys_loaded = True
 
     def _pods_listed(self, pods: list[dict[str, Any]]) -> None:
         table: dict[str, EndpointState] = self.state.endpoints
@@ -350,6 +357,7 @@ class KubeDiscovery:
             del table[gone]
         for spec in specs.values():
             self._upsert(spec)
+        self.state.endpoints_listed = True
 
     def _pod_event(self, kind: str, pod: dict[str, Any]) -> None:
         meta = pod.get("metadata") or {}

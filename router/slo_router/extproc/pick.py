@@ -97,14 +97,9 @@ async def pick(
     """
     if method != "POST" or path.split("?", 1)[0] not in ROUTED_PATHS:
         raise APIError(404, f"the endpoint picker routes POST {' and '.join(ROUTED_PATHS)} only")
-    if not state.policy_loaded:
-        raise APIError(
-            503,
-            f"the picker has not read SLOPolicy {state.policy_source or '(unnamed)'} yet; retry shortly",
-            kind="server_error",
-            code="policy_not_loaded",
-            retry_after_s=5.0,
-        )
+    not_yet = state.not_serving_yet("picker")
+    if not_yet is not None:
+        raise not_yet
     request = _request(method, path, headers.items(), body)
     labels = ["", "", ""]
     adm = await router_app.admit(state, request, labels, id_prefix="epp")

@@ -165,8 +165,8 @@ EXT_PROC_SERVICE = "envoy.service.ext_proc.v3.ExternalProcessor"
 
 
 def serving(state: RouterState) -> bool:
-    """Ready to pick: the SLOPolicy has been read and at least one pod is usable."""
-    return state.policy_loaded and bool(state.usable_endpoints())
+    """Ready to pick: started up (SLOPolicy and key Secrets read, pods listed) and a pod is usable."""
+    return state.settled() and bool(state.usable_endpoints())
 
 
 async def follow_health(state: RouterState, health: Any, period_s: float = HEALTH_PERIOD_S) -> None:

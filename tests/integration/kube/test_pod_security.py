@@ -25,6 +25,7 @@ from slo_operator.policy import policy_config
 from slo_operator.settings import OperatorSettings
 from slo_router.app import build_state, create_app
 from slo_router.config import RouterConfig
+from slo_router.endpoints import EndpointSpec, EndpointState
 from slo_router.tenants import KeyStore
 
 CHART = ROOT / "charts" / "slofleet"
@@ -125,10 +126,21 @@ def test_router_pods_drain_spread_and_stay_ready_without_engines() -> None:
     assert not [d for d in single if d["kind"] == "PodDisruptionBudget"], "a PDB on one replica blocks drains"
 
 
-async def test_router_readiness_with_no_engine_depends_only_on_its_policy() -> None:
+async def test_router_readiness_with_no_engine_waits_only_for_its_startup() -> None:
     state = build_state(RouterConfig.single_tier(), KeyStore(), {})
     client = httpx.AsyncClient(transport=httpx.ASGITransport(app=create_app(state)), base_url="http://r")
     assert (await client.get("/ready")).status_code == 503
     assert (await client.get("/ready?engines=optional")).status_code == 200
-    state.policy_loaded = False
+    # startup, as Kubernetes discovery holds it: policy, key Secrets, the pod listing, each needed
+    for gate in ("policy_loaded", "keys_loaded", "endpoints_listed"):
+        setattr(state, gate, False)
+        assert (await client.get("/ready?engines=optional")).status_code == 503, gate
+        setattr(state, gate, True)
+    # a listed engine pod still making its first state-stream connection: not ready yet (the Service
+    # would send requests this router must refuse); once the stream is up, or has failed, ready
+    spec = EndpointSpec("ns/p0", "http://p0", models=("m",), grpc_target="127.0.0.1:1")
+    state.endpoints["ns/p0"] = EndpointState(spec)
     assert (await client.get("/ready?engines=optional")).status_code == 503
+    state.endpoints["ns/p0"].feed_lost()
+    assert (await client.get("/ready?engines=optional")).status_code == 200
+    assert (await client.get("/ready")).status_code == 503  # no usable engine

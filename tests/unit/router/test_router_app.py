@@ -284,3 +284,43 @@ async def test_when_every_pod_is_busy_a_request_with_slack_goes_round_again() ->
     calls.clear()
     r = await client.post("/v1/completions", json=BODY, headers=auth("k-acme"))
     assert r.status_code == 503 and len(calls) == 2
+
+
+async def test_before_its_key_secrets_are_read_a_valid_key_gets_retry_later_not_401() -> None:
+    client, state, seen = make(ok_completion)
+    state.keys_loaded = False  # as Kubernetes discovery starts: the policy's key Secrets not read yet
+    for key in ("k-acme", "wrong"):  # a valid key cannot be told from an unknown one yet
+        r = await client.post("/v1/completions", json=BODY, headers=auth(key))
+        assert r.status_code == 503, r.text
+        assert r.json()["error"]["code"] == "keys_not_loaded" and r.headers["retry-after"] == "5"
+    assert not seen
+    assert (await client.get("/ready?engines=optional")).json()["keys_loaded"] is False
+    state.keys_loaded = True
+    assert (await client.post("/v1/completions", json=BODY, headers=auth("k-acme"))).status_code == 200
+    assert (await client.post("/v1/completions", json=BODY, headers=auth("wrong"))).status_code == 401
+
+
+def test_discovery_opens_the_key_gate_only_with_a_read_of_the_policy_in_force() -> None:
+    from slo_router.kube import KubeDiscovery
+
+    state = RouterState(
+        config=config(),
+        keys=KeyStore({}),
+        endpoints={},
+        metrics=RouterMetrics(),
+        policy=FirstListed(),
+    )
+    discovery = KubeDiscovery(state, namespace="default", api_client=object(), policy_name="p")
+    assert (state.policy_loaded, state.keys_loaded, state.endpoints_listed) == (False, False, False)
+    discovery._set_keys({}, {})  # read for the config before the policy: not the policy's tenants
+    assert not state.keys_loaded
+    policy = config(key_secrets={"acme": ("acme-keys", "keys")})
+    state.apply_config(policy, "default/p")
+    discovery._set_keys({}, {})  # a read made before the policy arrived, delivered after it
+    assert not state.keys_loaded
+    discovery._set_keys({"k-acme": "acme"}, {"acme": ("acme-keys", "keys")})
+    assert state.keys_loaded and state.keys.tenant_of("k-acme") == "acme"
+    discovery._pods_listed([])
+    assert state.endpoints_listed
+    state.apply_config(config(key_secrets={}), "default/p")  # later edits do not close it again
+    assert state.keys_loaded
