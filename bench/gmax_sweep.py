@@ -4,8 +4,9 @@ an offline upper bound, over workload families × replicas × loads × seeds.
 Runs are spread over every core (``--workers``, processes; a record is the same from any worker),
 saved as each ends into OUT/records-<family>-r<replicas>-s<seed>-<objective>.json, and an interrupted
 sweep resumes: runs already recorded are skipped. A progress bar shows runs done and the time left;
-OUT/timing.jsonl records each run's CPU and wall seconds and the load average. A policy that does not
-read the objective runs once for all objectives listed (its schedule does not depend on it).
+OUT/timing.jsonl records each run's CPU and wall seconds and the load average. A policy runs once for
+all the objectives listed that give it the same parameters (its schedule is then the same): once in
+all for a policy that does not read the objective, once per objective for GMAX.
 
     .venv/bin/python bench/gmax_sweep.py run --out bench/results/gmax/sweep \\
         --families conv --replicas 1 --rps 8,12 --seeds 0 --duration 60
@@ -45,7 +46,7 @@ from slo_core.bench.runner import BenchConfig, run_one_timed
 from slo_core.metrics.ceiling import offline_bound
 from slo_core.objective import Objective
 from slo_core.perf import load_profile
-from slo_core.policies.registry import engine_policy_names, objective_aware
+from slo_core.policies.registry import engine_policy_names, objective_params
 from slo_core.sim.engine_types import EngineConfig
 from slo_core.workloads import WorkloadSpec, build_workload
 
@@ -134,6 +135,17 @@ class Task:
         return f"records-{self.family}-r{self.replicas}-s{self.seed}-{objective}.json"
 
 
+def objective_groups(policy: str, objectives: tuple[str, ...]) -> list[tuple[str, ...]]:
+    """``objectives`` grouped by the parameters each sets in ``policy``: one run serves a group (the
+    schedule is the same; fcfs reads no objective, slide-batching weighs tokens alike under token and
+    request goodput), so no run is repeated for a file that would get the very same record."""
+    groups: dict[str, list[str]] = {}
+    for o in objectives:
+        params = objective_params(policy, Objective(goodput=o))
+        groups.setdefault(json.dumps(params, sort_keys=True, default=str), []).append(o)
+    return [tuple(g) for g in groups.values()]
+
+
 def tasks(args: argparse.Namespace) -> list[Task]:
     """Every run of the sweep in the order they start: replicas, family, seed, load, policy (so an
     interrupted sweep has whole points, every policy at a load, with every seed it reached)."""
@@ -146,8 +158,7 @@ def tasks(args: argparse.Namespace) -> list[Task]:
             for seed in (int(s) for s in args.seeds.split(",")):
                 for rps in _rates(args.rps, family, replicas, points):
                     for policy in policies:
-                        groups = [(o,) for o in objectives] if objective_aware(policy) else [objectives]
-                        for group in groups:
+                        for group in objective_groups(policy, objectives):
                             out.append(
                                 Task(family, replicas, seed, rps, policy, group, args.duration, args.router)
                             )

@@ -85,6 +85,16 @@ def make_router_policy(
     return cast(RouterPolicy, factory(**_with_objective(factory, name, params, objective)))
 
 
+def objective_params(name: str, objective: Objective, kind: str = "engine") -> dict[str, Any]:
+    """The parameters ``objective`` sets in the policy ``name`` ({} for a policy that does not read
+    it). Two objectives that give a policy the same parameters give it the same schedule: its
+    decisions read the objective only through them (``observe`` feedback carries gains, but no
+    policy's decisions read them: GMAX, the one that does, derives different parameters per goodput)."""
+    table = ENGINE_POLICIES if kind == "engine" else ROUTER_POLICIES
+    derive = getattr(_load(table, kind, name), "objective_params", None)
+    return dict(derive(objective)) if derive is not None else {}
+
+
 def objective_aware(name: str, kind: str = "engine") -> bool:
     """Whether the policy ``name`` takes its parameters from the objective."""
     table = ENGINE_POLICIES if kind == "engine" else ROUTER_POLICIES

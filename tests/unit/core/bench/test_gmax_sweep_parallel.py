@@ -82,3 +82,34 @@ def test_parallel_sweep_equals_serial_and_resumes(tmp_path: Path) -> None:
     again = _runs(parallel)[before:]
     assert [(e["policy"], e["rps"], e["objectives"]) for e in again] == [("tempo", 14.0, ["request"])]
     assert _records(parallel) == _records(serial)
+
+
+def test_objectives_that_set_the_same_parameters_share_a_run() -> None:
+    sweep = _sweep()
+    both = ("token", "request")
+    assert sweep.objective_groups("fcfs", both) == [both]
+    assert sweep.objective_groups("slide-batching", both) == [both]  # TDG weights 1/1 under either
+    assert sweep.objective_groups("gmax", both) == [("token",), ("request",)]
+    assert sweep.objective_groups("tempo", both) == [("token",), ("request",)]
+
+
+@pytest.mark.slow
+def test_a_shared_run_is_what_each_objective_alone_would_have_recorded() -> None:
+    """The premise of sharing: every registered policy that the sweep runs once for token and request
+    goodput schedules exactly alike under each (a short overloaded run, compared record for record)."""
+    from slo_core.bench.runner import run_one_timed
+    from slo_core.policies.registry import engine_policy_names
+
+    sweep = _sweep()
+    shared = [p for p in engine_policy_names() if len(sweep.objective_groups(p, ("token", "request"))) == 1]
+    assert "slide-batching" in shared and "fcfs" in shared
+    for policy in shared:
+        records = []
+        for objective in ("token", "request"):
+            task = sweep.Task("conv", 1, 0, 9.0, policy, (objective,), 8.0, "round-robin")
+            record, _ = run_one_timed(task.config(), (policy, "round-robin", 9.0))
+            assert "error" not in record, record
+            records.append(
+                {k: v for k, v in record.items() if k not in ("objective", "sweep_fingerprint", "wall_s")}
+            )
+        assert records[0] == records[1], policy
