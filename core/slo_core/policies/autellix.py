@@ -42,6 +42,7 @@ class AutellixPLAS(BaseEnginePolicy):
         self.params = AutellixPLASParams.model_validate(params)
         self.frame_steps = self.params.frame_steps
         self._log_growth = math.log(self.params.quantum_growth)
+        self._levels: dict[int, int] = {}  # attained tokens -> queue, for attained >= base quantum
 
     def queue(self, r: RequestView, now_s: float) -> int:
         """The priority queue of ``r`` (0 is served first)."""
@@ -58,6 +59,35 @@ class AutellixPLAS(BaseEnginePolicy):
         program_arrival = r.program_arrival_s if r.program_arrival_s is not None else r.arrival_s
         return (self.queue(r, now_s), program_arrival, r.arrival_s)
 
+    def _keys(self, reqs: Sequence[RequestView], now_s: float) -> list[tuple[int, float, float]]:
+        """:meth:`_key` of every request, with its arithmetic inlined and each attained-service
+        level computed once (the calls of one program share it); the same values, in a tenth of the
+        time, on a queue of thousands of calls that a decision re-keys after every event."""
+        p = self.params
+        base, growth, starvation = p.base_quantum_tokens, self._log_growth, p.starvation_s
+        last = p.num_queues - 1
+        levels = self._levels
+        log = math.log
+        out: list[tuple[int, float, float]] = []
+        append = out.append
+        for r in reqs:
+            since = r.waiting_since_s
+            if since is not None and now_s - since > starvation:
+                q = 0
+            else:
+                attained = r.program_attained_tokens
+                if attained < base:
+                    q = 0
+                else:
+                    q = levels.get(attained, -1)
+                    if q < 0:
+                        q = levels[attained] = min(last, int(log(attained / base) / growth) + 1)
+            program_arrival = r.program_arrival_s
+            append((q, r.arrival_s if program_arrival is None else program_arrival, r.arrival_s))
+        if len(levels) > 100_000:  # attained values are unbounded over a long run
+            levels.clear()
+        return out
+
     def decide(
         self,
         waiting: Sequence[RequestView],
@@ -66,29 +96,30 @@ class AutellixPLAS(BaseEnginePolicy):
         rng: random.Random,
     ) -> Decision:
         now = engine.now_s
-        wkeys = [self._key(r, now) for r in waiting]
-        rkeys = [self._key(r, now) for r in running]
-        victims = self._victims(waiting, wkeys, running, rkeys, engine)
-        victim_ids = {running[i].request_id for i in victims}
-        pool = [(wkeys[i], 0, i, waiting[i].request_id) for i in range(len(waiting))]
-        pool += [(rkeys[i], 1, i, running[i].request_id) for i in victims]
-        pool.sort()
-        run_order = sorted(
-            (rkeys[i], i, running[i].request_id)
-            for i in range(len(running))
-            if running[i].request_id not in victim_ids
-        )
+        wkeys = self._keys(waiting, now)
+        rkeys = self._keys(running, now)
+        # waiting calls by (key, position): a stable sort on the key alone
+        worder = sorted(range(len(waiting)), key=wkeys.__getitem__)
+        victims = self._victims(waiting, wkeys, worder, running, rkeys, engine)
+        # admission order (key, waiting before a preempted call, position): the preempted calls, by
+        # position, after the waiting ones, merged in by one stable sort on the key
+        pool = [(wkeys[i], waiting[i].request_id) for i in worder]
+        pool += [(rkeys[i], running[i].request_id) for i in sorted(victims)]
+        pool.sort(key=_first)
+        left = set(victims)
+        run_order = sorted((i for i in range(len(running)) if i not in left), key=rkeys.__getitem__)
         return Decision(
-            admit=tuple(item[3] for item in pool),
+            admit=tuple(rid for _, rid in pool),
             preempt=tuple(running[i].request_id for i in victims),
-            running_order=tuple(item[2] for item in run_order),
+            running_order=tuple(running[i].request_id for i in run_order),
             reason=f"plas preempt={len(victims)}",
         )
 
-    def _victims(
+    def _victims(  # noqa: PLR0917 - the decision's lists, computed once in decide
         self,
         waiting: Sequence[RequestView],
         wkeys: list[tuple[int, float, float]],
+        worder: list[int],
         running: Sequence[RequestView],
         rkeys: list[tuple[int, float, float]],
         engine: EngineView,
@@ -100,9 +131,9 @@ class AutellixPLAS(BaseEnginePolicy):
         blocks = engine.kv_blocks_free
         bs = engine.block_size
         # worst first: highest queue, then latest program arrival, then latest arrival
-        candidates = sorted(range(len(running)), key=lambda i: rkeys[i], reverse=True)
+        candidates = sorted(range(len(running)), key=rkeys.__getitem__, reverse=True)
         victims: list[int] = []
-        for wi in sorted(range(len(waiting)), key=lambda i: wkeys[i]):
+        for wi in worder:
             w = waiting[wi]
             need = -(-(w.prompt_tokens + w.generated_tokens) // bs)
             while (seats < 1 or blocks < need) and candidates and len(victims) < self.params.max_preemptions:
@@ -117,3 +148,7 @@ class AutellixPLAS(BaseEnginePolicy):
             seats -= 1
             blocks -= need
         return victims
+
+
+def _first(item: tuple[tuple[int, float, float], str]) -> tuple[int, float, float]:
+    return item[0]

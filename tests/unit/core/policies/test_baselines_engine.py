@@ -246,3 +246,49 @@ def test_ltr_ranks_a_requeued_request_by_its_remaining_output() -> None:
         req("requeued", 1.0, true_output_tokens=500, gen=480),
     ]
     assert LTR(kendall_tau=1.0).decide(waiting, [], engine(), RNG).admit == ("requeued", "fresh")
+
+
+def _plas_reference(
+    policy: AutellixPLAS, waiting: list[RequestView], running: list[RequestView], eng: Any
+) -> tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]:
+    """PLAS's decision as first written: every key through ``_key``, pools of full tuples sorted."""
+    now = eng.now_s
+    wkeys = [policy._key(r, now) for r in waiting]
+    rkeys = [policy._key(r, now) for r in running]
+    victims = policy._victims(
+        waiting, wkeys, sorted(range(len(waiting)), key=lambda i: wkeys[i]), running, rkeys, eng
+    )
+    pool = [(wkeys[i], 0, i, waiting[i].request_id) for i in range(len(waiting))]
+    pool += [(rkeys[i], 1, i, running[i].request_id) for i in victims]
+    pool.sort()
+    gone = {running[i].request_id for i in victims}
+    run_order = sorted((rkeys[i], i, r.request_id) for i, r in enumerate(running) if r.request_id not in gone)
+    return (
+        tuple(item[3] for item in pool),
+        tuple(running[i].request_id for i in victims),
+        tuple(item[2] for item in run_order),
+    )
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_plas_decision_equals_its_plain_form_on_random_queues_with_ties(seed: int) -> None:
+    rng = random.Random(seed)
+    policy = AutellixPLAS(base_quantum_tokens=1000, starvation_s=4.0, max_preemptions=rng.choice([0, 2, 8]))
+
+    def call(rid: str, **kw: Any) -> RequestView:
+        program = rng.random() < 0.6
+        return req(
+            rid,
+            float(rng.choice([0, 1, 2, 3])),  # arrivals and program arrivals tie often
+            program_id=f"P{rng.randint(0, 5)}" if program else None,
+            program_arrival_s=float(rng.choice([0, 1])) if program else None,
+            program_attained_tokens=rng.choice([0, 999, 1000, 1500, 4000, 4000, 70_000, 10**9]),
+            **kw,
+        )
+
+    for step in range(3):
+        waiting = [call(f"w{i}", waiting_since_s=rng.uniform(0.0, 10.0)) for i in range(rng.randint(0, 30))]
+        running = [call(f"r{i}", gen=5, prefilled=True) for i in range(rng.randint(0, 12))]
+        eng = engine(now_s=10.0 + step, seqs=rng.choice([4, 12, 40]), kv_free=rng.randint(0, 400))
+        d = policy.decide(waiting, running, eng, RNG)
+        assert (d.admit, d.preempt, d.running_order) == _plas_reference(policy, waiting, running, eng)
