@@ -127,6 +127,16 @@ class SLOTier:
             priority_weight=self.priority_class.weight,
         )
 
+    def bind(self, stated: SLOTargets) -> SLOTargets:
+        """What a request that states ``stated`` gets in this tier: :meth:`targets` of its stated
+        timings (a latency request states no deadline on the wire), as the router binds it."""
+        latency = stated.kind is RequestKind.LATENCY
+        return self.targets(
+            ttft_s=stated.ttft_s if latency else None,
+            tbt_s=stated.tbt_s if latency else None,
+            deadline_s=None if latency else stated.deadline_s,
+        )
+
 
 def _loosest(asked: float | None, bound: float | None) -> float | None:
     """A client's target, never stricter (smaller) than ``bound``; the bound when none is asked."""

@@ -44,7 +44,7 @@ from slo_core.sim.outcomes import Feedback
 from slo_core.sim.request import ABORTED, FINISHED, REJECTED, WAITING, ProgramState, SimRequest
 from slo_core.sim.views import request_view
 from slo_core.slo import RequestKind, SLOTier
-from slo_core.workloads.jobs import Job
+from slo_core.workloads.jobs import Job, bound_to_tier
 
 _ARRIVAL = 0
 _STEP = 1
@@ -151,9 +151,12 @@ class FleetSim:
         reject, as a router without a best-effort tier does); ``shuffle_ties`` as the router's;
         ``objective``: what SLO-aware policies maximize (given to the engine and router policies named
         here, and the goodput of the feedback they observe); None keeps each policy's own defaults and
-        feeds back ``config.feedback_goodput``. ``tiers``: the SLOPolicy's tiers by name, for a compound
-        tier's stage deadline shares (as the router and the sidecar read them)."""
+        feeds back ``config.feedback_goodput``. ``tiers``: the SLOPolicy's tiers by name: a job of a
+        tier gets the targets the router binds for what it states (:meth:`SLOTier.bind`: never stricter
+        than the tier's), and a compound tier's stage deadline shares (as the router and the sidecar
+        read them)."""
         self.analyzer = analyzer
+        self.tiers = dict(tiers or {})
         self.stage_shares = {
             name: t.stage_deadline_share for name, t in (tiers or {}).items() if t.stage_deadline_share
         }
@@ -209,7 +212,8 @@ class FleetSim:
     def run(self, jobs: Sequence[Job], progress: Callable[[float], None] | None = None) -> SimResult:
         """Simulate ``jobs`` (any order); ``progress`` gets the fraction of arrivals done now and then."""
         started = time.perf_counter()
-        ordered = sorted(jobs, key=lambda j: j.arrival_s)
+        tiers = self.tiers  # each job with the targets the router binds in its tier
+        ordered = sorted((bound_to_tier(j, tiers) for j in jobs), key=lambda j: j.arrival_s)
         if self.analyzer is not None:
             self.analyzer.prepare(ordered)
         self._requests: list[SimRequest] = []

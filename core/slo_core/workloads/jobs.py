@@ -8,12 +8,12 @@ output_tokens)``; stage ``s+1`` is released when every call of stage ``s`` finis
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from slo_core.slo import RequestKind, SLOTargets
+from slo_core.slo import RequestKind, SLOTargets, SLOTier
 
 Stages = tuple[tuple[tuple[int, int], ...], ...]
 
@@ -55,6 +55,19 @@ class Job:
         if self.slo.kind is RequestKind.LATENCY:
             return self.arrival_s + self.slo.token_deadline_s(max(0, self.output_tokens - 1))
         return self.arrival_s + self.slo.effective_deadline_s
+
+
+def bound_to_tier(job: Job, tiers: Mapping[str, SLOTier]) -> Job:
+    """``job`` with the targets its tier gives what it states (:meth:`SLOTier.bind`, the router's rule:
+    a stated target stricter than the tier's is raised to it); unchanged when its tier is not listed.
+
+    A compound job of 4 stages in a 6-stage whole-program tier, stating 4 stages' worth of deadline,
+    is due at the tier's deadline: the router would not let it ask for more than its tier."""
+    tier = tiers.get(job.tier)
+    if tier is None:
+        return job
+    slo = tier.bind(job.slo)
+    return job if slo == job.slo else replace(job, slo=slo)
 
 
 def job_to_dict(job: Job) -> dict[str, Any]:

@@ -34,7 +34,7 @@ import yaml
 from slo_core.crd.loads import parse_policy
 from slo_core.metrics.summary import JobOutcome, goodput_over_time, group_metrics, latency_samples
 from slo_core.workloads import WorkloadSpec, build_workload, parse_mix
-from slo_core.workloads.jobs import Job
+from slo_core.workloads.jobs import Job, bound_to_tier
 from slo_lab.localfleet.hostload import MAX_SEND_LAG_SHARE, HostLoad, engine_behind_s, measure
 from slo_lab.localfleet.launcher import FleetError, LocalFleet
 from slo_lab.localfleet.replay import JobRecord, as_sent, describe, failure_reasons, outcomes, replay
@@ -249,7 +249,11 @@ def run(args: argparse.Namespace) -> int:
             slo_scale=scale, max_tokens=args.max_tokens, seed=args.seed,
         )  # fmt: skip
         jobs = [j for j in build_workload(workload) if j.total_output_tokens > 0]
-        jobs = [_capped(j, args.max_tokens, args.max_prompt_tokens) for j in jobs]
+        # each job states what its tier gives it, as the router binds it (and as the simulator does):
+        # the client then measures the SLO the fleet was asked for, not a stricter one it refused
+        policy = parse_policy(demo_policy(scale, args.policy, args.routing), "demo policy")
+        tiers = policy.spec.runtime().tiers
+        jobs = [bound_to_tier(_capped(j, args.max_tokens, args.max_prompt_tokens), tiers) for j in jobs]
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)
         runs: dict[str, dict[str, Any]] = {}

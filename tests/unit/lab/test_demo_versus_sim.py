@@ -225,3 +225,45 @@ async def test_a_call_the_engine_let_go_is_counted_dropped_not_an_error(finish: 
     assert next(iter(failure_reasons([record]))).startswith(
         "dropped by the engine" if finish == "abort" else "stream ended"
     )
+
+
+def test_the_simulator_binds_each_stated_slo_to_its_tier_as_the_router_does() -> None:
+    """What the replay states (its headers), bound by the router's rule, is what the simulator runs and
+    measures each job against: a 4-stage program in the demo's 6-stage compound tier states a tighter
+    whole-program deadline than the tier's, which the router raises to the tier's; the simulator once
+    kept the stricter one (sim 160 s, live 240 s)."""
+    from slo_core.perf import load_profile
+    from slo_core.sim.engine_types import EngineConfig
+    from slo_core.sim.fleet import FleetSim, ReplicaSpec, SimConfig
+    from slo_core.wire.request_slo import parse_slo
+    from slo_lab.localfleet.replay import _headers, as_sent
+    from slo_router.config import from_policy
+
+    policy = parse_policy(demo_policy(2.0, "gmax", "go-routing"), "demo")
+    router = from_policy(policy.spec, require_keys=False)
+    jobs = _jobs(20.0)
+    assert {len(j.stages) for j in jobs if j.stages} == {4, 6}
+    routed = {}
+    for job in jobs:
+        slo = parse_slo(_headers(job, 0 if job.stages else None), {})
+        tier, stripped = router.anonymous().bind_tier(slo.tier)
+        assert tier == job.tier and not stripped
+        routed[job.job_id] = router.tiers[tier].targets(
+            ttft_s=slo.ttft_s, tbt_s=slo.tbt_s, deadline_s=slo.deadline_s
+        )
+    sim = FleetSim.from_runtime(
+        [ReplicaSpec(load_profile(DEFAULT_PROFILE), EngineConfig())],
+        policy.spec.runtime(),
+        config=SimConfig(drain="all"),
+    )
+    result = sim.run([as_sent(j) for j in jobs])
+    simulated = {r.request_id: r.slo for r in result.requests if r.program is None}
+    simulated |= {p.program_id: p.slo for p in result.programs}
+    assert simulated == routed
+    raised = [j for j in jobs if routed[j.job_id].deadline_s != j.slo.deadline_s]
+    assert raised and all(j.stages is not None and len(j.stages) == 4 for j in raised)
+    # the demo's client measures what the router bound: it states it
+    from slo_core.workloads.jobs import bound_to_tier
+
+    tiers = policy.spec.runtime().tiers
+    assert all(bound_to_tier(j, tiers).slo == routed[j.job_id] for j in jobs)
