@@ -33,7 +33,7 @@ import yaml
 
 from slo_core.crd.loads import parse_policy
 from slo_core.metrics.summary import JobOutcome, goodput_over_time, group_metrics, latency_samples
-from slo_core.workloads import WorkloadSpec, build_workload, parse_mix
+from slo_core.workloads import DeepResearchParams, WorkloadSpec, build_workload, parse_mix
 from slo_core.workloads.jobs import Job, bound_to_tier
 from slo_lab.localfleet.hostload import MAX_SEND_LAG_SHARE, HostLoad, engine_behind_s, measure
 from slo_lab.localfleet.launcher import FleetError, LocalFleet
@@ -89,8 +89,11 @@ def demo_policy(scale: float, engine_policy: str, routing_policy: str) -> str:
              "tbtS": SETTINGS["tbt_s"] * scale, "priorityClass": cls},
             {"name": f"deadline-{cls}", "kind": "deadline", "deadlineS": SETTINGS["deadline_s"] * scale,
              "priorityClass": cls},
+            # a program states its own deadline (its stages x the stage deadline); the tier's is the
+            # shortest program's, so the router keeps every stated one (a stricter one it would raise)
             {"name": f"compound-{cls}", "kind": "compound",
-             "deadlineS": SETTINGS["stage_deadline_s"] * 6 * scale, "priorityClass": cls},
+             "deadlineS": SETTINGS["stage_deadline_s"] * min(DeepResearchParams().stage_counts) * scale,
+             "priorityClass": cls},
         ]  # fmt: skip
     tiers.append({"name": "best-effort", "kind": "best-effort", "priorityClass": "low"})
     doc = {

@@ -8,6 +8,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+import yaml
 
 from slo_core.crd.loads import parse_policy
 from slo_core.workloads import WorkloadSpec, build_workload, parse_mix
@@ -260,10 +261,26 @@ def test_the_simulator_binds_each_stated_slo_to_its_tier_as_the_router_does() ->
     simulated = {r.request_id: r.slo for r in result.requests if r.program is None}
     simulated |= {p.program_id: p.slo for p in result.programs}
     assert simulated == routed
-    raised = [j for j in jobs if routed[j.job_id].deadline_s != j.slo.deadline_s]
-    assert raised and all(j.stages is not None and len(j.stages) == 4 for j in raised)
-    # the demo's client measures what the router bound: it states it
-    from slo_core.workloads.jobs import bound_to_tier
-
+    # the demo's own tiers keep every stated target (the compound tier is its shortest program's)
+    assert all(routed[j.job_id] == j.slo for j in jobs)
+    # a 6-stage whole-program tier raises a 4-stage program's stated deadline, in both
+    compound = {"name": "compound-high", "kind": "compound", "deadlineS": 240.0, "priorityClass": "high"}
+    doc = yaml.safe_load(demo_policy(2.0, "gmax", "go-routing"))
+    doc["spec"]["tiers"] = [compound if t["name"] == "compound-high" else t for t in doc["spec"]["tiers"]]
+    policy = parse_policy(yaml.safe_dump(doc), "demo, 6-stage tier")
+    router = from_policy(policy.spec, require_keys=False)
     tiers = policy.spec.runtime().tiers
-    assert all(bound_to_tier(j, tiers).slo == routed[j.job_id] for j in jobs)
+    sim = FleetSim.from_runtime(
+        [ReplicaSpec(load_profile(DEFAULT_PROFILE), EngineConfig())],
+        policy.spec.runtime(),
+        config=SimConfig(drain="all"),
+    )
+    result = sim.run([as_sent(j) for j in jobs])
+    simulated = {p.program_id: p.slo for p in result.programs}
+    raised = 0
+    for job in (j for j in jobs if j.tier == "compound-high"):
+        slo = parse_slo(_headers(job, 0), {})
+        bound = router.tiers[job.tier].targets(deadline_s=slo.deadline_s)
+        assert simulated[job.job_id] == bound == tiers[job.tier].bind(job.slo)
+        raised += bound.deadline_s != job.slo.deadline_s
+    assert raised, "some 4-stage program states less than the tier's 240 s"
