@@ -28,7 +28,7 @@ from slo_core.slo import RequestKind
 from slo_core.workloads.jobs import Job
 
 CHAT_FRAMING_TOKENS = 8  # BOS + one message (4) + assistant header (3), engine-sim's chat count
-WORD = "token"
+WORD = "word"  # one token to engine-sim (\w{1,8}) and to the router's estimate (\w{1,4}) alike
 
 
 def filler_prompt(tokens: int, chat: bool) -> str:
