@@ -55,14 +55,11 @@ class AutellixPLAS(BaseEnginePolicy):
         level = int(math.log(attained / p.base_quantum_tokens) / self._log_growth) + 1
         return min(p.num_queues - 1, level)
 
-    def _key(self, r: RequestView, now_s: float) -> tuple[int, float, float]:
-        program_arrival = r.program_arrival_s if r.program_arrival_s is not None else r.arrival_s
-        return (self.queue(r, now_s), program_arrival, r.arrival_s)
-
     def _keys(self, reqs: Sequence[RequestView], now_s: float) -> list[tuple[int, float, float]]:
-        """:meth:`_key` of every request, with its arithmetic inlined and each attained-service
-        level computed once (the calls of one program share it); the same values, in a tenth of the
-        time, on a queue of thousands of calls that a decision re-keys after every event."""
+        """Every request's sort key (:meth:`queue`, program arrival, arrival), with :meth:`queue`'s
+        arithmetic inlined and each attained-service level computed once (the calls of one program
+        share it); the same values, in a tenth of the time, on a queue of thousands of calls that a
+        decision re-keys after every event (tests compare it with :meth:`queue`)."""
         p = self.params
         base, growth, starvation = p.base_quantum_tokens, self._log_growth, p.starvation_s
         last = p.num_queues - 1

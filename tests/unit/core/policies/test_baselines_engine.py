@@ -251,10 +251,15 @@ def test_ltr_ranks_a_requeued_request_by_its_remaining_output() -> None:
 def _plas_reference(
     policy: AutellixPLAS, waiting: list[RequestView], running: list[RequestView], eng: Any
 ) -> tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]:
-    """PLAS's decision as first written: every key through ``_key``, pools of full tuples sorted."""
+    """PLAS's decision as first written: every key through ``queue``, pools of full tuples sorted."""
     now = eng.now_s
-    wkeys = [policy._key(r, now) for r in waiting]
-    rkeys = [policy._key(r, now) for r in running]
+
+    def key(r: RequestView) -> tuple[int, float, float]:
+        program_arrival = r.program_arrival_s if r.program_arrival_s is not None else r.arrival_s
+        return (policy.queue(r, now), program_arrival, r.arrival_s)
+
+    wkeys = [key(r) for r in waiting]
+    rkeys = [key(r) for r in running]
     victims = policy._victims(
         waiting, wkeys, sorted(range(len(waiting)), key=lambda i: wkeys[i]), running, rkeys, eng
     )
