@@ -47,8 +47,8 @@ class RouterState:
     # False while a policy the router must follow (``--policy-name``) has not been read yet: not ready
     policy_loaded: bool = True
     policy_source: str = ""
-    # False until the key Secrets the (first) policy names have been read once (success or a failed
-    # read, then kept failing): before, a valid key would get 401 instead of "retry shortly"
+    # False until the key Secrets the policy in force names have been read once (a failed read counts:
+    # it keeps the last good keys): before, a valid key would get 401 instead of "retry shortly"
     keys_loaded: bool = True
     # False until the engine pods have been listed once (Kubernetes discovery): not ready before
     endpoints_listed: bool = True

@@ -158,7 +158,7 @@ class FleetSim:
         self.analyzer = analyzer
         self.tiers = dict(tiers or {})
         self.stage_shares = {
-            name: t.stage_deadline_share for name, t in (tiers or {}).items() if t.stage_deadline_share
+            name: t.stage_deadline_share for name, t in self.tiers.items() if t.stage_deadline_share
         }
         if not replicas:
             raise ValueError("a fleet needs at least one replica")
