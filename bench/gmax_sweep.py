@@ -22,9 +22,10 @@ token and request goodput)::
 (per replica, times the replica count): from ``--points FILE`` when given (``calibrate`` writes it,
 picked on the sweep's own window per family and replica count; the committed one is
 bench/results/standard_sweep/issue20_points/load_points.json), else the 60 s-picked defaults below.
-``tables`` prints mean ± spread (min–max over seeds) of the
-objective per policy, the envelope (best other registered policy's mean at that point), the offline
-upper bound (slo_core.metrics.ceiling) and ratios of gmax to each.
+``tables`` (``--also DIR`` joins other sweep folders, each run counted once; OUT/tables.md is
+written) prints mean ± spread (min–max over seeds) of the objective per policy, the envelope (best
+other registered policy's mean at that point), the offline upper bound (slo_core.metrics.ceiling)
+and ratios of gmax to each.
 """
 
 from __future__ import annotations
@@ -387,11 +388,34 @@ def _mean_spread(xs: list[float]) -> str:
     return f"{m:.3f}" if len(xs) == 1 else f"{m:.3f} ({min(xs):.3f}–{max(xs):.3f})"
 
 
+def table_records(folders: list[Path]) -> list[dict[str, Any]]:
+    """The records of every folder, each run once: a run (family, replicas, rate, objective, policy,
+    seed) recorded in several folders is taken from the first folder listed that has it (a later
+    pass that re-ran some policies is listed first, the pass it completes after it)."""
+    records: list[dict[str, Any]] = []
+    seen: set[tuple[Any, ...]] = set()
+    for folder in folders:
+        for path in sorted(folder.glob("records-*.json")):
+            for r in json.loads(path.read_text(encoding="utf-8")):
+                if "error" in r:
+                    continue
+                run = (
+                    r["family"],
+                    r["replicas"],
+                    r["rps"],
+                    r.get("objective", "token"),
+                    r["policy"],
+                    r["seed"],
+                )
+                if run not in seen:
+                    seen.add(run)
+                    records.append(r)
+    return records
+
+
 def tables(args: argparse.Namespace) -> int:
     out = Path(args.out)
-    records: list[dict[str, Any]] = []
-    for path in sorted(out.glob("records-*.json")):
-        records += [r for r in json.loads(path.read_text(encoding="utf-8")) if "error" not in r]
+    records = table_records([out, *map(Path, args.also or [])])
     groups: dict[tuple[Any, ...], list[dict[str, Any]]] = defaultdict(list)
     for r in records:
         groups[(r["family"], r["replicas"], r["rps"], r.get("objective", "token"))].append(r)
@@ -522,6 +546,13 @@ def main() -> int:
     c.set_defaults(func=calibrate)
     t = sub.add_parser("tables")
     t.add_argument("--out", required=True)
+    t.add_argument(
+        "--also",
+        action="append",
+        metavar="DIR",
+        help="another sweep folder to read (repeatable; a run in several folders counts once, from "
+        "the first listed: --out first)",
+    )
     t.set_defaults(func=tables)
     args = ap.parse_args()
     return int(args.func(args))

@@ -113,3 +113,39 @@ def test_a_shared_run_is_what_each_objective_alone_would_have_recorded() -> None
                 {k: v for k, v in record.items() if k not in ("objective", "sweep_fingerprint", "wall_s")}
             )
         assert records[0] == records[1], policy
+
+
+def test_tables_join_folders_and_count_each_run_once(tmp_path: Path) -> None:
+    """``tables --also``: runs from several folders, a run recorded twice taken from the first folder."""
+    mod = _sweep()
+
+    def rec(policy: str, seed: int, value: float) -> dict[str, Any]:
+        return {
+            "family": "conv",
+            "replicas": 4,
+            "rps": 20.5,
+            "objective": "token",
+            "policy": policy,
+            "seed": seed,
+            "goodput_token_ratio": value,
+        }
+
+    newer, older = tmp_path / "newer", tmp_path / "older"
+    newer.mkdir()
+    older.mkdir()
+    (newer / "records-conv-r4-s2-token.json").write_text(json.dumps([rec("gmax", 2, 0.9)]))
+    (newer / "records-conv-r4-s0-token.json").write_text(json.dumps([rec("gmax", 0, 0.7)]))
+    (older / "records-conv-r4-s0-token.json").write_text(
+        json.dumps([rec("gmax", 0, 0.1), rec("fcfs", 0, 0.3), {**rec("tempo", 0, 0.2), "error": "boom"}])
+    )
+    got = mod.table_records([newer, older])
+    assert sorted((r["policy"], r["seed"], r["goodput_token_ratio"]) for r in got) == [
+        ("fcfs", 0, 0.3),
+        ("gmax", 0, 0.7),  # the first folder's record of the run, not the older one's
+        ("gmax", 2, 0.9),
+    ]
+    assert [r["policy"] for r in mod.table_records([older, newer]) if r["seed"] == 0] == ["gmax", "fcfs"]
+    assert [r["goodput_token_ratio"] for r in mod.table_records([older, newer]) if r["policy"] == "gmax"] == [
+        0.1,
+        0.9,
+    ]
