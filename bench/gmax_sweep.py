@@ -395,8 +395,8 @@ def table_records(folders: list[Path]) -> list[dict[str, Any]]:
     records: list[dict[str, Any]] = []
     seen: set[tuple[Any, ...]] = set()
     for folder in folders:
-        for path in sorted(folder.glob("records-*.json")):
-            for r in json.loads(path.read_text(encoding="utf-8")):
+        for file_records in _load(folder).values():
+            for r in file_records:
                 if "error" in r:
                     continue
                 run = (
