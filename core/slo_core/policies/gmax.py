@@ -39,6 +39,7 @@ from slo_core.policies.base import (
     RequestView,
     new_decision,
 )
+from slo_core.policies.gmax_bound import BoundReading
 from slo_core.policies.gmax_budget import (
     demand_floor_applies,
     latency_lane,
@@ -65,6 +66,7 @@ from slo_core.policies.gmax_snapshot import (
     DEADLINE,
     F64,
     I64,
+    KIND_CODES,
     LATENCY,
     Columns,
     SnapshotTable,
@@ -113,7 +115,8 @@ class GMAX(BaseEnginePolicy):
         )
         self.service = TenantService(p.fairness_half_life_s)
         self.correction = OnlineCorrection(momentum=0.9)
-        self._table = SnapshotTable()
+        self.bounds = BoundReading(p)
+        self._table = SnapshotTable(on_add=self.bounds.first_seen if self.bounds.learning else None)
         self._last_frame_step: int | None = None
         self._last_clock: tuple[float, int, float] | None = None  # (now, step, estimated step_s)
         self._last_estimates: Estimates | None = None
@@ -128,12 +131,14 @@ class GMAX(BaseEnginePolicy):
             self._pending = None
             c = self._table.columns(waiting, running)
             self._last_estimates = estimate(
-                c, now, speed, self.params, self.params.frame_steps * speed.step_s
+                c, now, speed, self.params, self.params.frame_steps * speed.step_s, z_bound=self._z_rows(c)
             )
         return self._last_estimates
 
     # ---- engine feedback -------------------------------------------------------------------
     def observe(self, finished: Sequence[FinishedView], now_s: float) -> None:
+        if self.bounds.learning:
+            self.bounds.learn(finished)
         for f in finished:
             self.tuner.record(f.gain, f.ideal_gain)
             if self.params.fairness > 0:
@@ -141,6 +146,10 @@ class GMAX(BaseEnginePolicy):
                 self.service.add(r.tenant, r.prompt_tokens + r.generated_tokens, now_s)
 
     # ---- helpers -----------------------------------------------------------------------------
+    def _z_rows(self, c: Columns) -> F64 | None:
+        """The learned reading of each row's bound (None: the static one)."""
+        return self.bounds.z_of(c.kind) if self.bounds.learning else None
+
     def _speed(self, engine: EngineView, c: Columns) -> SpeedModel:
         """Modelled (uncorrected) decode-step and prefill times for a batch of this snapshot."""
         p = self.params
@@ -205,7 +214,7 @@ class GMAX(BaseEnginePolicy):
         self._track_step_time(engine, len(running), speed.step_s)
         if p.correct_step_time:
             speed = speed.scaled(self.correction.factor)
-        est = estimate(c, now, speed, p, p.frame_steps * speed.step_s)
+        est = estimate(c, now, speed, p, p.frame_steps * speed.step_s, z_bound=self._z_rows(c))
         self._last_estimates = est
         score = est.priority
         if p.fairness > 0:
@@ -281,7 +290,13 @@ class GMAX(BaseEnginePolicy):
                 len_rem_tokens=est.bound_tokens[run_idx] - g[run_idx],
                 pending_tokens=np.maximum(0.0, c.prompt_tokens[pend] + g[pend] - c.computed_tokens[pend]),
                 pending_start_by_s=pace_deadlines(c, est, pend)
-                - median_remaining(p, est.bound_tokens[pend], g[pend]) * speed.step_s,
+                - median_remaining(
+                    p,
+                    est.bound_tokens[pend],
+                    g[pend],
+                    self.bounds.median_factor_of(c.kind[pend]) if self.bounds.learning else None,
+                )
+                * speed.step_s,
             )
         if budget is not None and p.latency_lane:
             cand = admit[is_lat[admit]]
@@ -326,7 +341,19 @@ class GMAX(BaseEnginePolicy):
         if p.correct_step_time:
             speed = speed.scaled(self.correction.factor)
         self._pending = (waiting, running, now, speed)
-        sc = small.scores(p, waiting, running, now, speed=speed, frame_s=p.frame_steps * speed.step_s)
+        learned = self.bounds.learning
+        if learned:
+            self.bounds.see(waiting)
+            self.bounds.see(running)
+        sc = small.scores(
+            p,
+            waiting,
+            running,
+            now,
+            speed=speed,
+            frame_s=p.frame_steps * speed.step_s,
+            z_by_kind=self.bounds.z_by_kind if learned else None,
+        )
         score = sc.score
         if p.ordering == "sjf":
             score = [1.0 / x for x in sc.len_rem_tokens]
@@ -445,7 +472,11 @@ class GMAX(BaseEnginePolicy):
             pend = [i for i in run_order if in_prefill[i] and not is_lat[i]]
             pend += [i for i in admit if not is_lat[i]]
             pending = [max(0.0, prompt[i] + g[i] - computed[i]) for i in pend]
-            median = median_remaining_small(p, [bound[i] for i in pend], [g[i] for i in pend])
+            factors = None
+            if self.bounds.learning:
+                by_kind = self.bounds.median_factor_by_kind
+                factors = [by_kind[KIND_CODES[rows[i].slo.kind]] for i in pend]
+            median = median_remaining_small(p, [bound[i] for i in pend], [g[i] for i in pend], factors)
             start_by = [deadline[i] - m * step_s for i, m in zip(pend, median, strict=True)]
         budget = step_budget_small(
             p,

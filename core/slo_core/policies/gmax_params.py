@@ -17,6 +17,7 @@ LengthSource = Literal["analyzer", "oracle", "mean"]
 Ordering = Literal["gmax", "sjf"]
 Feasibility = Literal["bound", "probabilistic"]
 CompoundDeadline = Literal["program", "stage"]
+BoundReadingMode = Literal["static", "learned"]
 
 
 class GMAXParams(BaseModel):
@@ -63,6 +64,21 @@ class GMAXParams(BaseModel):
         gt=0,
         description="log-normal spread σ of a true output length around its bound (unitless; "
         "0.45 ≈ the shipped forest's median q95-bound/true ratio of ~2)",
+    )
+    bound_reading: BoundReadingMode = Field(
+        "learned",
+        description="how the analyzer's bound is read (gmax_bound): 'static' = its bound_quantile for every "
+        "request; 'learned' = per request kind, where the bounds of the requests that finished sat above "
+        "their true lengths (never below the bound_quantile's z)",
+    )
+    bound_window: int = Field(
+        200, ge=1, description="finished requests per kind the learned reading keeps (requests)"
+    )
+    bound_min_samples: int = Field(
+        20, ge=1, description="finished requests of a kind before its learned reading replaces the static one"
+    )
+    bound_z_cap: float = Field(
+        6.0, gt=0, description="most standard deviations a learned reading puts the bound above the median"
     )
     fallback_output_tokens: int = Field(
         1024, ge=1, description="output-length bound (tokens) used when the analyzer set none"

@@ -207,11 +207,12 @@ def z_of_quantile(q: float) -> float:
     return z
 
 
-def fit_probability(generated: F64, bound: F64, slack_tokens: F64, sigma: float, z_bound: float) -> F64:
+def fit_probability(generated: F64, bound: F64, slack_tokens: F64, sigma: float, z_bound: F64 | float) -> F64:
     """P(true total length ≤ generated + slack | true length > generated).
 
     The true length is log-normal with spread ``sigma`` whose ``Φ(z_bound)`` quantile is ``bound``
-    (z_bound = 0: the bound is the median; sigma = 0 is handled by the caller as a yes/no test).
+    (z_bound = 0: the bound is the median; one z, or one per row; sigma = 0 is handled by the caller
+    as a yes/no test).
     """
     with np.errstate(divide="ignore", invalid="ignore"):
         log_b = np.log(np.maximum(bound, 1.0))
@@ -273,8 +274,13 @@ def _prior_tokens(c: Columns, stage_mask: B8, by_program: _Groups) -> F64:
     return out
 
 
-def estimate(c: Columns, now_s: float, speed: SpeedModel, p: GMAXParams, frame_s: float) -> Estimates:
-    """All of GMAX's per-request quantities, vectorized over the snapshot."""
+def estimate(
+    c: Columns, now_s: float, speed: SpeedModel, p: GMAXParams, frame_s: float, *, z_bound: F64 | None = None
+) -> Estimates:
+    """All of GMAX's per-request quantities, vectorized over the snapshot.
+
+    ``z_bound``: per row, how many σ above the median the analyzer's bound sits (gmax_bound); None:
+    Φ⁻¹(``bound_quantile``) for every row."""
     v = speed.step_s
     g, prompt, w, kind = c.generated_tokens, c.prompt_tokens, c.weight, c.kind
     gp = p.gain
@@ -296,7 +302,9 @@ def estimate(c: Columns, now_s: float, speed: SpeedModel, p: GMAXParams, frame_s
     if p.feasibility == "probabilistic" and p.length_source != "oracle":
         # P(this call fits before its deadline); a stage needs all of its calls: the product.
         slack = (dl - now_s - t_pre) / v
-        z_b = z_of_quantile(p.bound_quantile) if p.length_source == "analyzer" else 0.0
+        z_b: F64 | float = 0.0
+        if p.length_source == "analyzer":
+            z_b = z_of_quantile(p.bound_quantile) if z_bound is None else z_bound
         p_fit = fit_probability(g, bound, slack, p.length_sigma, z_b)
         with np.errstate(divide="ignore"):
             log_p = _stage_sum(stages, np.log(p_fit))

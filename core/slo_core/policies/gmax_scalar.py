@@ -25,6 +25,7 @@ import numpy as np
 from slo_core.policies.base import EngineView, RequestView
 from slo_core.policies.gmax_params import GMAXParams
 from slo_core.policies.gmax_priority import SpeedModel, fit_probability, z_of_quantile
+from slo_core.policies.gmax_snapshot import F64, KIND_CODES
 from slo_core.slo import RequestKind
 
 _EPS_S = 1e-9
@@ -133,8 +134,10 @@ def scores(
     *,
     speed: SpeedModel,
     frame_s: float,
+    z_by_kind: Sequence[float] | None = None,
 ) -> Scores:
-    """priority = goodput / t_gen per row, as :func:`gmax_priority.estimate` computes it."""
+    """priority = goodput / t_gen per row, as :func:`gmax_priority.estimate` computes it
+    (``z_by_kind``: its ``z_bound`` per kind code, gmax_bound's learned reading)."""
     v = speed.step_s
     rows = [*waiting, *running]
     n_wait = len(waiting)
@@ -149,6 +152,7 @@ def scores(
     prob_g: list[float] = []
     prob_b: list[float] = []
     prob_slack: list[float] = []
+    prob_z: list[float] = []
     probabilistic = p.feasibility == "probabilistic" and p.length_source != "oracle"
     hard = p.reject_past_deadline and p.goodput in ("token", "request")
     token = p.goodput == "token"
@@ -181,6 +185,8 @@ def scores(
                 prob_g.append(g)
                 prob_b.append(bound)
                 prob_slack.append((d_or - now_s - t_pre) / v)
+                if z_by_kind is not None:
+                    prob_z.append(z_by_kind[KIND_CODES[kind]])
                 gain = tokens if token else 1.0
             else:
                 fit = 1.0 if now_s + t_gen <= d_or + _EPS_S else 0.0
@@ -209,7 +215,9 @@ def scores(
                 out = True
         reject.append(out)
     if prob_rows:
-        z_b = z_of_quantile(p.bound_quantile) if p.length_source == "analyzer" else 0.0
+        z_b: F64 | float = 0.0
+        if p.length_source == "analyzer":
+            z_b = z_of_quantile(p.bound_quantile) if z_by_kind is None else np.array(prob_z)
         p_fit = fit_probability(np.array(prob_g), np.array(prob_b), np.array(prob_slack), p.length_sigma, z_b)
         with np.errstate(divide="ignore"):
             on_time = np.exp(np.log(p_fit)).tolist()

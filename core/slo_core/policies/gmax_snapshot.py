@@ -10,7 +10,7 @@ The cache is rebuilt from the live requests when it grows past a few times their
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from operator import attrgetter
 from typing import Any
@@ -101,7 +101,9 @@ class Columns:
 class SnapshotTable:
     """Builds :class:`Columns` from request snapshots, caching each request's immutable fields."""
 
-    def __init__(self) -> None:
+    def __init__(self, on_add: Callable[[RequestView], None] | None = None) -> None:
+        """``on_add``: called with each request the first time the table caches it."""
+        self._on_add = on_add
         self._reset()
 
     def _reset(self) -> None:
@@ -167,6 +169,8 @@ class SnapshotTable:
         self._i["stage"][row] = -1 if r.stage is None else r.stage
         self._index[r.request_id] = row
         self._size += 1
+        if self._on_add is not None:
+            self._on_add(r)
 
     def _rows(self, reqs: Sequence[RequestView], ids: list[str]) -> I64:
         if self._size > max(4 * len(ids), 50_000):

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 from slo_core.perf import load_profile
 from slo_core.policies import gmax_scalar
-from slo_core.policies.base import Decision, EngineView, RequestView
+from slo_core.policies.base import Decision, EngineView, FinishedView, RequestView
 from slo_core.policies.gmax import GMAX
 from slo_core.slo import RequestKind, SLOTargets
 
@@ -108,6 +108,51 @@ def test_small_path_decides_as_numpy_path(
     seqs: int,
     profile: bool,
 ) -> None:
+    _compare(params, snaps, kv_free, seqs, profile)
+
+
+def _teach(policy: GMAX) -> None:
+    """Deadline bounds ~8x, latency bounds ~3x the lengths the requests finished at (gmax_bound)."""
+    for kind, ratio in ((SLOS[3], 8.0), (SLOS[0], 3.0)):
+        views = [
+            RequestView(
+                f"taught-{kind.kind.value}-{i}", kind, 0.0, 10, 4096, output_bound=int(ratio * (90 + i))
+            )
+            for i in range(30)
+        ]
+        for v in views:
+            policy.bounds.first_seen(v)
+        policy.observe(
+            [
+                FinishedView(replace(v, generated_tokens=90 + i), 1.0, 1.0, 1.0, True)
+                for i, v in enumerate(views)
+            ],
+            1.0,
+        )
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    snaps=st.lists(snapshot(), min_size=1, max_size=4),
+    kv_free=st.integers(0, 3000),
+    seqs=st.integers(1, 16),
+    profile=st.booleans(),
+)
+def test_small_path_reads_a_learned_bound_as_numpy_path(
+    snaps: list[tuple[list[RequestView], list[RequestView]]], kv_free: int, seqs: int, profile: bool
+) -> None:
+    _compare({}, snaps, kv_free, seqs, profile, teach=True)
+
+
+def _compare(
+    params: dict[str, Any],
+    snaps: list[tuple[list[RequestView], list[RequestView]]],
+    kv_free: int,
+    seqs: int,
+    profile: bool,
+    *,
+    teach: bool = False,
+) -> None:
     # a request id names one request: its immutable fields never change between snapshots
     snaps = [
         (
@@ -120,8 +165,13 @@ def test_small_path_decides_as_numpy_path(
         _engine(10 * i, 20.0 + 0.7 * i, len(r), kv_free, seqs, profile) for i, (_, r) in enumerate(snaps)
     ]
     small = GMAX(tune_epoch_s=0.5, **params)
-    fast = _run(small, snaps, engines)
     big = GMAX(tune_epoch_s=0.5, **params)
+    if teach:
+        _teach(small)
+        _teach(big)
+        assert small.bounds.z_by_kind == big.bounds.z_by_kind
+        assert min(small.bounds.z_by_kind[:2]) > small.bounds.static_z
+    fast = _run(small, snaps, engines)
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(gmax_scalar, "MAX_ROWS", -1)  # every snapshot takes the numpy path
         slow = _run(big, snaps, engines)

@@ -1,0 +1,139 @@
+"""Where the analyzer's output bound sits among the true lengths, per request kind, learned online.
+
+GMAX reads a request's bound as a quantile of a log-normal of spread σ (``length_sigma``): the
+bound is z·σ above the median in log space, and every reader of the bound (the feasibility test
+of gmax_priority and gmax_scalar, the median the pace budget's demand floor plans with) uses that
+z. The static reading takes z = Φ⁻¹(``bound_quantile``) for every request. The forest does not
+bound every kind alike: on Tree-of-Thoughts calls its first bound is ~7–15x the true length, on
+deep-research calls it is often below it (bench/results/gmax/issue15/learned_bound_screen).
+
+With ``bound_reading='learned'`` each GMAX instance keeps, per request kind, the last
+``bound_window`` values of log(first bound / true length) over the requests that finished on their
+own (not cut at ``max_tokens``, whose true length is unknown) and reads the bound at
+z_k = median / σ, never below the static z (a bound is never read as less conservative than its
+quantile) and never above ``bound_z_cap``; until ``bound_min_samples`` have finished, the static z.
+The first bound is the one a request carried when first seen with no output yet (the analyzer
+refines bounds as tokens stream; the first is the one its waiting time was judged by).
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections import deque
+from collections.abc import Iterable, Sequence
+from itertools import islice
+
+import numpy as np
+
+from slo_core.policies.base import FinishedView, RequestView
+from slo_core.policies.gmax_params import GMAXParams
+from slo_core.policies.gmax_priority import z_of_quantile
+from slo_core.policies.gmax_snapshot import F64, I64, KIND_CODES
+
+# first bounds of requests not yet finished; a request rejected or aborted never finishes here, so
+# past this many the oldest quarter is dropped
+MAX_TRACKED = 1 << 16
+N_KINDS = len(KIND_CODES)
+
+
+class BoundReading:
+    """Per request kind, the z at which GMAX reads the analyzer's bound (see module docstring)."""
+
+    __slots__ = (
+        "_factor",
+        "_factor_rows",
+        "_first",
+        "_logs",
+        "_z",
+        "_z_rows",
+        "cap",
+        "learning",
+        "min_samples",
+        "sigma",
+        "static_z",
+    )
+
+    def __init__(self, p: GMAXParams) -> None:
+        analyzer = p.length_source == "analyzer"
+        self.static_z = z_of_quantile(p.bound_quantile) if analyzer else 0.0
+        self.learning = analyzer and p.bound_reading == "learned"
+        self.sigma = p.length_sigma
+        self.cap = max(p.bound_z_cap, self.static_z)
+        self.min_samples = p.bound_min_samples
+        self._first: dict[str, float] = {}
+        self._logs = [deque[float](maxlen=p.bound_window) for _ in range(N_KINDS)]
+        # the analyzer's bound is the median of no length model (true lengths, the mean): no factor
+        self._z = [self.static_z] * N_KINDS
+        self._factor: list[float] | None = None
+        self._z_rows = np.array(self._z)
+        self._factor_rows: F64 | None = None
+        if analyzer:
+            self._set_factors()
+
+    def _set_factors(self) -> None:
+        # math.exp per kind, indexed per row: the numpy and the scalar path read the same floats
+        self._factor = [math.exp(-z * self.sigma) for z in self._z]
+        self._z_rows = np.array(self._z)
+        self._factor_rows = np.array(self._factor)
+
+    # ---- what GMAX reads ------------------------------------------------------------------------
+    def z_of(self, kind: I64) -> F64:
+        """z per row of a snapshot's kind codes."""
+        out: F64 = self._z_rows[kind]
+        return out
+
+    @property
+    def z_by_kind(self) -> list[float]:
+        """z per kind code (slo_core.policies.gmax_snapshot.KIND_CODES)."""
+        return self._z
+
+    def median_factor_of(self, kind: I64) -> F64 | None:
+        """Median over bound per row (None: the bound is the length, no analyzer)."""
+        return None if self._factor_rows is None else self._factor_rows[kind]
+
+    @property
+    def median_factor_by_kind(self) -> list[float]:
+        """Median over bound per kind code (every kind 1.0 without an analyzer: the bound is the length)."""
+        return [1.0] * N_KINDS if self._factor is None else self._factor
+
+    # ---- what it learns from --------------------------------------------------------------------
+    def first_seen(self, r: RequestView) -> None:
+        """Remember ``r``'s first bound (only while it has no output yet)."""
+        if r.generated_tokens == 0 and r.output_bound is not None and r.request_id not in self._first:
+            first = self._first
+            first[r.request_id] = float(r.output_bound)
+            if len(first) > MAX_TRACKED:
+                for rid in list(islice(first, MAX_TRACKED // 4)):
+                    del first[rid]
+
+    def see(self, requests: Iterable[RequestView]) -> None:
+        first = self._first
+        for r in requests:
+            if r.request_id not in first:
+                self.first_seen(r)
+
+    def learn(self, finished: Sequence[FinishedView]) -> None:
+        """Fold the requests that finished on their own into their kind's reading."""
+        changed = False
+        for f in finished:
+            r = f.request
+            bound = self._first.pop(r.request_id, None)
+            g = r.generated_tokens
+            if bound is None or not 0 < g < r.max_tokens:
+                continue
+            code = KIND_CODES[r.slo.kind]
+            logs = self._logs[code]
+            logs.append(math.log(bound / g))
+            if len(logs) >= self.min_samples:
+                z = min(self.cap, max(self.static_z, statistics.median(logs) / self.sigma))
+                if z != self._z[code]:
+                    self._z[code] = z
+                    changed = True
+        if changed:
+            self._set_factors()
+
+    @property
+    def tracked(self) -> int:
+        """Requests whose first bound is remembered (for tests and memory checks)."""
+        return len(self._first)

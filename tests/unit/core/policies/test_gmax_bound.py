@@ -1,0 +1,178 @@
+"""GMAX's learned reading of the analyzer's bound (gmax_bound): what it learns, from what, and that
+every reader of the bound (the feasibility test, the pace budget's median) uses it."""
+
+from __future__ import annotations
+
+import math
+import random
+from dataclasses import replace
+from typing import Any
+
+import numpy as np
+import pytest
+from builders import DL, LAT, request
+
+from slo_core.perf import load_profile
+from slo_core.policies import gmax_bound
+from slo_core.policies.base import EngineView, FinishedView, RequestView
+from slo_core.policies.gmax import GMAX, GMAXNoAnalyzer, GMAXOracle
+from slo_core.policies.gmax_bound import BoundReading
+from slo_core.policies.gmax_params import GMAXParams
+from slo_core.policies.gmax_priority import z_of_quantile
+from slo_core.policies.gmax_snapshot import DEADLINE, LATENCY
+
+STATIC = z_of_quantile(0.95)
+SIGMA = GMAXParams().length_sigma
+
+
+def finished(view: RequestView, generated: int) -> FinishedView:
+    return FinishedView(replace(view, generated_tokens=generated), 1.0, 1.0, 1.0, True)
+
+
+def teach(reading: BoundReading | GMAX, kind: Any, ratio: float, n: int, *, prefix: str = "t") -> None:
+    """``n`` requests of ``kind`` whose first bound was ``ratio`` times the length they finished at."""
+    learn = reading.observe if isinstance(reading, GMAX) else None
+    bounds = reading.bounds if isinstance(reading, GMAX) else reading
+    views = [request(f"{prefix}{i}", kind, bound=round(100 * ratio), max_tokens=4096) for i in range(n)]
+    for v in views:
+        bounds.first_seen(v)
+    done = [finished(v, 100) for v in views]
+    if learn is not None:
+        learn(done, 1.0)
+    else:
+        bounds.learn(done)
+
+
+def test_learns_per_kind_the_median_log_ratio_over_sigma() -> None:
+    reading = BoundReading(GMAXParams())
+    teach(reading, DL, 10.0, 30)
+    assert reading.z_by_kind[DEADLINE] == pytest.approx(math.log(10.0) / SIGMA)
+    assert reading.z_by_kind[LATENCY] == STATIC  # nothing of that kind finished
+    factor = reading.median_factor_by_kind[DEADLINE]
+    assert factor == math.exp(-reading.z_by_kind[DEADLINE] * SIGMA) == pytest.approx(0.1)
+    rows = reading.z_of(np.array([DEADLINE, LATENCY, DEADLINE]))
+    assert rows.tolist() == [reading.z_by_kind[DEADLINE], STATIC, reading.z_by_kind[DEADLINE]]
+
+
+def test_static_until_enough_have_finished_then_floored_and_capped() -> None:
+    reading = BoundReading(GMAXParams(bound_min_samples=20))
+    teach(reading, DL, 10.0, 19)
+    assert reading.z_by_kind[DEADLINE] == STATIC
+    teach(reading, DL, 10.0, 1, prefix="u")
+    assert reading.z_by_kind[DEADLINE] > STATIC
+    low = BoundReading(GMAXParams())
+    teach(low, DL, 0.5, 40)  # bounds below the true lengths: never read as less than the 95th percentile
+    assert low.z_by_kind[DEADLINE] == STATIC
+    high = BoundReading(GMAXParams(bound_z_cap=3.0))
+    teach(high, DL, 1000.0, 40)
+    assert high.z_by_kind[DEADLINE] == 3.0
+
+
+def test_window_keeps_only_the_latest_finishes() -> None:
+    reading = BoundReading(GMAXParams(bound_window=50, bound_min_samples=10))
+    teach(reading, DL, 20.0, 50)
+    teach(reading, DL, 4.0, 50, prefix="later")
+    assert reading.z_by_kind[DEADLINE] == pytest.approx(math.log(4.0) / SIGMA)
+
+
+def test_learns_only_from_first_bounds_of_requests_that_finished_on_their_own() -> None:
+    reading = BoundReading(GMAXParams(bound_min_samples=1))
+    cut = request("cut", DL, bound=1000, max_tokens=100)
+    started = request("started", DL, bound=1000, gen=5)  # first seen with output: no first bound
+    unbounded = request("nobound", DL)
+    for v in (cut, started, unbounded):
+        reading.first_seen(v)
+    assert reading.tracked == 1  # only "cut" had a bound and no output yet
+    reading.learn([finished(cut, 100), finished(started, 50), finished(unbounded, 50)])
+    assert reading.z_by_kind[DEADLINE] == STATIC  # "cut" stopped at max_tokens: length unknown
+    assert reading.tracked == 0
+    # the first bound counts, not the refined one seen later
+    fresh = request("fresh", DL, bound=1000, max_tokens=4096)
+    reading.first_seen(fresh)
+    reading.first_seen(replace(fresh, output_bound=120, generated_tokens=0))
+    reading.learn([finished(fresh, 100)])
+    assert reading.z_by_kind[DEADLINE] == pytest.approx(math.log(10.0) / SIGMA)
+
+
+def test_first_bounds_of_requests_that_never_finish_stay_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(gmax_bound, "MAX_TRACKED", 100)
+    reading = BoundReading(GMAXParams())
+    for i in range(1000):  # rejected or aborted: never observed
+        reading.first_seen(request(f"r{i}", DL, bound=50))
+    assert reading.tracked <= 100
+    reading.first_seen(request("last", DL, bound=50))
+    assert reading.tracked <= 100
+
+
+@pytest.mark.parametrize(
+    ("policy", "learns"),
+    [
+        (GMAX(), True),
+        (GMAX(bound_reading="static"), False),
+        (GMAXOracle(), False),
+        (GMAXNoAnalyzer(), False),
+    ],
+    ids=["gmax", "static", "oracle", "no-analyzer"],
+)
+def test_which_variants_learn(policy: GMAX, learns: bool) -> None:
+    teach(policy, DL, 10.0, 40)
+    assert policy.bounds.learning is learns
+    assert (policy.bounds.z_by_kind[DEADLINE] > STATIC) is learns
+
+
+def _engine(now_s: float) -> EngineView:
+    return EngineView(
+        now_s=now_s,
+        step=1,
+        max_num_seqs=8,
+        max_num_batched_tokens=2048,
+        kv_blocks_total=20_000,
+        kv_blocks_free=20_000,
+        profile=load_profile("h100-llama3-8b-tp1"),
+    )
+
+
+@pytest.mark.parametrize("numpy_path", [False, True], ids=["scalar", "numpy"])
+def test_gmax_reads_a_learned_bound_as_more_likely_to_fit(
+    monkeypatch: pytest.MonkeyPatch, numpy_path: bool
+) -> None:
+    """A deadline request whose bound does not fit its time left: read at the 95th percentile it
+    rarely fits; once GMAX learned that deadline bounds sit 10x above the lengths, it likely does."""
+    if numpy_path:
+        monkeypatch.setattr("slo_core.policies.gmax_scalar.MAX_ROWS", -1)
+    tight = request("tight", replace(DL, deadline_s=2.8), bound=800, max_tokens=4096, arrival_s=0.0)
+    chat = request("chat", LAT, bound=100, max_tokens=4096, arrival_s=0.0)
+    static, learned = GMAX(bound_reading="static"), GMAX()
+    teach(learned, DL, 10.0, 40)
+    out = {}
+    for name, policy in (("static", static), ("learned", learned)):
+        policy.decide([tight, chat], [], _engine(1.0), random.Random(0))
+        est = policy.last_estimates
+        assert est is not None
+        out[name] = est.priority.tolist()
+    assert out["learned"][0] > 1.5 * out["static"][0]  # the deadline request
+    assert out["learned"][1] == out["static"][1]  # latency: nothing of its kind learned
+
+
+def test_pace_budget_plans_with_the_learned_median(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The demand floor starts a pending request by deadline − median remaining · step: the learned
+    reading's smaller median moves its latest start later, so the cap it asks for is no higher."""
+    from slo_core.policies import gmax_budget
+
+    seen: dict[str, list[float]] = {}
+    real = gmax_budget.median_remaining_small
+
+    def spy(p: GMAXParams, b: Any, g: Any, factors: Any = None) -> list[float]:
+        out = real(p, b, g, factors)
+        seen.setdefault("learned" if factors is not None else "static", []).extend(out)
+        return out
+
+    monkeypatch.setattr("slo_core.policies.gmax.median_remaining_small", spy)
+    running = request("run", DL, bound=400, max_tokens=4096, gen=10, prefilled=True, arrival_s=0.0)
+    pending = request("wait", replace(DL, deadline_s=40.0), bound=1000, max_tokens=4096, arrival_s=0.5)
+    for policy in (GMAX(bound_reading="static"), GMAX()):
+        if policy.bounds.learning:
+            teach(policy, DL, 10.0, 40)
+        policy.decide([pending], [running], _engine(1.0), random.Random(0))
+    assert seen["learned"] and seen["static"]
+    assert max(seen["learned"]) < min(seen["static"])
