@@ -21,7 +21,7 @@ from vllm import EngineArgs, SamplingParams
 from vllm.v1.engine.llm_engine import LLMEngine
 
 from slo_core.policies import registry
-from slo_core.policies.base import BaseEnginePolicy, Decision, EngineView, RequestView
+from slo_core.policies.base import BaseEnginePolicy, Decision, EngineView, FinishedView, RequestView
 from slo_core.slo import RequestKind, SLOTargets
 from slo_core.wire.tags import EngineTags
 
@@ -99,8 +99,24 @@ class SmallBudgetLatestDeadlineFirst(BaseEnginePolicy):
         )
 
 
+class DeadlineOrderThatLearns(DeadlineOrder):
+    """:class:`DeadlineOrder` that keeps what the engine tells it of each finished request."""
+
+    name = "test-deadline-order-learns"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.finished: list[FinishedView] = []
+
+    def observe(self, finished: Sequence[FinishedView], now_s: float) -> None:
+        self.finished.extend(finished)
+
+
 @pytest.fixture(autouse=True)
 def _register_test_policies(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(
+        registry.ENGINE_POLICIES, DeadlineOrderThatLearns.name, f"{__name__}:DeadlineOrderThatLearns"
+    )
     monkeypatch.setitem(registry.ENGINE_POLICIES, DeadlineOrder.name, f"{__name__}:DeadlineOrder")
     monkeypatch.setitem(
         registry.ENGINE_POLICIES,
@@ -255,3 +271,28 @@ def test_token_budget_and_running_order_are_applied(
     # once both decode, the later deadline is first in vLLM's running list: it gets the one token
     finish_order = [base_id(e["request_id"]) for e in events(trace, "finish")]
     assert finish_order == ["late", "early"]
+
+
+def test_the_policy_is_told_of_every_request_that_finished(
+    tiny_model: Path, vllm_env: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """observe() gets core's FinishedView of each finished request (as in the simulator), none of
+    an aborted one: GMAX's tuner, fairness and bound reading learn in a real engine too."""
+    trace = vllm_env / "trace.jsonl"
+    engine = make_engine(tiny_model, DeadlineOrderThatLearns.name, trace, monkeypatch)
+    engine.add_request("met", PROMPT, tagged(6, 600.0, weight=2.0))
+    engine.add_request("missed", PROMPT, tagged(5, 1e-3))
+    engine.add_request("gone", PROMPT, tagged(50, 600.0))
+    engine.step()
+    engine.abort_request(["gone"])
+    done = run_all(engine)
+    assert sorted(map(base_id, done)) == ["met", "missed"]
+    policy = scheduler_of(engine).slo_bridge.policy
+    told = {base_id(f.request.request_id): f for f in policy.finished}
+    assert sorted(told) == ["met", "missed"]
+    met, missed = told["met"], told["missed"]
+    assert met.request.generated_tokens == 6 and missed.request.generated_tokens == 5
+    prompt = len(engine.get_tokenizer().encode(PROMPT))
+    # token goodput of a deadline request met in time: its prompt and output, weighted
+    assert met.met_slo and met.gain == met.ideal_gain == 2.0 * (prompt + 6)
+    assert not missed.met_slo and missed.gain == 0.0 and missed.ideal_gain == prompt + 5

@@ -14,6 +14,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from itertools import repeat
 from typing import Any
 
 from slo_core.policies.apply import ordered
@@ -25,6 +26,7 @@ from slo_core.policies.base import (
     RequestView,
     attained_service,
 )
+from slo_core.policies.feedback import Feedback
 from slo_core.policies.guard import GuardedPolicy
 from slo_core.slo import RequestKind, SLOTargets
 from slo_core.wire.tags import EngineTags, decode_tags, distrust, program_start_s
@@ -33,6 +35,7 @@ log = logging.getLogger(__name__)
 
 
 BEST_EFFORT = SLOTargets(RequestKind.BEST_EFFORT)
+FINISHED = frozenset({"stop", "length"})  # vLLM's finish reasons of a request that ended on its own
 
 
 @dataclass(slots=True)
@@ -53,6 +56,13 @@ def attained_tokens(request: Any) -> int:
     )
 
 
+def _delivered(times: list[float], total: int, now_s: float) -> None:
+    """Output tokens beyond ``len(times)`` up to ``total`` were delivered at ``now_s``."""
+    new = total - len(times)
+    if new > 0:
+        times.extend(repeat(now_s, new))
+
+
 class PolicyBridge:
     """Builds snapshots, decides when a frame is due, and remembers the last admission order."""
 
@@ -66,11 +76,16 @@ class PolicyBridge:
         seed: int = 0,
         tag_keys: Sequence[bytes] | Callable[[], Sequence[bytes]] | None = None,
         on_unsigned: Callable[[str], None] = lambda _why: None,
+        feedback: Feedback | None = None,
     ) -> None:
         self.policy = policy
         self.guard = GuardedPolicy(
             policy
         )  # core's degrade-to-stock guard (engine-sim and sidecar use it too)
+        # a policy that learns from finishes (observe) is told of each, as the simulator tells it:
+        # core's Feedback over the output tokens' times (kept only for such a policy)
+        self.feedback = feedback if feedback is not None and self.guard.observes_feedback else None
+        self._token_times: dict[str, list[float]] = {}
         # None: tags are trusted as they come; keys (or a function giving the current ones, as the
         # mounted Secret is rotated): only tags signed by one of them count
         self.tag_keys = tag_keys
@@ -118,8 +133,35 @@ class PolicyBridge:
             self._programs.move_to_end(pid)
         return p
 
-    def call_ended(self, request: Any) -> None:
-        """A request left the engine (finished, aborted or rejected): its program keeps its service."""
+    def arrived(self, request: Any) -> None:
+        """A request entered the engine (its output tokens' times are kept for the feedback)."""
+        if self.feedback is not None:
+            self._token_times[request.request_id] = []
+
+    def made_tokens(self, request: Any, now_s: float) -> None:
+        """``request`` has ``num_output_tokens`` at ``now_s``: the new ones were delivered now."""
+        times = self._token_times.get(request.request_id)
+        if times is not None:
+            _delivered(times, int(request.num_output_tokens), now_s)
+
+    def call_ended(
+        self,
+        request: Any,
+        finish_reason: str = "abort",
+        *,
+        rejected: bool = False,
+        now_s: float | None = None,
+    ) -> None:
+        """A request left the engine (finished, aborted or rejected): one that finished on its own
+        ("stop", "length") is fed back to the policy as the simulator does (an aborted or rejected one
+        is not); its program keeps its service."""
+        times = self._token_times.pop(request.request_id, None)
+        if times is not None and self.feedback is not None and finish_reason in FINISHED and not rejected:
+            now = self._clock() if now_s is None else now_s
+            _delivered(times, int(request.num_output_tokens), now)  # the step that finished it
+            view = self.view(request, {})
+            done = self.feedback(view, times, finish_s=now, output_tokens=int(request.num_output_tokens))
+            self.guard.observe([done], now)
         tags = self._tags.get(request.request_id)
         if tags is not None and tags.program_id and (p := self._programs.get(tags.program_id)):
             p.done_tokens += attained_tokens(request)

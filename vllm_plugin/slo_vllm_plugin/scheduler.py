@@ -24,6 +24,12 @@ outcome, judged when it is freed by its :func:`~slo_vllm_plugin.report.watch`; a
 watch is also fed its output count after every step that made tokens for it (two dict lookups and a
 compare per request in the step's outputs), the other kinds need only their finish time.
 
+A policy that learns from finished requests (``EnginePolicy.observe``: GMAX's cutoff tuner, its
+per-tenant service for ``spec.fairness``, its reading of the analyzer's bounds) is told of each
+request that finished on its own, as the simulator tells it: the bridge keeps the output tokens'
+times (the step's time for each token it made) and builds core's
+:class:`~slo_core.policies.feedback.Feedback` of them when the request is freed.
+
 Any policy error, or an analyzer that stopped answering, degrades to vLLM's stock order for that
 step: requests are never failed by the plugin. Requires ``--scheduling-policy fcfs`` (the default);
 under ``priority`` the waiting heap cannot be reordered, so only preemptions are applied.
@@ -41,12 +47,13 @@ from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.request import RequestStatus
 
 from slo_core.policies.base import Decision, EngineView
+from slo_core.policies.feedback import Feedback
 from slo_core.slo import RequestKind
 from slo_vllm_plugin.bridge import PolicyBridge
 from slo_vllm_plugin.engine_trace import EngineTrace
 from slo_vllm_plugin.metrics import PluginMetrics
 from slo_vllm_plugin.report import EngineSnapshot, Finished, RequestRow, Throttle, judge, watch
-from slo_vllm_plugin.settings import PluginSettings, load_policy
+from slo_vllm_plugin.settings import PluginSettings, load_objective, load_policy
 
 # vLLM configures only its own "vllm" logger (handler, format, INFO): under it the plugin's start line
 # and its degradations appear in vLLM's output like vLLM's own, not only what reaches Python's stderr
@@ -92,6 +99,7 @@ class SLOScheduler(Scheduler):  # type: ignore[misc]
             deadlines=self._fresh_deadlines,
             tag_keys=_load_tag_keys(self.slo_settings),
             on_unsigned=self.slo_metrics.unsigned,
+            feedback=_feedback(self.slo_settings),
         )
         self._slo_profile = _load_profile(self.slo_settings.profile)
         self._slo_degraded_reason = ""
@@ -123,6 +131,7 @@ class SLOScheduler(Scheduler):  # type: ignore[misc]
     def add_request(self, request: Any) -> None:
         super().add_request(request)
         self.slo_bridge.note_event()
+        self.slo_bridge.arrived(request)
         if self.slo_analyzer is not None:
             tags = self.slo_bridge.tags(request)
             if tags is not None and tags.targets.kind is RequestKind.LATENCY:  # per-token deadlines
@@ -172,11 +181,17 @@ class SLOScheduler(Scheduler):  # type: ignore[misc]
         outputs = super().update_from_output(scheduler_output, model_runner_output)
         done = []
         watches, requests, now = self._slo_watches, self.requests, time.time()
+        bridge = self.slo_bridge
+        timed = bridge.feedback is not None
         for engine_outputs in outputs.values():
             for out in engine_outputs.outputs:
-                w = watches.get(out.request_id)  # finished ones were judged (and dropped) when freed
-                if w is not None and (req := requests.get(out.request_id)) is not None:
-                    w.tokens(req.num_output_tokens, now)
+                # finished ones were judged (and dropped) when freed: not in requests any more
+                w = watches.get(out.request_id)
+                if (w is not None or timed) and (req := requests.get(out.request_id)) is not None:
+                    if w is not None:
+                        w.tokens(req.num_output_tokens, now)
+                    if timed:
+                        bridge.made_tokens(req, now)
                 if out.finish_reason is not None:
                     done.append(out.request_id)
                     self.slo_trace.event("finish", request_id=out.request_id, reason=str(out.finish_reason))
@@ -188,11 +203,12 @@ class SLOScheduler(Scheduler):  # type: ignore[misc]
         return outputs
 
     def _free_request(self, request: Any, *args: Any, **kwargs: Any) -> Any:
-        self.slo_bridge.call_ended(request)  # before forget drops its tags
+        rid = request.request_id
+        reason = str(request.get_finished_reason() or "abort")
+        # before forget drops its tags; a request that finished on its own is fed back to the policy
+        self.slo_bridge.call_ended(request, reason, rejected=rid in self._slo_rejecting, now_s=time.time())
         if self.slo_analyzer is not None:
-            rid = request.request_id
             tags = self.slo_bridge.tags(request)
-            reason = str(request.get_finished_reason() or "abort")
             w = self._slo_watches.pop(rid, None) or watch(tags, float(request.arrival_time))
             w.tokens(int(request.num_output_tokens), time.time())  # this step's tokens, freed in it
             self._slo_finished.append(
@@ -372,6 +388,15 @@ class SLOScheduler(Scheduler):  # type: ignore[misc]
             self.slo_trace.event("recovered")
             self._slo_degraded_reason = ""
             self.slo_metrics.degraded(False)
+
+
+def _feedback(settings: PluginSettings) -> Feedback | None:
+    """Feedback in the SLOPolicy's goodput (None: an objective that does not validate; the policy
+    is then fcfs, which learns nothing)."""
+    try:
+        return Feedback.for_objective(load_objective(settings))
+    except ValueError:
+        return None
 
 
 def _load_profile(name: str | None) -> Any:

@@ -77,11 +77,15 @@ class PluginSettings:
         )
 
 
+def load_objective(settings: PluginSettings) -> Objective | None:
+    """The SLOPolicy's objective (ValueError when it does not validate)."""
+    return Objective.model_validate(settings.objective) if settings.objective is not None else None
+
+
 def load_policy(settings: PluginSettings) -> EnginePolicy:
     """The configured policy, maximizing the SLOPolicy's objective (fcfs, logged, if it cannot be built)."""
     try:
-        objective = Objective.model_validate(settings.objective) if settings.objective is not None else None
-        return make_engine_policy(settings.policy, settings.policy_params, objective)
+        return make_engine_policy(settings.policy, settings.policy_params, load_objective(settings))
     except (ValueError, ImportError, TypeError) as exc:
         log.error("slofleet: cannot build policy %r (%s); using fcfs", settings.policy, exc)
         return make_engine_policy("fcfs")

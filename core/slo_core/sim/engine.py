@@ -56,6 +56,8 @@ from slo_core.sim.engine_types import EngineConfig, StepOutcome
 from slo_core.sim.request import ABORTED, FINISHED, REJECTED, RUNNING, WAITING, SimRequest
 from slo_core.sim.views import request_views
 
+# what the policy is told of a finished request (slo_core.sim.outcomes.finished_view, bound to the
+# objective's slo_core.policies.feedback.Feedback)
 FeedbackFn = Callable[[SimRequest], FinishedView]
 
 

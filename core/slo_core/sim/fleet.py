@@ -26,6 +26,7 @@ import random
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any, Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -33,6 +34,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from slo_core.objective import Objective
 from slo_core.perf.model import PerfProfile
 from slo_core.policies.base import EnginePolicy, ReplicaView, RequestView, RouterPolicy
+from slo_core.policies.feedback import Feedback
 from slo_core.policies.registry import make_engine_policy, make_router_policy
 from slo_core.predict.compound import fallback_stage_deadline_at_s, routing_deadline_at_s
 from slo_core.routing import RoutingPipeline, SnapshotEndpoint, with_sent
@@ -40,7 +42,7 @@ from slo_core.runtime_policy import AdmissionRule, RuntimePolicy
 from slo_core.sim.analyzer import SimAnalyzer
 from slo_core.sim.engine import SimEngine
 from slo_core.sim.engine_types import EngineConfig
-from slo_core.sim.outcomes import Feedback
+from slo_core.sim.outcomes import finished_view
 from slo_core.sim.request import ABORTED, FINISHED, REJECTED, WAITING, ProgramState, SimRequest
 from slo_core.sim.views import request_view
 from slo_core.slo import RequestKind, SLOTier
@@ -164,10 +166,7 @@ class FleetSim:
             raise ValueError("a fleet needs at least one replica")
         self.config = config or SimConfig()
         make_policy = _policy_factory(policy, policy_params, objective)
-        if objective is not None:
-            feedback = Feedback(objective.goodput, objective.gain)
-        else:
-            feedback = Feedback(self.config.feedback_goodput)
+        feedback = partial(finished_view, Feedback.for_objective(objective, self.config.feedback_goodput))
         self.engines = [
             SimEngine(
                 f"replica-{i}",

@@ -23,15 +23,17 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 from slo_core.gain import SLOWatch
 from slo_core.perf import sped_up
 from slo_core.policies.base import MAX_ENGINE_PROGRAMS, EnginePolicy
+from slo_core.policies.feedback import Feedback
 from slo_core.policies.registry import make_engine_policy
 from slo_core.sim.engine import SimEngine
 from slo_core.sim.engine_types import EngineConfig
-from slo_core.sim.outcomes import Feedback
+from slo_core.sim.outcomes import finished_view
 from slo_core.sim.request import REJECTED, RUNNING, ProgramState, SimRequest
 from slo_core.slo import RequestKind, SLOTargets
 from slo_core.wire.keyring import KeyFile
@@ -124,7 +126,10 @@ class EngineRunner:
             self.policy,
             config,
             rng=random.Random(settings.seed),
-            feedback=Feedback() if observes_feedback(inner) else None,
+            # the objective's goodput, as the simulator's fleet and the vLLM plugin feed back
+            feedback=partial(finished_view, Feedback.for_objective(settings.objective))
+            if observes_feedback(inner)
+            else None,
         )
         self.max_model_len = self.engine.max_model_len
         self.live: dict[str, Handle] = {}
