@@ -66,7 +66,6 @@ from slo_core.policies.gmax_snapshot import (
     DEADLINE,
     F64,
     I64,
-    KIND_CODES,
     LATENCY,
     Columns,
     SnapshotTable,
@@ -290,13 +289,7 @@ class GMAX(BaseEnginePolicy):
                 len_rem_tokens=est.bound_tokens[run_idx] - g[run_idx],
                 pending_tokens=np.maximum(0.0, c.prompt_tokens[pend] + g[pend] - c.computed_tokens[pend]),
                 pending_start_by_s=pace_deadlines(c, est, pend)
-                - median_remaining(
-                    p,
-                    est.bound_tokens[pend],
-                    g[pend],
-                    self.bounds.median_factor_of(c.kind[pend]) if self.bounds.learning else None,
-                )
-                * speed.step_s,
+                - median_remaining(p, est.bound_tokens[pend], g[pend]) * speed.step_s,
             )
         if budget is not None and p.latency_lane:
             cand = admit[is_lat[admit]]
@@ -472,11 +465,7 @@ class GMAX(BaseEnginePolicy):
             pend = [i for i in run_order if in_prefill[i] and not is_lat[i]]
             pend += [i for i in admit if not is_lat[i]]
             pending = [max(0.0, prompt[i] + g[i] - computed[i]) for i in pend]
-            factors = None
-            if self.bounds.learning:
-                by_kind = self.bounds.median_factor_by_kind
-                factors = [by_kind[KIND_CODES[rows[i].slo.kind]] for i in pend]
-            median = median_remaining_small(p, [bound[i] for i in pend], [g[i] for i in pend], factors)
+            median = median_remaining_small(p, [bound[i] for i in pend], [g[i] for i in pend])
             start_by = [deadline[i] - m * step_s for i, m in zip(pend, median, strict=True)]
         budget = step_budget_small(
             p,

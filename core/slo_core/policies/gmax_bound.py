@@ -1,10 +1,10 @@
 """Where the analyzer's output bound sits among the true lengths, per request kind, learned online.
 
 GMAX reads a request's bound as a quantile of a log-normal of spread σ (``length_sigma``): the
-bound is z·σ above the median in log space, and every reader of the bound (the feasibility test
-of gmax_priority and gmax_scalar, the median the pace budget's demand floor plans with) uses that
-z. The static reading takes z = Φ⁻¹(``bound_quantile``) for every request. The forest does not
-bound every kind alike: on Tree-of-Thoughts calls its first bound is ~7–15x the true length, on
+bound is z·σ above the median in log space, and the feasibility test (gmax_priority and its scalar
+twin gmax_scalar: the chance a deadline or compound request still finishes in time) uses that z.
+The static reading takes z = Φ⁻¹(``bound_quantile``) for every request. The forest does not bound
+every kind alike: on Tree-of-Thoughts calls its first bound is ~7–15x the true length, on
 deep-research calls it is often below it (bench/results/gmax/issue15/learned_bound_screen).
 
 With ``bound_reading='learned'`` each GMAX instance keeps, per request kind, the last
@@ -14,6 +14,11 @@ z_k = median / σ, never below the static z (a bound is never read as less conse
 quantile) and never above ``bound_z_cap``; until ``bound_min_samples`` have finished, the static z.
 The first bound is the one a request carried when first seen with no output yet (the analyzer
 refines bounds as tokens stream; the first is the one its waiting time was judged by).
+
+The pace budget's demand floor keeps planning with the static reading's median: measured with the
+learned median there (a later latest start for each pending request, so a lower floor), GMAX lost
+0.01–0.02 of token goodput at Tree-of-Thoughts x2, ShareGPT x2 and conv x1 overload seeds
+(bench/results/gmax/issue15/README.md, eleventh pass).
 """
 
 from __future__ import annotations
@@ -41,8 +46,6 @@ class BoundReading:
     """Per request kind, the z at which GMAX reads the analyzer's bound (see module docstring)."""
 
     __slots__ = (
-        "_factor",
-        "_factor_rows",
         "_first",
         "_logs",
         "_z",
@@ -63,19 +66,8 @@ class BoundReading:
         self.min_samples = p.bound_min_samples
         self._first: dict[str, float] = {}
         self._logs = [deque[float](maxlen=p.bound_window) for _ in range(N_KINDS)]
-        # the analyzer's bound is the median of no length model (true lengths, the mean): no factor
         self._z = [self.static_z] * N_KINDS
-        self._factor: list[float] | None = None
         self._z_rows = np.array(self._z)
-        self._factor_rows: F64 | None = None
-        if analyzer:
-            self._set_factors()
-
-    def _set_factors(self) -> None:
-        # math.exp per kind, indexed per row: the numpy and the scalar path read the same floats
-        self._factor = [math.exp(-z * self.sigma) for z in self._z]
-        self._z_rows = np.array(self._z)
-        self._factor_rows = np.array(self._factor)
 
     # ---- what GMAX reads ------------------------------------------------------------------------
     def z_of(self, kind: I64) -> F64:
@@ -88,21 +80,14 @@ class BoundReading:
         """z per kind code (slo_core.policies.gmax_snapshot.KIND_CODES)."""
         return self._z
 
-    def median_factor_of(self, kind: I64) -> F64 | None:
-        """Median over bound per row (None: the bound is the length, no analyzer)."""
-        return None if self._factor_rows is None else self._factor_rows[kind]
-
-    @property
-    def median_factor_by_kind(self) -> list[float]:
-        """Median over bound per kind code (every kind 1.0 without an analyzer: the bound is the length)."""
-        return [1.0] * N_KINDS if self._factor is None else self._factor
-
     # ---- what it learns from --------------------------------------------------------------------
     def first_seen(self, r: RequestView) -> None:
-        """Remember ``r``'s first bound (only while it has no output yet)."""
-        if r.generated_tokens == 0 and r.output_bound is not None and r.request_id not in self._first:
+        """Remember ``r``'s first bound (only while it has no output yet; a bound below one token, which
+        only a malformed tag could carry, is not learned from)."""
+        bound = r.output_bound
+        if r.generated_tokens == 0 and bound is not None and bound >= 1 and r.request_id not in self._first:
             first = self._first
-            first[r.request_id] = float(r.output_bound)
+            first[r.request_id] = float(bound)
             if len(first) > MAX_TRACKED:
                 for rid in list(islice(first, MAX_TRACKED // 4)):
                     del first[rid]
@@ -131,7 +116,7 @@ class BoundReading:
                     self._z[code] = z
                     changed = True
         if changed:
-            self._set_factors()
+            self._z_rows = np.array(self._z)
 
     @property
     def tracked(self) -> int:

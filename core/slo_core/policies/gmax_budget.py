@@ -73,14 +73,11 @@ def pace_deadlines(c: Columns, est: Estimates, rows: I64) -> F64:
     return out
 
 
-def median_remaining(
-    p: GMAXParams, bound_tokens: F64, generated_tokens: F64, factor: F64 | None = None
-) -> F64:
+def median_remaining(p: GMAXParams, bound_tokens: F64, generated_tokens: F64) -> F64:
     """Remaining tokens at the median of GMAX's length model: the analyzer's bound stands for its
-    ``bound_quantile`` of a log-normal of spread ``length_sigma`` (true lengths and the mean: as given).
-    ``factor``: the median over the bound per row (gmax_bound's learned reading) in place of that."""
-    f: F64 | float | None = _median_factor(p) if factor is None else factor
-    median = bound_tokens if f is None else bound_tokens * f
+    ``bound_quantile`` of a log-normal of spread ``length_sigma`` (true lengths and the mean: as given)."""
+    factor = _median_factor(p)
+    median = bound_tokens if factor is None else bound_tokens * factor
     out: F64 = np.maximum(median, generated_tokens + 1.0) - generated_tokens
     return out
 
@@ -299,16 +296,12 @@ def _maximum(a: float, b: float) -> float:
 
 
 def median_remaining_small(
-    p: GMAXParams,
-    bound_tokens: Sequence[float],
-    generated_tokens: Sequence[float],
-    factors: Sequence[float] | None = None,
+    p: GMAXParams, bound_tokens: Sequence[float], generated_tokens: Sequence[float]
 ) -> list[float]:
-    """:func:`median_remaining` on lists (``factors``: one per row, as its ``factor``)."""
-    static = _median_factor(p) if factors is None else None
+    """:func:`median_remaining` on lists."""
+    factor = _median_factor(p)
     out: list[float] = []
-    for i, (b, g) in enumerate(zip(bound_tokens, generated_tokens, strict=True)):
-        factor = static if factors is None else factors[i]
+    for b, g in zip(bound_tokens, generated_tokens, strict=True):
         median = b if factor is None else b * factor
         out.append(_maximum(median, g + 1.0) - g)
     return out

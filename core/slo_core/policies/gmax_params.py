@@ -67,9 +67,9 @@ class GMAXParams(BaseModel):
     )
     bound_reading: BoundReadingMode = Field(
         "learned",
-        description="how the analyzer's bound is read (gmax_bound): 'static' = its bound_quantile for every "
-        "request; 'learned' = per request kind, where the bounds of the requests that finished sat above "
-        "their true lengths (never below the bound_quantile's z)",
+        description="how the feasibility test reads the analyzer's bound (gmax_bound): 'static' = as its "
+        "bound_quantile for every request; 'learned' = per request kind, where the bounds of the requests "
+        "that finished sat above their true lengths (never below the bound_quantile's z)",
     )
     bound_window: int = Field(
         200, ge=1, description="finished requests per kind the learned reading keeps (requests)"

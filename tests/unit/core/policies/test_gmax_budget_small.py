@@ -117,12 +117,6 @@ def test_median_remaining_on_lists_equals_the_array_version(
     gen = [g for _, g in rows]
     arr = median_remaining(p, np.array(bound, dtype=np.float64), np.array(gen, dtype=np.float64))
     assert median_remaining_small(p, bound, gen) == arr.tolist()
-    # a learned reading's median factor per row (gmax_bound)
-    factors = [0.05 + (i % 7) / 10 for i in range(len(rows))]
-    arr = median_remaining(
-        p, np.array(bound, dtype=np.float64), np.array(gen, dtype=np.float64), np.array(factors)
-    )
-    assert median_remaining_small(p, bound, gen, factors) == arr.tolist()
 
 
 @settings(max_examples=300, deadline=None)
