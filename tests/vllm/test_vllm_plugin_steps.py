@@ -283,15 +283,26 @@ def test_the_policy_is_told_of_every_request_that_finished(
     engine.add_request("met", PROMPT, tagged(6, 600.0, weight=2.0))
     engine.add_request("missed", PROMPT, tagged(5, 1e-3))
     engine.add_request("gone", PROMPT, tagged(50, 600.0))
+    # a natural end: every token is a stop token (FinishReason.STOP, which is 0, at the first token)
+    stops = SamplingParams(
+        max_tokens=50,
+        stop_token_ids=list(range(len(engine.get_tokenizer()))),
+        extra_args=EngineTags(SLOTargets(RequestKind.DEADLINE, deadline_s=600.0)).to_xargs(),
+    )
+    engine.add_request("stopped", PROMPT, stops)
     engine.step()
     engine.abort_request(["gone"])
     done = run_all(engine)
-    assert sorted(map(base_id, done)) == ["met", "missed"]
+    assert sorted(map(base_id, done)) == ["met", "missed", "stopped"]
     policy = scheduler_of(engine).slo_bridge.policy
     told = {base_id(f.request.request_id): f for f in policy.finished}
-    assert sorted(told) == ["met", "missed"]
-    met, missed = told["met"], told["missed"]
+    assert sorted(told) == ["met", "missed", "stopped"]
+    met, missed, stopped = told["met"], told["missed"], told["stopped"]
     assert met.request.generated_tokens == 6 and missed.request.generated_tokens == 5
+    # cut at max_tokens ("length"): the view says so; stopped on its own: its true length, uncut
+    assert met.request.max_tokens == 6
+    assert (stopped.request.generated_tokens, stopped.request.max_tokens) == (1, 50)
+    assert stopped.met_slo
     prompt = len(engine.get_tokenizer().encode(PROMPT))
     # token goodput of a deadline request met in time: its prompt and output, weighted
     assert met.met_slo and met.gain == met.ideal_gain == 2.0 * (prompt + 6)

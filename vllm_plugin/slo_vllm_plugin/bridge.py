@@ -13,7 +13,7 @@ import random
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from itertools import repeat
 from typing import Any
 
@@ -157,14 +157,26 @@ class PolicyBridge:
         is not); its program keeps its service."""
         times = self._token_times.pop(request.request_id, None)
         if times is not None and self.feedback is not None and finish_reason in FINISHED and not rejected:
-            now = self._clock() if now_s is None else now_s
-            _delivered(times, int(request.num_output_tokens), now)  # the step that finished it
-            view = self.view(request, {})
-            done = self.feedback(view, times, finish_s=now, output_tokens=int(request.num_output_tokens))
-            self.guard.observe([done], now)
+            try:
+                self._feed_back(request, times, finish_reason, now_s)
+            except Exception:  # the feedback must never fail an engine step
+                log.exception("request %s: could not feed back its finish", request.request_id)
         tags = self._tags.get(request.request_id)
         if tags is not None and tags.program_id and (p := self._programs.get(tags.program_id)):
             p.done_tokens += attained_tokens(request)
+
+    def _feed_back(self, request: Any, times: list[float], finish_reason: str, now_s: float | None) -> None:
+        assert self.feedback is not None
+        now = self._clock() if now_s is None else now_s
+        generated = int(request.num_output_tokens)
+        _delivered(times, generated, now)  # the step that finished it
+        view = self.view(request, {})
+        if finish_reason == "length":
+            # cut at a length (max_tokens, or the context): as the simulator caps max_tokens to the
+            # context, the view says it was cut, so no one reads the cut as the request's true length
+            view = replace(view, max_tokens=generated)
+        done = self.feedback(view, times, finish_s=now, output_tokens=generated)
+        self.guard.observe([done], now)
 
     def frame_due(self) -> bool:
         return self.step % self.guard.frame_steps == 0 or (self.guard.reschedule_on_events and self._events)

@@ -77,6 +77,13 @@ def watch(tags: EngineTags | None, arrival_unix_s: float) -> SLOWatch:
     return SLOWatch(tags.targets, arrival_unix_s, tags.deadline_at_s)
 
 
+def finish_reason(request: Any) -> str:
+    """Why a vLLM request left the engine: "stop", "length", "abort", ... (``FinishReason.STOP`` is 0,
+    a false value: it must not read as no reason)."""
+    reason = request.get_finished_reason()
+    return "abort" if reason is None else str(reason)
+
+
 def judge(w: SLOWatch | None, finish_reason: str, *, rejected: bool = False) -> str:
     """The outcome of a request that left the engine: rejected by the policy, none when aborted (the
     client left, as the proxy sidecar counts it), else met or missed by core's rule."""

@@ -28,7 +28,9 @@ A policy that learns from finished requests (``EnginePolicy.observe``: GMAX's cu
 per-tenant service for ``spec.fairness``, its reading of the analyzer's bounds) is told of each
 request that finished on its own, as the simulator tells it: the bridge keeps the output tokens'
 times (the step's time for each token it made) and builds core's
-:class:`~slo_core.policies.feedback.Feedback` of them when the request is freed.
+:class:`~slo_core.policies.feedback.Feedback` of them when the request is freed. A request that
+ends on a stop *string* is not among them: vLLM v1 detects stop strings in its front end, which
+aborts the request in the engine, and an abort cannot be told from a client that went away.
 
 Any policy error, or an analyzer that stopped answering, degrades to vLLM's stock order for that
 step: requests are never failed by the plugin. Requires ``--scheduling-policy fcfs`` (the default);
@@ -52,7 +54,15 @@ from slo_core.slo import RequestKind
 from slo_vllm_plugin.bridge import PolicyBridge
 from slo_vllm_plugin.engine_trace import EngineTrace
 from slo_vllm_plugin.metrics import PluginMetrics
-from slo_vllm_plugin.report import EngineSnapshot, Finished, RequestRow, Throttle, judge, watch
+from slo_vllm_plugin.report import (
+    EngineSnapshot,
+    Finished,
+    RequestRow,
+    Throttle,
+    finish_reason,
+    judge,
+    watch,
+)
 from slo_vllm_plugin.settings import PluginSettings, load_objective, load_policy
 
 # vLLM configures only its own "vllm" logger (handler, format, INFO): under it the plugin's start line
@@ -204,7 +214,7 @@ class SLOScheduler(Scheduler):  # type: ignore[misc]
 
     def _free_request(self, request: Any, *args: Any, **kwargs: Any) -> Any:
         rid = request.request_id
-        reason = str(request.get_finished_reason() or "abort")
+        reason = finish_reason(request)
         # before forget drops its tags; a request that finished on its own is fed back to the policy
         self.slo_bridge.call_ended(request, reason, rejected=rid in self._slo_rejecting, now_s=time.time())
         if self.slo_analyzer is not None:

@@ -115,7 +115,9 @@ class GMAX(BaseEnginePolicy):
         self.service = TenantService(p.fairness_half_life_s)
         self.correction = OnlineCorrection(momentum=0.9)
         self.bounds = BoundReading(p)
-        self._table = SnapshotTable(on_add=self.bounds.first_seen if self.bounds.learning else None)
+        # a bound can arrive after a request's first snapshot (the analyzer answers asynchronously):
+        # every re-read snapshot is looked at until one carries it
+        self._table = SnapshotTable(on_fresh=self.bounds.see if self.bounds.learning else None)
         self._last_frame_step: int | None = None
         self._last_clock: tuple[float, int, float] | None = None  # (now, step, estimated step_s)
         self._last_estimates: Estimates | None = None

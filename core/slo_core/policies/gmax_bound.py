@@ -12,8 +12,9 @@ With ``bound_reading='learned'`` each GMAX instance keeps, per request kind, the
 own (not cut at ``max_tokens``, whose true length is unknown) and reads the bound at
 z_k = median / σ, never below the static z (a bound is never read as less conservative than its
 quantile) and never above ``bound_z_cap``; until ``bound_min_samples`` have finished, the static z.
-The first bound is the one a request carried when first seen with no output yet (the analyzer
-refines bounds as tokens stream; the first is the one its waiting time was judged by).
+The first bound is the first one GMAX saw for the request, capped at its ``max_tokens`` as GMAX
+reads it (the analyzer refines bounds as tokens stream; the first is the one its waiting time was
+judged by; in a real engine it may arrive a few tokens in, the analyzer answering asynchronously).
 
 The pace budget's demand floor keeps planning with the static reading's median: measured with the
 learned median there (a later latest start for each pending request, so a lower floor), GMAX lost
@@ -82,12 +83,12 @@ class BoundReading:
 
     # ---- what it learns from --------------------------------------------------------------------
     def first_seen(self, r: RequestView) -> None:
-        """Remember ``r``'s first bound (only while it has no output yet; a bound below one token, which
-        only a malformed tag could carry, is not learned from)."""
+        """Remember ``r``'s bound if it is the first seen (capped at ``max_tokens``; a bound below one
+        token, which only a malformed tag could carry, is not learned from)."""
         bound = r.output_bound
-        if r.generated_tokens == 0 and bound is not None and bound >= 1 and r.request_id not in self._first:
+        if bound is not None and bound >= 1 and r.request_id not in self._first:
             first = self._first
-            first[r.request_id] = float(bound)
+            first[r.request_id] = float(min(bound, r.max_tokens))
             if len(first) > MAX_TRACKED:
                 for rid in list(islice(first, MAX_TRACKED // 4)):
                     del first[rid]

@@ -192,4 +192,9 @@ class GMAXParams(BaseModel):
         bad = [p for p in self.p_candidates if not 0 < p <= 1]
         if bad:
             raise ValueError(f"every cutoff must lie in (0, 1], got {bad}")
+        if self.bound_min_samples > self.bound_window:
+            raise ValueError(
+                f"bound_min_samples ({self.bound_min_samples}) above bound_window ({self.bound_window}): "
+                "the learned reading could never start"
+            )
         return self

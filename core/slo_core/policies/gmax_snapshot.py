@@ -101,9 +101,10 @@ class Columns:
 class SnapshotTable:
     """Builds :class:`Columns` from request snapshots, caching each request's immutable fields."""
 
-    def __init__(self, on_add: Callable[[RequestView], None] | None = None) -> None:
-        """``on_add``: called with each request the first time the table caches it."""
-        self._on_add = on_add
+    def __init__(self, on_fresh: Callable[[list[RequestView]], None] | None = None) -> None:
+        """``on_fresh``: called with the snapshots each call re-reads (new ones, and those whose
+        snapshot object changed since the last call)."""
+        self._on_fresh = on_fresh
         self._reset()
 
     def _reset(self) -> None:
@@ -169,8 +170,6 @@ class SnapshotTable:
         self._i["stage"][row] = -1 if r.stage is None else r.stage
         self._index[r.request_id] = row
         self._size += 1
-        if self._on_add is not None:
-            self._on_add(r)
 
     def _rows(self, reqs: Sequence[RequestView], ids: list[str]) -> I64:
         if self._size > max(4 * len(ids), 50_000):
@@ -198,6 +197,8 @@ class SnapshotTable:
         views = self._views
         for i, row in zip(index, stale_rows.tolist(), strict=True):
             views[row] = reqs[i]
+        if self._on_fresh is not None:
+            self._on_fresh(fresh)
 
     def columns(self, waiting: Sequence[RequestView], running: Sequence[RequestView]) -> Columns:
         """Columns of ``waiting`` followed by ``running`` (request ids must be unique)."""

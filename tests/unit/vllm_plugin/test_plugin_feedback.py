@@ -9,6 +9,7 @@ builds from a SimRequest with the same times (compared here)."""
 
 from __future__ import annotations
 
+import enum
 import random
 from collections.abc import Sequence
 from types import SimpleNamespace
@@ -27,6 +28,7 @@ from slo_core.sim.request import FINISHED, SimRequest
 from slo_core.slo import RequestKind, SLOTargets
 from slo_core.wire.tags import EngineTags
 from slo_vllm_plugin.bridge import PolicyBridge
+from slo_vllm_plugin.report import finish_reason
 
 BATCH = SLOTargets(RequestKind.DEADLINE, deadline_s=3.0, priority_weight=2.0)
 CHAT = SLOTargets(RequestKind.LATENCY, ttft_s=0.5, tbt_s=0.4)
@@ -123,10 +125,49 @@ def test_a_policy_that_learns_nothing_costs_no_token_times() -> None:
     assert not b._token_times
 
 
-def test_gmax_in_the_plugin_learns_where_the_bound_sits() -> None:
-    """GMAX behind the bridge: first bounds seen in its decisions, lengths from the feedback."""
+def test_finish_reasons_read_as_vllm_writes_them() -> None:
+    class FinishReason(enum.IntEnum):  # vLLM v1's: STOP is 0, a false value
+        STOP = 0
+        LENGTH = 1
+
+        def __str__(self) -> str:
+            return self.name.lower()
+
+    def freed(reason: FinishReason | None) -> Any:
+        return SimpleNamespace(get_finished_reason=lambda: reason)
+
+    assert finish_reason(freed(FinishReason.STOP)) == "stop"
+    assert finish_reason(freed(FinishReason.LENGTH)) == "length"
+    assert finish_reason(freed(None)) == "abort"
+
+
+def test_a_request_cut_at_a_length_is_not_read_as_its_true_length() -> None:
+    policy = Recorder()
+    b = PolicyBridge(policy, feedback=Feedback("token"), clock=lambda: 0.0)
+    run(b, request("cut", EngineTags(BATCH), 100.0, max_tokens=4096), [(100.5, 9)], 101.0, reason="length")
+    (told,) = policy.seen
+    assert told.request.generated_tokens == told.request.max_tokens == 10
+
+
+def test_a_feedback_that_fails_does_not_fail_the_engine_step(caplog: pytest.LogCaptureFixture) -> None:
+    b = PolicyBridge(policy := Recorder(), feedback=Feedback("token"), clock=lambda: 0.0)
+    b.feedback = SimpleNamespace()  # type: ignore[assignment]  # calling it raises TypeError
+    run(b, request("a", EngineTags(BATCH), 100.0), [(100.5, 2)], 101.0)
+    assert "could not feed back" in caplog.text
+    assert not b._token_times and not policy.seen
+
+
+@pytest.mark.parametrize("numpy_path", [False, True], ids=["scalar", "numpy"])
+def test_gmax_in_the_plugin_learns_where_the_bound_sits(
+    monkeypatch: pytest.MonkeyPatch, numpy_path: bool
+) -> None:
+    """GMAX behind the bridge: the analyzer's bounds arrive after the first decision (engine mode:
+    the router's tags carry none), lengths come from the feedback."""
+    if numpy_path:
+        monkeypatch.setattr("slo_core.policies.gmax_scalar.MAX_ROWS", -1)
     gmax = GMAX()
-    b = PolicyBridge(gmax, feedback=Feedback("token"), clock=lambda: 100.0)
+    bounds: dict[str, int] = {}
+    b = PolicyBridge(gmax, bounds=lambda: bounds, feedback=Feedback("token"), clock=lambda: 100.0)
     engine = EngineView(
         now_s=100.0,
         step=1,
@@ -136,9 +177,12 @@ def test_gmax_in_the_plugin_learns_where_the_bound_sits() -> None:
         kv_blocks_free=20_000,
         profile=load_profile("h100-llama3-8b-tp1"),
     )
-    reqs = [request(f"r{i}", EngineTags(BATCH, output_bound=800), 99.0 + i / 100) for i in range(30)]
+    reqs = [request(f"r{i}", EngineTags(BATCH), 99.0 + i / 100) for i in range(30)]
     for r in reqs:
         b.arrived(r)
+    b.decide(reqs, [], lambda now: engine)
+    assert gmax.bounds.tracked == 0
+    bounds.update({r.request_id: 800 for r in reqs})
     b.decide(reqs, [], lambda now: engine)
     assert gmax.bounds.tracked == 30
     for r in reqs:

@@ -76,13 +76,12 @@ def test_window_keeps_only_the_latest_finishes() -> None:
 def test_learns_only_from_first_bounds_of_requests_that_finished_on_their_own() -> None:
     reading = BoundReading(GMAXParams(bound_min_samples=1))
     cut = request("cut", DL, bound=1000, max_tokens=100)
-    started = request("started", DL, bound=1000, gen=5)  # first seen with output: no first bound
     unbounded = request("nobound", DL)
     zero = request("zero", DL, bound=0)  # a malformed tag's: never a log(0)
-    for v in (cut, started, unbounded, zero):
+    for v in (cut, unbounded, zero):
         reading.first_seen(v)
-    assert reading.tracked == 1  # only "cut" had a bound and no output yet
-    reading.learn([finished(cut, 100), finished(started, 50), finished(unbounded, 50), finished(zero, 5)])
+    assert reading.tracked == 1  # only "cut" had a bound
+    reading.learn([finished(cut, 100), finished(unbounded, 50), finished(zero, 5)])
     assert reading.z_by_kind[DEADLINE] == STATIC  # "cut" stopped at max_tokens: length unknown
     assert reading.tracked == 0
     # the first bound counts, not the refined one seen later
@@ -91,6 +90,36 @@ def test_learns_only_from_first_bounds_of_requests_that_finished_on_their_own() 
     reading.first_seen(replace(fresh, output_bound=120, generated_tokens=0))
     reading.learn([finished(fresh, 100)])
     assert reading.z_by_kind[DEADLINE] == pytest.approx(math.log(10.0) / SIGMA)
+
+
+def test_a_bound_that_arrives_late_or_above_max_tokens_is_read_as_gmax_reads_it() -> None:
+    reading = BoundReading(GMAXParams(bound_min_samples=1, bound_z_cap=10.0))
+    late = request("late", DL, max_tokens=4096)
+    reading.first_seen(late)  # no bound yet: the analyzer answers later
+    reading.first_seen(replace(late, output_bound=2000, generated_tokens=3))
+    big = request("big", DL, bound=8000, max_tokens=1000)  # GMAX reads min(bound, max_tokens)
+    reading.first_seen(big)
+    reading.learn([finished(late, 125), finished(big, 125)])
+    assert reading.z_by_kind[DEADLINE] == pytest.approx(math.log(math.sqrt(16 * 8)) / SIGMA)  # 16x, 8x
+
+
+@pytest.mark.parametrize("numpy_path", [False, True], ids=["scalar", "numpy"])
+def test_both_paths_pick_up_a_bound_that_arrives_after_the_first_decision(
+    monkeypatch: pytest.MonkeyPatch, numpy_path: bool
+) -> None:
+    if numpy_path:
+        monkeypatch.setattr("slo_core.policies.gmax_scalar.MAX_ROWS", -1)
+    gmax = GMAX()
+    first = request("a", DL, max_tokens=4096)
+    gmax.decide([first], [], _engine(1.0), random.Random(0))
+    assert gmax.bounds.tracked == 0
+    gmax.decide([replace(first, output_bound=900)], [], _engine(1.1), random.Random(0))
+    assert gmax.bounds.tracked == 1
+
+
+def test_min_samples_above_the_window_is_refused() -> None:
+    with pytest.raises(ValueError, match="never start"):
+        GMAXParams(bound_window=10, bound_min_samples=20)
 
 
 def test_first_bounds_of_requests_that_never_finish_stay_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
