@@ -16,6 +16,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from builders import engine
 
 from slo_core.perf import load_profile
 from slo_core.policies.base import BaseEnginePolicy, Decision, EngineView, FinishedView, RequestView
@@ -168,22 +169,14 @@ def test_gmax_in_the_plugin_learns_where_the_bound_sits(
     gmax = GMAX()
     bounds: dict[str, int] = {}
     b = PolicyBridge(gmax, bounds=lambda: bounds, feedback=Feedback("token"), clock=lambda: 100.0)
-    engine = EngineView(
-        now_s=100.0,
-        step=1,
-        max_num_seqs=64,
-        max_num_batched_tokens=2048,
-        kv_blocks_total=20_000,
-        kv_blocks_free=20_000,
-        profile=load_profile("h100-llama3-8b-tp1"),
-    )
+    view = engine(100.0, step=1, batched=2048, kv_total=20_000, profile=load_profile("h100-llama3-8b-tp1"))
     reqs = [request(f"r{i}", EngineTags(BATCH), 99.0 + i / 100) for i in range(30)]
     for r in reqs:
         b.arrived(r)
-    b.decide(reqs, [], lambda now: engine)
+    b.decide(reqs, [], lambda now: view)
     assert gmax.bounds.tracked == 0
     bounds.update({r.request_id: 800 for r in reqs})
-    b.decide(reqs, [], lambda now: engine)
+    b.decide(reqs, [], lambda now: view)
     assert gmax.bounds.tracked == 30
     for r in reqs:
         r.num_output_tokens = 99  # the last token comes with the finishing step: 100 of a bound of 800

@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from builders import DL, LAT, request
+from builders import DL, LAT, engine, request
 
 from slo_core.perf import load_profile
 from slo_core.policies import gmax_bound
@@ -22,6 +22,7 @@ from slo_core.policies.gmax_priority import z_of_quantile
 from slo_core.policies.gmax_snapshot import DEADLINE, LATENCY
 
 STATIC = z_of_quantile(0.95)
+PROFILE = load_profile("h100-llama3-8b-tp1")
 SIGMA = GMAXParams().length_sigma
 
 
@@ -149,15 +150,7 @@ def test_which_variants_learn(policy: GMAX, learns: bool) -> None:
 
 
 def _engine(now_s: float) -> EngineView:
-    return EngineView(
-        now_s=now_s,
-        step=1,
-        max_num_seqs=8,
-        max_num_batched_tokens=2048,
-        kv_blocks_total=20_000,
-        kv_blocks_free=20_000,
-        profile=load_profile("h100-llama3-8b-tp1"),
-    )
+    return engine(now_s, step=1, seqs=8, batched=2048, kv_total=20_000, profile=PROFILE)
 
 
 @pytest.mark.parametrize("numpy_path", [False, True], ids=["scalar", "numpy"])
