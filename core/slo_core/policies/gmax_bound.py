@@ -9,9 +9,14 @@ deep-research calls it is often below it (bench/results/gmax/issue15/learned_bou
 
 With ``bound_reading='learned'`` each GMAX instance keeps, per request kind, the last
 ``bound_window`` values of log(first bound / true length) over the requests that finished on their
-own (not cut at ``max_tokens``, whose true length is unknown) and reads the bound at
-z_k = median / σ, never below the static z (a bound is never read as less conservative than its
-quantile) and never above ``bound_z_cap``; until ``bound_min_samples`` have finished, the static z.
+own (not cut at ``max_tokens``, whose true length is unknown) and reads the bound at z_k = m / σ,
+where m is the lower end of a 95 % confidence interval for their median (the order statistic
+⌊n/2 − 0.98·√n⌋ of n): it moves off the static z only when the finished requests show the bound
+sitting higher, not on the noise of a kind whose bounds sit where the static reading puts them
+(read at the plain median, conv's deep-research calls hovered just above the static z and GMAX's
+goodput there moved by up to 0.03 a seed for nothing; bench/results/gmax/issue15/README.md). Never
+below the static z (a bound is never read as less conservative than its quantile), never above
+``bound_z_cap``; until ``bound_min_samples`` have finished, the static z.
 The first bound is the first one GMAX saw for the request, capped at its ``max_tokens`` as GMAX
 reads it (the analyzer refines bounds as tokens stream; the first is the one its waiting time was
 judged by; in a real engine it may arrive a few tokens in, the analyzer answering asynchronously).
@@ -25,7 +30,6 @@ learned median there (a later latest start for each pending request, so a lower 
 from __future__ import annotations
 
 import math
-import statistics
 from collections import deque
 from collections.abc import Iterable, Sequence
 from itertools import islice
@@ -41,6 +45,14 @@ from slo_core.policies.gmax_snapshot import F64, I64, KIND_CODES
 # past this many the oldest quarter is dropped
 MAX_TRACKED = 1 << 16
 N_KINDS = len(KIND_CODES)
+
+
+def median_lower_limit(values: Iterable[float]) -> float:
+    """The lower end of a two-sided 95 % confidence interval for the median of ``values`` (distribution
+    free: the order statistic ⌊n/2 − 0.98·√n⌋, the binomial's normal approximation)."""
+    ordered = sorted(values)
+    n = len(ordered)
+    return ordered[max(0, math.floor(n / 2 - 0.98 * math.sqrt(n)))]
 
 
 class BoundReading:
@@ -112,7 +124,7 @@ class BoundReading:
             logs = self._logs[code]
             logs.append(math.log(bound / g))
             if len(logs) >= self.min_samples:
-                z = min(self.cap, max(self.static_z, statistics.median(logs) / self.sigma))
+                z = min(self.cap, max(self.static_z, median_lower_limit(logs) / self.sigma))
                 if z != self._z[code]:
                     self._z[code] = z
                     changed = True

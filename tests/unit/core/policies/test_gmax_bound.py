@@ -16,7 +16,7 @@ from slo_core.perf import load_profile
 from slo_core.policies import gmax_bound
 from slo_core.policies.base import EngineView, FinishedView, RequestView
 from slo_core.policies.gmax import GMAX, GMAXNoAnalyzer, GMAXOracle
-from slo_core.policies.gmax_bound import BoundReading
+from slo_core.policies.gmax_bound import BoundReading, median_lower_limit
 from slo_core.policies.gmax_params import GMAXParams
 from slo_core.policies.gmax_priority import z_of_quantile
 from slo_core.policies.gmax_snapshot import DEADLINE, LATENCY
@@ -51,6 +51,34 @@ def test_learns_per_kind_the_median_log_ratio_over_sigma() -> None:
     assert reading.z_by_kind[LATENCY] == STATIC  # nothing of that kind finished
     rows = reading.z_of(np.array([DEADLINE, LATENCY, DEADLINE]))
     assert rows.tolist() == [reading.z_by_kind[DEADLINE], STATIC, reading.z_by_kind[DEADLINE]]
+
+
+def test_median_lower_limit_is_a_lower_confidence_limit() -> None:
+    assert median_lower_limit([5.0] * 10) == 5.0
+    values = list(range(200))  # n = 200: the 86th smallest (index 86)
+    random.Random(3).shuffle(values)
+    assert median_lower_limit(map(float, values)) == 86.0
+    # over many samples of a known distribution the limit sits below the median ~97.5 % of the time
+    rng = random.Random(5)
+    below = sum(median_lower_limit(rng.gauss(0.0, 1.0) for _ in range(200)) <= 0.0 for _ in range(400))
+    assert 0.95 <= below / 400 <= 1.0
+
+
+def test_a_kind_whose_bounds_sit_where_the_static_reading_puts_them_stays_static() -> None:
+    """Bounds at the static 95th percentile, with noise: the plain median lands above the static z
+    in 11 of these 20 trials; its lower confidence limit in at most 2."""
+    rng = random.Random(11)
+    moved = 0
+    for trial in range(20):
+        reading = BoundReading(GMAXParams())
+        views = [request(f"{trial}-{i}", DL, bound=1000, max_tokens=100_000) for i in range(200)]
+        for v in views:
+            reading.first_seen(v)
+        # true lengths log-normal around the median the static reading assumes
+        median = 1000 * math.exp(-STATIC * SIGMA)
+        reading.learn([finished(v, max(1, round(median * math.exp(rng.gauss(0, SIGMA))))) for v in views])
+        moved += reading.z_by_kind[DEADLINE] > STATIC
+    assert moved <= 2
 
 
 def test_static_until_enough_have_finished_then_floored_and_capped() -> None:
@@ -101,7 +129,8 @@ def test_a_bound_that_arrives_late_or_above_max_tokens_is_read_as_gmax_reads_it(
     big = request("big", DL, bound=8000, max_tokens=1000)  # GMAX reads min(bound, max_tokens)
     reading.first_seen(big)
     reading.learn([finished(late, 125), finished(big, 125)])
-    assert reading.z_by_kind[DEADLINE] == pytest.approx(math.log(math.sqrt(16 * 8)) / SIGMA)  # 16x, 8x
+    # 16x and 8x: of two, the lower confidence limit of the median is the smaller
+    assert reading.z_by_kind[DEADLINE] == pytest.approx(math.log(8.0) / SIGMA)
 
 
 @pytest.mark.parametrize("numpy_path", [False, True], ids=["scalar", "numpy"])
