@@ -184,3 +184,13 @@ def test_gmax_in_the_plugin_learns_where_the_bound_sits(
     assert gmax.bounds.tracked == 0
     assert gmax.bounds.z_by_kind[DEADLINE] > gmax.bounds.static_z
     assert gmax.tuner._finished == 30  # the cutoff tuner heard of them too
+
+
+def test_fairness_counts_the_service_of_finished_requests_in_a_real_engine_too() -> None:
+    """spec.fairness: GMAX's per-tenant service grows from the finishes the engine reports (before,
+    only in the simulator: the plugin never reported them, so a live tenant's service stayed 0)."""
+    gmax = GMAX(fairness=0.5)
+    b = PolicyBridge(gmax, feedback=Feedback("token"), clock=lambda: 100.0)
+    run(b, request("a", EngineTags(BATCH, tenant="acme"), 100.0, prompt=10), [(100.5, 4)], 101.0)
+    run(b, request("b", EngineTags(BATCH, tenant="zeta"), 100.0, prompt=10), [], 101.0)
+    assert gmax.service.attained == {"acme": 15.0, "zeta": 11.0}  # prompt + output, each finish
