@@ -269,7 +269,9 @@ class GMAX(BaseEnginePolicy):
         run_idx = np.flatnonzero(c.running)
         run_order = run_idx[np.argsort(-score[run_idx], kind="stable")]
         if preempt:
-            run_order = run_order[~np.isin(run_order, preempt)]
+            kept = np.ones(len(c), dtype=np.bool_)
+            kept[preempt] = False
+            run_order = run_order[kept[run_order]]
         g = c.generated_tokens
         in_prefill = c.computed_tokens < c.prompt_tokens + np.maximum(0.0, g - 1.0)
         is_lat = c.kind == LATENCY

@@ -41,6 +41,7 @@ _EPS_S = 1e-9
 PROGRAM_PAID = frozenset({"request", "token"})
 _MIN_T_S = 1e-6
 _MAX_F = float(np.finfo(np.float64).max)
+_STAGE_KEY = 1_000_003  # a compound call's stage group: program · _STAGE_KEY + stage + 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -212,16 +213,26 @@ def fit_probability(generated: F64, bound: F64, slack_tokens: F64, sigma: float,
 
     The true length is log-normal with spread ``sigma`` whose ``Φ(z_bound)`` quantile is ``bound``
     (z_bound = 0: the bound is the median; one z, or one per row; sigma = 0 is handled by the caller
-    as a yes/no test).
+    as a yes/no test). A row with no slack (≤ 0) has probability 0; the CDFs are evaluated only for the
+    other rows, and the lower one only for rows that started generating (elementwise ufuncs: each row's
+    value is the one a whole-array evaluation gives, bit for bit, tested).
     """
+    out: F64 = np.zeros(len(generated))
     with np.errstate(divide="ignore", invalid="ignore"):
-        log_b = np.log(np.maximum(bound, 1.0))
-        hi = normal_cdf((np.log(np.maximum(generated + slack_tokens, 1e-9)) - log_b) / sigma + z_bound)
-        lo = np.where(
-            generated > 0, normal_cdf((np.log(np.maximum(generated, 1e-9)) - log_b) / sigma + z_bound), 0.0
-        )
-        p = np.where(slack_tokens <= 0, 0.0, (hi - lo) / np.maximum(1.0 - lo, 1e-12))
-    out: F64 = np.where(np.isnan(p), 0.0, np.minimum(np.maximum(p, 0.0), 1.0))
+        rows = np.flatnonzero(~(slack_tokens <= 0))  # NaN slack is evaluated (and ends at 0 or Φ's 0.5)
+        if len(rows) == 0:
+            return out
+        g = generated[rows]
+        z = z_bound[rows] if isinstance(z_bound, np.ndarray) else z_bound
+        log_b = np.log(np.maximum(bound[rows], 1.0))
+        hi = normal_cdf((np.log(np.maximum(g + slack_tokens[rows], 1e-9)) - log_b) / sigma + z)
+        lo = np.zeros(len(rows))
+        started = np.flatnonzero(g > 0)
+        if len(started):
+            z_s = z[started] if isinstance(z, np.ndarray) else z
+            lo[started] = normal_cdf((np.log(np.maximum(g[started], 1e-9)) - log_b[started]) / sigma + z_s)
+        p = (hi - lo) / np.maximum(1.0 - lo, 1e-12)
+        out[rows] = np.where(np.isnan(p), 0.0, np.minimum(np.maximum(p, 0.0), 1.0))
     return out
 
 
@@ -234,19 +245,34 @@ def _decay(slo_s: F64, actual_s: F64, alpha: float) -> F64:
 
 
 class _Groups:
-    """Rows under ``mask`` grouped by ``key`` (np.unique once per key, reused by every aggregate)."""
+    """Rows under ``mask`` grouped by ``key`` (np.unique once per key, reused by every aggregate).
+    ``keys``: the groups' keys, ascending (group j has ``keys[j]``)."""
 
-    __slots__ = ("inv", "mask", "n")
+    __slots__ = ("inv", "keys", "mask", "n")
 
     def __init__(self, key: np.ndarray, mask: B8) -> None:
         self.mask = mask
         if mask.any():
-            _, inv = np.unique(key[mask], return_inverse=True)
+            keys, inv = np.unique(key[mask], return_inverse=True)
+            self.keys: np.ndarray = keys
             self.inv: I64 = inv
-            self.n = int(inv.max()) + 1
+            self.n = len(keys)
         else:
+            self.keys = np.zeros(0, dtype=np.int64)
             self.inv = np.zeros(0, dtype=np.int64)
             self.n = 0
+
+    def coarser(self, divisor: int) -> _Groups:
+        """The same rows grouped by ``key // divisor``: what ``_Groups(key // divisor, mask)`` gives
+        (groups numbered by ascending key), from the groups' keys instead of every row's."""
+        out = _Groups.__new__(_Groups)
+        out.mask = self.mask
+        if self.n == 0:
+            out.keys, out.inv, out.n = self.keys, self.inv, 0
+            return out
+        keys, parent = np.unique(self.keys // divisor, return_inverse=True)
+        out.keys, out.inv, out.n = keys, parent[self.inv], len(keys)
+        return out
 
 
 def _stage_sum(groups: _Groups, values: F64, reduce_max: bool = False) -> F64:
@@ -293,7 +319,7 @@ def estimate(
 
     is_lat = kind == LATENCY
     stage_mask = (kind == COMPOUND) & (c.program >= 0)
-    stage_key = c.program * 1_000_003 + c.stage + 1
+    stage_key = c.program * _STAGE_KEY + c.stage + 1
     stages = _Groups(stage_key, stage_mask)
     t_finish = _stage_sum(stages, t_gen, reduce_max=True)  # stage calls run in parallel
     t_gen_agg = _stage_sum(stages, t_gen)  # bandwidth: every call holds a slot
@@ -314,7 +340,12 @@ def estimate(
 
     n_on, next_on = latency_on_time_tokens(c, now_s, t_pre, bound, v)
     tokens = _stage_sum(stages, prompt + bound)
-    prior = _prior_tokens(c, stage_mask, _Groups(c.program, stage_mask))
+    # a stage key's program is key // _STAGE_KEY while its stage lies in [-1, _STAGE_KEY - 2]
+    stage_range_ok = stages.n == 0 or (
+        int(c.stage[stage_mask].min()) >= -1 and int(c.stage[stage_mask].max()) <= _STAGE_KEY - 2
+    )
+    programs = stages.coarser(_STAGE_KEY) if stage_range_ok else _Groups(c.program, stage_mask)
+    prior = _prior_tokens(c, stage_mask, programs)
     tokens = tokens + prior
     fdl = p_on_time
     if p.goodput == "token":

@@ -236,3 +236,39 @@ def test_normal_cdf_and_fit_probability_give_numpys_clipping_results_bit_for_bit
         lo = np.where(g > 0, normal_cdf((np.log(np.maximum(g, 1e-9)) - log_b) / 0.45 + 1.64), 0.0)
         raw = np.where(slack <= 0, 0.0, (hi - lo) / np.maximum(1.0 - lo, 1e-12))
     assert np.array_equal(p, np.clip(np.nan_to_num(raw), 0.0, 1.0))
+
+
+def _fit_probability_whole_array(
+    g: np.ndarray, bound: np.ndarray, slack: np.ndarray, z: object
+) -> np.ndarray:
+    """fit_probability as it was before it evaluated only the rows with slack: every row, then masked."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        log_b = np.log(np.maximum(bound, 1.0))
+        hi = normal_cdf((np.log(np.maximum(g + slack, 1e-9)) - log_b) / 0.45 + z)
+        lo = np.where(g > 0, normal_cdf((np.log(np.maximum(g, 1e-9)) - log_b) / 0.45 + z), 0.0)
+        p = np.where(slack <= 0, 0.0, (hi - lo) / np.maximum(1.0 - lo, 1e-12))
+    out: np.ndarray = np.where(np.isnan(p), 0.0, np.minimum(np.maximum(p, 0.0), 1.0))
+    return out
+
+
+@pytest.mark.parametrize("per_row_z", [False, True])
+def test_fit_probability_on_the_rows_with_slack_is_the_whole_array_form_bit_for_bit(per_row_z: bool) -> None:
+    """Evaluating the CDFs only where they matter gives each row the very bits the whole-array form
+    gave (signed zeros included), for one z or one per row, at sizes on both sides of numpy's SIMD
+    blocks."""
+    rng = np.random.default_rng(11)
+    for _ in range(300):
+        n = int(rng.integers(1, 3000))
+        g = np.where(rng.random(n) < 0.6, 0.0, rng.integers(1, 2000, n).astype(float))
+        bound = rng.lognormal(5.0, 1.5, n)
+        bound[rng.random(n) < 0.05] = np.nan
+        bound[rng.random(n) < 0.02] = np.inf
+        slack = rng.normal(100.0, 400.0, n)
+        slack[rng.random(n) < 0.1] = -np.inf
+        slack[rng.random(n) < 0.05] = np.nan
+        slack[rng.random(n) < 0.02] = np.inf
+        z: np.ndarray | float = rng.uniform(1.6, 6.0, n) if per_row_z else 1.6448536
+        with np.errstate(divide="ignore", invalid="ignore"):
+            got = fit_probability(g, bound, slack, 0.45, z)
+        want = _fit_probability_whole_array(g, bound, slack, z)
+        assert np.array_equal(got.view(np.int64), want.view(np.int64))
