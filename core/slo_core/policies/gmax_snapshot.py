@@ -12,7 +12,6 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from itertools import repeat
 from operator import attrgetter
 from typing import Any
 
@@ -117,9 +116,7 @@ class SnapshotTable:
         self._tenants: dict[str, int] = {}
         self._programs: dict[str, int] = {}
         self._views: list[RequestView | None] = []
-        # id(snapshot) -> its row, for the snapshot each row last read (the table holds a reference to
-        # each, so an id here cannot be reused): an unchanged snapshot finds its row in one lookup
-        self._row_of_view: dict[int, int] = {}
+        self._view_ids = np.zeros(0, dtype=np.int64)
         self._grow(1024)
 
     def _grow(self, cap: int) -> None:
@@ -141,6 +138,9 @@ class SnapshotTable:
             if old is not None:
                 col[: self._size] = old[: self._size]
             self._f[name] = col
+        view_ids = np.full(cap, -1, dtype=np.int64)
+        view_ids[: self._size] = self._view_ids[: self._size]
+        self._view_ids = view_ids
         self._views.extend([None] * (cap - len(self._views)))
         self._cap = cap
 
@@ -171,43 +171,41 @@ class SnapshotTable:
         self._index[r.request_id] = row
         self._size += 1
 
-    def _rows(self, reqs: list[RequestView]) -> I64:
-        """Each snapshot's row, its progress fields re-read where the snapshot object changed since
-        the last call (new requests get a row). One pass over ``reqs`` when none changed."""
-        if self._size > max(4 * len(reqs), 50_000):
+    def _rows(self, reqs: Sequence[RequestView], ids: list[str]) -> I64:
+        if self._size > max(4 * len(ids), 50_000):
             self._reset()
-        n = len(reqs)
-        rows = np.fromiter(map(self._row_of_view.get, map(id, reqs), repeat(-1, n)), dtype=np.int64, count=n)
-        stale = np.flatnonzero(rows < 0)
+        try:
+            return np.fromiter(map(self._index.__getitem__, ids), dtype=np.int64, count=len(ids))
+        except KeyError:
+            for r in reqs:
+                if r.request_id not in self._index:
+                    self._add(r)
+            return np.fromiter(map(self._index.__getitem__, ids), dtype=np.int64, count=len(ids))
+
+    def _refresh(self, reqs: list[RequestView], rows: I64) -> None:
+        """Re-read the progress fields of the requests whose snapshot object changed."""
+        view_ids = np.fromiter(map(id, reqs), dtype=np.int64, count=len(reqs))
+        stale = np.flatnonzero(self._view_ids[rows] != view_ids)
         if len(stale) == 0:
-            return rows
+            return
         index = stale.tolist()
-        fresh = [reqs[i] for i in index] if len(index) < n else reqs
-        known = self._index
-        for r in fresh:
-            if r.request_id not in known:
-                self._add(r)
-        stale_rows = np.fromiter(map(known.__getitem__, map(request_id_of, fresh)), np.int64, len(fresh))
-        rows[stale] = stale_rows
+        fresh = [reqs[i] for i in index] if len(stale) < len(reqs) else reqs
+        stale_rows = rows[stale]
         for name in _PROGRESS:
             self._f[name][stale_rows] = _column(fresh, name)
+        self._view_ids[stale_rows] = view_ids[stale]
         views = self._views
-        row_of_view = self._row_of_view
-        for r, row in zip(fresh, stale_rows.tolist(), strict=True):
-            old = views[row]
-            if old is not None:
-                del row_of_view[id(old)]
-            views[row] = r
-            row_of_view[id(r)] = row
+        for i, row in zip(index, stale_rows.tolist(), strict=True):
+            views[row] = reqs[i]
         if self._on_fresh is not None:
             self._on_fresh(fresh)
-        return rows
 
     def columns(self, waiting: Sequence[RequestView], running: Sequence[RequestView]) -> Columns:
         """Columns of ``waiting`` followed by ``running`` (request ids must be unique)."""
         reqs = [*waiting, *running]
         ids: list[str] = list(map(request_id_of, reqs))
-        rows = self._rows(reqs)
+        rows = self._rows(reqs, ids)
+        self._refresh(reqs, rows)
         is_running = np.zeros(len(reqs), dtype=np.bool_)
         is_running[len(waiting) :] = True
         f = self._f
