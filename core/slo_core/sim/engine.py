@@ -143,9 +143,12 @@ class SimEngine(EngineSnapshots):
         """Queue an arriving request; False (and the request rejected) if it cannot fit the context."""
         if not r.cap_to_context(self.max_model_len):
             r.state = REJECTED
+            r.view_key = None
             r.finish_s = now_s
             return False
-        r.state = WAITING
+        if r.state != WAITING:
+            r.state = WAITING
+            r.view_key = None
         r.waiting_since_s = now_s
         r.replica = self.index
         self.waiting.append(r)
@@ -162,6 +165,7 @@ class SimEngine(EngineSnapshots):
         r.state = WAITING
         r.waiting_since_s = now_s
         r.preemptions += 1
+        r.view_key = None
         if r.program is not None:
             r.program.attained_cache = -1
         self.preemptions += 1
@@ -358,6 +362,7 @@ class SimEngine(EngineSnapshots):
             self.free_blocks -= need
             r.blocks += need
             r.state = RUNNING
+            r.view_key = None
             if r.first_scheduled_s is None:
                 r.first_scheduled_s = now_s
             admitted.append(r)
@@ -391,10 +396,13 @@ class SimEngine(EngineSnapshots):
             c = r.computed
             if c < r.prompt_tokens:
                 self.prompt_left_tokens -= min(n, r.prompt_tokens - c)
-            c += n
-            r.computed = c
+            if n:
+                c += n
+                r.computed = c
+                r.view_key = None
             if c >= r.num_tokens:
                 r.generated += 1
+                r.view_key = None
                 r.num_tokens += 1
                 r.token_times.append(t)
                 emitted.append(r)
@@ -413,6 +421,7 @@ class SimEngine(EngineSnapshots):
                     prog.attained_cache = a + 1 if r.generated > 0 else -1
             r.computed += 1
             r.generated += 1
+            r.view_key = None
             r.num_tokens += 1
             r.token_times.append(t)
             if r.generated <= r.expected_tokens:
@@ -428,6 +437,7 @@ class SimEngine(EngineSnapshots):
         if finished:
             for r in finished:
                 r.state = FINISHED
+                r.view_key = None
                 r.finish_s = t
                 self.free_blocks += r.blocks
                 r.blocks = 0
@@ -478,6 +488,7 @@ class SimEngine(EngineSnapshots):
         self.free_blocks += r.blocks
         r.blocks = 0
         r.state = state
+        r.view_key = None
         r.finish_s = now_s
         if r.program is not None:
             r.program.attained_cache = -1

@@ -197,7 +197,9 @@ class SimRequest:
         self.bound_schedule: BoundSchedule | CalibratedSchedule | None = (
             None  # the analyzer's bounds by generated tokens
         )
-        self.view_key: tuple[int, int, int, int, int] | None = None
+        # the program's attained service the cached view was built with (-1: not a program's call);
+        # None: the view is stale (sim/views.py; cleared wherever a field a view carries changes)
+        self.view_key: int | None = None
         # output_bound holds for generated in [bound_from, bound_until) (BoundSchedule.held; empty: ask)
         self.bound_from = 0
         self.bound_until = 0

@@ -2,8 +2,12 @@
 
 A view is rebuilt only when the request changed since the last one (its computed, generated and
 preempted counts, its queue state and, for a call of a compound program, the program's attained
-service), so requests that merely wait cost one key comparison per decision. A program's attained
-service is memoized on the program and recomputed only after one of its calls made progress.
+service), so requests that merely wait cost one comparison per decision. The engine clears a
+request's ``view_key`` wherever it changes one of its own counts or its state (as does anyone who
+changes a field a view carries, e.g. a new sub-deadline); ``view_key`` otherwise holds the program's
+attained service the view was built with (-1 outside a program), so an unchanged request is
+recognised without reading its counts. A program's attained service is memoized on the program and
+recomputed only after one of its calls made progress.
 """
 
 from __future__ import annotations
@@ -131,14 +135,13 @@ def request_view(r: SimRequest, program_attained: int | None = None) -> RequestV
         attained = program_attained if program_attained is not None else program.attained_tokens()
     else:
         attained = -1
-    key = (r.computed, r.generated, r.preemptions, r.state, attained)
-    if r.view_key == key:
+    if r.view_key == attained:
         return r.view  # type: ignore[return-value]
-    return _refresh(r, key, attained)
+    return _refresh(r, attained)
 
 
-def _refresh(r: SimRequest, key: tuple[int, int, int, int, int], attained: int) -> RequestView:
-    """A new view of ``r`` (its state changed since the last one, which had ``r.view_key``)."""
+def _refresh(r: SimRequest, attained: int) -> RequestView:
+    """A new view of ``r`` (it changed since its last view, or has none)."""
     sched = r.bound_schedule
     # the analyzer re-estimates the bound as tokens stream (§4.1); a plain schedule is a pure function
     # of the tokens generated, constant over runs of counts (``held``), so only a count outside the
@@ -152,13 +155,13 @@ def _refresh(r: SimRequest, key: tuple[int, int, int, int, int], attained: int) 
             r.bound_from = g
     view = _new_view(r, attained)
     r.view = view
-    r.view_key = key
+    r.view_key = attained
     return view
 
 
 def request_views(requests: list[SimRequest]) -> list[RequestView]:
     """Views of ``requests`` in order: a request that did not change since its last view costs one
-    key comparison (a program's attained service is memoized on the program, see ProgramState)."""
+    comparison (a program's attained service is memoized on the program, see ProgramState)."""
     out: list[RequestView] = []
     append = out.append
     for r in requests:
@@ -169,9 +172,8 @@ def request_views(requests: list[SimRequest]) -> list[RequestView]:
             a = p.attained_cache  # ProgramState.attained_tokens' memo, read here without the call
             if a < 0:
                 a = p.attained_tokens()
-        key = (r.computed, r.generated, r.preemptions, r.state, a)
-        if r.view_key == key:
+        if r.view_key == a:
             append(r.view)  # type: ignore[arg-type]
         else:
-            append(_refresh(r, key, a))
+            append(_refresh(r, a))
     return out
