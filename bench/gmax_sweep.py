@@ -494,15 +494,15 @@ def tables(args: argparse.Namespace) -> int:
         g = means.get("gmax")
         if g is not None:
 
-            def ratio(p: str | None, g: float = g, means: dict[str, float] = means) -> str:
+            def ratio(p: str | None, g: float = g, means: dict[str, float] = means, digits: int = 2) -> str:
                 if p is None or p not in means or means[p] <= 0:
                     return "–"
-                return f"{g / means[p]:.2f}"
+                return f"{g / means[p]:.{digits}f}"
 
             lg, lf = lat("gmax"), lat("fcfs")
             summary.append(
                 f"| {family} | {replicas} | {rps:g} | {objective} | {len(seeds)} | {g:.3f} | "
-                f"{ratio(best)} ({best}) | {ratio('gmax-oracle')} | "
+                f"{ratio(best, digits=4)} ({best}) | {ratio('gmax-oracle')} | "
                 f"{(f'{g / bound:.2f}' if bound else '–')} | {ratio('fcfs')} | {ratio('sarathi')} | "
                 f"{(f'{statistics.fmean(lg):.3f}' if lg else '–')} | "
                 f"{(f'{statistics.fmean(lf):.3f}' if lf else '–')} |"
