@@ -220,7 +220,9 @@ class ServedApp:
     async def start(self) -> None:
         config = uvicorn.Config(self.app, log_level="warning", lifespan="auto", timeout_graceful_shutdown=1)
         self._server = uvicorn.Server(config)
-        self._task = asyncio.create_task(self._server.serve(sockets=[self._sock]))
+        # _serve, not serve: an in-process server must leave the process's signal handlers alone (serve
+        # installs its own and restores what it found, so servers stopped out of order leak one)
+        self._task = asyncio.create_task(self._server._serve(sockets=[self._sock]))
         while not self._server.started:
             if self._task.done():
                 self._task.result()

@@ -27,7 +27,14 @@ _PR_SET_PDEATHSIG = 1
 
 
 def die_with_parent() -> None:
-    """Ask the kernel for SIGTERM when the parent process dies (Linux; a no-op elsewhere)."""
+    """A pool worker's initializer: SIGTERM ends the worker, and (Linux) the kernel sends it SIGTERM
+    when the parent process dies.
+
+    A forked worker inherits its parent's signal handlers. If the parent had one for SIGTERM that
+    does not exit (a uvicorn server run in-process sets a flag and returns), ``Pool.terminate`` hung
+    for good: it holds the task queue's read lock while it signals the workers, and a worker that
+    shrugs the signal off waits on that lock forever (seen in the test suite under load)."""
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
     if not sys.platform.startswith("linux"):
         return
     try:

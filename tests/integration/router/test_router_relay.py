@@ -72,7 +72,7 @@ async def fleet(script: Script) -> AsyncIterator[tuple[Pod, int, Any]]:
     spec = EndpointSpec("a", f"http://127.0.0.1:{pod.port}", models=("m",))
     state = build_state(config, KeyStore({}), {"a": EndpointState(spec)})
     router = uvicorn.Server(uvicorn.Config(create_app(state), host="127.0.0.1", port=0, log_level="warning"))
-    task = asyncio.create_task(router.serve())
+    task = asyncio.create_task(router._serve())  # not serve(): it would take over the test process's signals
     while not router.started:
         await asyncio.sleep(0.01)
     port = router.servers[0].sockets[0].getsockname()[1]

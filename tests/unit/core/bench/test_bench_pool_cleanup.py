@@ -64,3 +64,44 @@ def test_workers_do_not_outlive_their_sweep(sig: signal.Signals) -> None:
     for pid in left:  # do not leave them behind for the rest of the test run either
         os.kill(pid, signal.SIGKILL)
     assert left == []
+
+
+FORKED_WORKER = textwrap.dedent(
+    """
+    import signal
+    from multiprocessing import get_context
+    from slo_core.bench.parallel import die_with_parent
+
+    def worker(lock):
+        die_with_parent()  # what Pool runs first in each worker (its initializer)
+        with lock:  # the task queue's read lock, held by a parent terminating its pool
+            pass
+
+    # a handler that sets a flag and returns, as a uvicorn server run in-process leaves behind
+    signal.signal(signal.SIGTERM, lambda signum, frame: None)
+    ctx = get_context("fork")
+    lock = ctx.Lock()
+    lock.acquire()
+    child = ctx.Process(target=worker, args=(lock,))
+    child.start()
+    ready = ctx.Event()  # give the child time to block on the lock
+    ready.wait(0.5)
+    child.terminate()
+    child.join(20)
+    print(child.exitcode, flush=True)  # None: it shrugged SIGTERM off too
+    if child.exitcode is None:
+        child.kill()
+        child.join()
+    """
+)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="fork start method")
+def test_a_forked_worker_ends_on_sigterm_though_its_parent_shrugs_it_off() -> None:
+    """bench/compare/run.py's forked Pool terminates its workers while holding their task queue's read
+    lock; a worker that inherited a SIGTERM handler that returns waited on that lock forever (the test
+    suite hung so under load, after an in-process uvicorn left its handler installed). The pool's
+    initializer restores SIGTERM's default, so the worker ends."""
+    done = subprocess.run([sys.executable, "-c", FORKED_WORKER], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == [str(-signal.SIGTERM)]
