@@ -14,8 +14,12 @@ import pytest
 
 PARENT = textwrap.dedent(
     """
-    import sys, time
+    import signal, sys, time
     from slo_core.bench.parallel import process_pool
+
+    # Ctrl-C as at a terminal: a test run started as a background job of a non-interactive shell
+    # inherits SIGINT ignored, and Python then leaves it ignored
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
     with process_pool(2) as pool:
         futures = [pool.submit(time.sleep, 120) for _ in range(4)]
