@@ -142,13 +142,10 @@ class SimEngine(EngineSnapshots):
     def accept(self, r: SimRequest, now_s: float) -> bool:
         """Queue an arriving request; False (and the request rejected) if it cannot fit the context."""
         if not r.cap_to_context(self.max_model_len):
-            r.state = REJECTED
-            r.view_key = None
+            r.set_state(REJECTED)
             r.finish_s = now_s
             return False
-        if r.state != WAITING:
-            r.state = WAITING
-            r.view_key = None
+        r.set_state(WAITING)
         r.waiting_since_s = now_s
         r.replica = self.index
         self.waiting.append(r)
@@ -162,10 +159,9 @@ class SimEngine(EngineSnapshots):
         r.blocks = 0
         self.prompt_left_tokens += min(r.computed, r.prompt_tokens)
         r.computed = 0
-        r.state = WAITING
+        r.set_state(WAITING)
         r.waiting_since_s = now_s
         r.preemptions += 1
-        r.view_key = None
         if r.program is not None:
             r.program.attained_cache = -1
         self.preemptions += 1
@@ -361,8 +357,7 @@ class SimEngine(EngineSnapshots):
                 break
             self.free_blocks -= need
             r.blocks += need
-            r.state = RUNNING
-            r.view_key = None
+            r.set_state(RUNNING)
             if r.first_scheduled_s is None:
                 r.first_scheduled_s = now_s
             admitted.append(r)
@@ -436,8 +431,7 @@ class SimEngine(EngineSnapshots):
         self._batch_d = []
         if finished:
             for r in finished:
-                r.state = FINISHED
-                r.view_key = None
+                r.set_state(FINISHED)
                 r.finish_s = t
                 self.free_blocks += r.blocks
                 r.blocks = 0
@@ -487,8 +481,7 @@ class SimEngine(EngineSnapshots):
         self.output_left_tokens -= max(0, r.expected_tokens - r.generated)
         self.free_blocks += r.blocks
         r.blocks = 0
-        r.state = state
-        r.view_key = None
+        r.set_state(state)
         r.finish_s = now_s
         if r.program is not None:
             r.program.attained_cache = -1

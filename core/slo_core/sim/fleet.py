@@ -432,9 +432,7 @@ class FleetSim:
         """Route ``r`` as the router would; a compound call (``engine_deadline_at_s``: its stage's
         sub-deadline from the analyzer) is routed on what the router knows of its due time and reaches
         its engine with the sub-deadline, unless it was demoted to best effort."""
-        if r.state != WAITING:
-            r.state = WAITING
-            r.view_key = None
+        r.set_state(WAITING)
         r.waiting_since_s = t
         engines = self.engines
         if self.autoscaler is not None:  # only replicas that are up take traffic
@@ -454,8 +452,7 @@ class FleetSim:
             r.view_key = None  # the cached view still carries the routing deadline
         engine = self.by_id.get(routed.endpoint.endpoint_id) if routed.endpoint is not None else None
         if engine is None or not engine.accept(r, t):
-            r.state = REJECTED
-            r.view_key = None
+            r.set_state(REJECTED)
             r.finish_s = t
             self._rejected_by_router += 1
             if r.program is not None:

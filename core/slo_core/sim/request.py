@@ -204,6 +204,12 @@ class SimRequest:
         self.bound_from = 0
         self.bound_until = 0
 
+    def set_state(self, state: int) -> None:
+        """Move to ``state``; a change makes the cached view stale (a view carries the state)."""
+        if self.state != state:
+            self.state = state
+            self.view_key = None
+
     def cap_to_context(self, max_model_len: int) -> bool:
         """Cap max_tokens so prompt + output fits the context (as vLLM does); False if the prompt cannot."""
         room = max_model_len - self.prompt_tokens
