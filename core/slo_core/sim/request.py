@@ -217,6 +217,7 @@ class SimRequest:
             return False
         if self.max_tokens > room:
             self.max_tokens = room
+            self.view_key = None  # a view carries max_tokens and the target
             self.target_tokens = min(self.output_tokens, room)
             if self.output_bound is None:
                 self.expected_tokens = room

@@ -15,8 +15,10 @@ from hypothesis import strategies as st
 
 from slo_core.perf import load_profile
 from slo_core.policies.base import EngineView, RequestView
+from slo_core.predict import OutputBoundEstimator, load_estimator
 from slo_core.sim import engine as engine_module
 from slo_core.sim import engine_snapshots as snapshots_module
+from slo_core.sim.analyzer import SimAnalyzer
 from slo_core.sim.engine_types import EngineConfig
 from slo_core.sim.fleet import FleetSim, ReplicaSpec
 from slo_core.sim.request import RUNNING, WAITING, ProgramState, SimRequest
@@ -29,6 +31,14 @@ SLOS = (
     SLOTargets(RequestKind.DEADLINE, deadline_s=8.0),
     SLOTargets(RequestKind.COMPOUND, deadline_s=30.0),
 )
+
+
+@pytest.fixture(scope="module")
+def estimator() -> OutputBoundEstimator:
+    return load_estimator()
+
+
+CONTEXT = 5000  # short enough that some calls' max_tokens is capped at arrival
 
 
 def expected(r: SimRequest) -> RequestView:
@@ -201,7 +211,7 @@ def test_a_programs_service_stays_with_it_when_a_call_of_the_running_stage_ends(
     ],
 )
 def test_every_view_a_policy_or_router_reads_shows_the_requests_current_counts_and_state(
-    monkeypatch: pytest.MonkeyPatch, policy: str, dags: str, router: str
+    monkeypatch: pytest.MonkeyPatch, estimator: OutputBoundEstimator, policy: str, dags: str, router: str
 ) -> None:
     """The engine marks a request's view stale wherever it changes the request's counts or state
     (views.py reuses a view without reading them): under KV pressure (preemptions), compound programs
@@ -209,30 +219,26 @@ def test_every_view_a_policy_or_router_reads_shows_the_requests_current_counts_a
     holds at that moment."""
     checked = [0]
     preempted = [0]
+    capped = [0]
 
     def checking(reqs: list[SimRequest]) -> list[RequestView]:
         views = request_views(reqs)
         for r, v in zip(reqs, views, strict=True):
-            assert v.request_id == r.request_id
-            assert (v.generated_tokens, v.computed_tokens, v.preemptions) == (
-                r.generated,
-                r.computed,
-                r.preemptions,
-            )
-            assert v.waiting_since_s == (r.waiting_since_s if r.state == WAITING else None)
-            p = r.program
-            attained = p.attained_tokens() if p is not None else r.attained_tokens()
-            assert v.program_attained_tokens == attained
+            assert v == expected(r)  # every field: counts, state, caps, targets, program service
             checked[0] += 1
             preempted[0] += r.preemptions > 0
+            capped[0] += r.prompt_tokens + r.max_tokens == CONTEXT
         return views
 
     monkeypatch.setattr(engine_module, "request_views", checking)
     monkeypatch.setattr(snapshots_module, "request_views", checking)
     jobs = build_workload(WorkloadSpec(duration_s=8.0, rps=16.0, mix=(1, 1, 1), dags=dags, seed=5))
     spec = ReplicaSpec(
-        load_profile("h100-llama3-8b-tp1"), EngineConfig(kv_cache_tokens=40_000, max_num_seqs=48)
+        load_profile("h100-llama3-8b-tp1"),
+        EngineConfig(kv_cache_tokens=40_000, max_num_seqs=48, max_model_len=CONTEXT),
     )
-    FleetSim([spec, spec], policy, router, seed=2).run(jobs)
+    # with the analyzer's bounds the router passes calls whose max_tokens the engine then caps
+    FleetSim([spec, spec], policy, router, seed=2, analyzer=SimAnalyzer(estimator)).run(jobs)
     assert checked[0] > 5000
     assert preempted[0] > 0  # the preemption path was exercised
+    assert capped[0] > 0  # so was the context's cap on max_tokens at arrival
