@@ -188,6 +188,34 @@ def _loadavg() -> list[float]:
     return [round(x, 2) for x in os.getloadavg()]
 
 
+def host() -> dict[str, Any]:
+    """What a record depends on beyond the code and the seed: the same snapshot gave different
+    overload records on two hosts (bench/results/gmax/issue15/README.md), so records from one host
+    are compared with records from the same host only."""
+    import platform
+
+    import numpy as np
+
+    try:
+        from numpy._core._multiarray_umath import __cpu_features__ as features
+    except ImportError:  # numpy < 2
+        features = {}
+    cpu = ""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as info:
+            cpu = next((ln.split(":", 1)[1].strip() for ln in info if ln.startswith("model name")), "")
+    except OSError:
+        pass
+    return {
+        "python": platform.python_version(),
+        "numpy": np.__version__,
+        "machine": platform.machine(),
+        "cpu": cpu,
+        "cpus": os.cpu_count(),
+        "simd": sorted(k for k, on in features.items() if on and k.startswith("AVX")),
+    }
+
+
 def run(args: argparse.Namespace) -> int:
     """Run the sweep's missing runs over ``--workers`` processes, saving each record as it ends.
 
@@ -221,6 +249,7 @@ def run(args: argparse.Namespace) -> int:
                     "workers": workers,
                     "at": started,
                     "load": _loadavg(),
+                    "host": host(),
                 }
             )
             + "\n"

@@ -5,11 +5,13 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
+import os
 import sys
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+import numpy as np
 import pytest
 from repo_paths import ROOT
 
@@ -63,6 +65,10 @@ def test_parallel_sweep_equals_serial_and_resumes(tmp_path: Path) -> None:
     assert sorted(got) == ["records-conv-r1-s0-request.json", "records-conv-r1-s0-token.json"]
     # fcfs does not read the objective: one run serves both files; tempo runs once per objective
     assert len(_runs(serial)) == 2 * (1 + 2)
+    # each invocation says which host made its records (they differ between hosts at overload)
+    starts = [json.loads(ln) for ln in (serial / "timing.jsonl").read_text(encoding="utf-8").splitlines()]
+    host = next(e["host"] for e in starts if e["event"] == "start")
+    assert host["numpy"] == np.__version__ and host["cpus"] == os.cpu_count() and host["python"]
     for name, objective in (("token", "token"), ("request", "request")):
         rows = got[f"records-conv-r1-s0-{name}.json"]
         assert sorted((r["policy"], r["rps"]) for r in rows) == [
