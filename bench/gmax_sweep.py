@@ -192,6 +192,7 @@ def host() -> dict[str, Any]:
     """What a record depends on beyond the code and the seed: the same snapshot gave different
     overload records on two hosts (bench/results/gmax/issue15/README.md), so records from one host
     are compared with records from the same host only."""
+    import importlib.metadata
     import platform
 
     import numpy as np
@@ -206,9 +207,16 @@ def host() -> dict[str, Any]:
             cpu = next((ln.split(":", 1)[1].strip() for ln in info if ln.startswith("model name")), "")
     except OSError:
         pass
+    versions = {}
+    for dist in ("scipy", "scikit-learn", "quantile-forest"):  # the analyzer's forest
+        try:
+            versions[dist] = importlib.metadata.version(dist)
+        except importlib.metadata.PackageNotFoundError:
+            versions[dist] = None
     return {
         "python": platform.python_version(),
         "numpy": np.__version__,
+        **versions,
         "machine": platform.machine(),
         "cpu": cpu,
         "cpus": os.cpu_count(),
