@@ -131,9 +131,7 @@ class GMAX(BaseEnginePolicy):
             waiting, running, now, speed = self._pending
             self._pending = None
             c = self._table.columns(waiting, running)
-            self._last_estimates = estimate(
-                c, now, speed, self.params, self.params.frame_steps * speed.step_s, z_bound=self._z_rows(c)
-            )
+            self._last_estimates = self._estimate(c, now, speed)
         return self._last_estimates
 
     # ---- engine feedback -------------------------------------------------------------------
@@ -147,9 +145,16 @@ class GMAX(BaseEnginePolicy):
                 self.service.add(r.tenant, r.prompt_tokens + r.generated_tokens, now_s)
 
     # ---- helpers -----------------------------------------------------------------------------
-    def _z_rows(self, c: Columns) -> F64 | None:
-        """The learned reading of each row's bound (None: the static one)."""
-        return self.bounds.z_of(c.kind) if self.bounds.learning else None
+    def _estimate(self, c: Columns, now: float, speed: SpeedModel) -> Estimates:
+        """:func:`estimate` with the bound reading: the learned z per row, or (``calibrate_bound``)
+        each bound scaled to the static reading."""
+        p = self.params
+        frame_s = p.frame_steps * speed.step_s
+        if not self.bounds.learning:
+            return estimate(c, now, speed, p, frame_s)
+        if p.calibrate_bound:
+            return estimate(c, now, speed, p, frame_s, bound_scale=self.bounds.scale_of(c.kind))
+        return estimate(c, now, speed, p, frame_s, z_bound=self.bounds.z_of(c.kind))
 
     def _speed(self, engine: EngineView, c: Columns) -> SpeedModel:
         """Modelled (uncorrected) decode-step and prefill times for a batch of this snapshot."""
@@ -215,7 +220,7 @@ class GMAX(BaseEnginePolicy):
         self._track_step_time(engine, len(running), speed.step_s)
         if p.correct_step_time:
             speed = speed.scaled(self.correction.factor)
-        est = estimate(c, now, speed, p, p.frame_steps * speed.step_s, z_bound=self._z_rows(c))
+        est = self._estimate(c, now, speed)
         self._last_estimates = est
         score = est.priority
         if p.fairness > 0:
@@ -349,7 +354,8 @@ class GMAX(BaseEnginePolicy):
             now,
             speed=speed,
             frame_s=p.frame_steps * speed.step_s,
-            z_by_kind=self.bounds.z_by_kind if learned else None,
+            z_by_kind=self.bounds.z_by_kind if learned and not p.calibrate_bound else None,
+            scale_by_kind=self.bounds.scale_by_kind if learned and p.calibrate_bound else None,
         )
         score = sc.score
         if p.ordering == "sjf":

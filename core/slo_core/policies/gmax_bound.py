@@ -21,10 +21,16 @@ The first bound is the first one GMAX saw for the request, capped at its ``max_t
 reads it (the analyzer refines bounds as tokens stream; the first is the one its waiting time was
 judged by; in a real engine it may arrive a few tokens in, the analyzer answering asynchronously).
 
-The pace budget's demand floor keeps planning with the static reading's median: measured with the
-learned median there (a later latest start for each pending request, so a lower floor), GMAX lost
-0.01–0.02 of token goodput at Tree-of-Thoughts x2, ShareGPT x2 and conv x1 overload seeds
-(bench/results/gmax/issue15/README.md, eleventh pass).
+With ``calibrate_bound`` (the default) GMAX does not read the bound at z_k but scales it to where the
+static reading puts it, bound·exp(−(z_k − z_static)·σ) (:meth:`BoundReading.scale_of`), and every
+estimate uses the scaled bound: the feasibility test at the static z (the same chance of fitting),
+and also t_gen, the value a stage pays, the pace budget and the demand floor's median, which read
+the raw bound before. A Tree-of-Thoughts call with a 10x bound was planned as ten times the work it
+is: its program looked too slow to start and its pace too tight (bench/results/gmax/issue15/README.md,
+thirteenth pass). Without calibration only the feasibility test reads z_k; the demand floor then
+kept the static reading's median: measured with the learned median there alone (a later latest
+start for each pending request, so a lower floor), GMAX lost 0.01–0.02 of token goodput at
+Tree-of-Thoughts x2, ShareGPT x2 and conv x1 overload seeds (eleventh pass).
 """
 
 from __future__ import annotations
@@ -61,6 +67,8 @@ class BoundReading:
     __slots__ = (
         "_first",
         "_logs",
+        "_scale",
+        "_scale_rows",
         "_z",
         "_z_rows",
         "cap",
@@ -81,12 +89,25 @@ class BoundReading:
         self._logs = [deque[float](maxlen=p.bound_window) for _ in range(N_KINDS)]
         self._z = [self.static_z] * N_KINDS
         self._z_rows = np.array(self._z)
+        self._scale = [1.0] * N_KINDS
+        self._scale_rows = np.ones(N_KINDS)
 
     # ---- what GMAX reads ------------------------------------------------------------------------
     def z_of(self, kind: I64) -> F64:
         """z per row of a snapshot's kind codes."""
         out: F64 = self._z_rows[kind]
         return out
+
+    def scale_of(self, kind: I64) -> F64:
+        """Per row of a snapshot's kind codes, the factor that moves a bound from its kind's learned
+        reading to the static one: exp(−(z_kind − z_static)·σ) ≤ 1."""
+        out: F64 = self._scale_rows[kind]
+        return out
+
+    @property
+    def scale_by_kind(self) -> list[float]:
+        """:meth:`scale_of` per kind code (the same floats)."""
+        return self._scale
 
     @property
     def z_by_kind(self) -> list[float]:
@@ -130,6 +151,8 @@ class BoundReading:
                     changed = True
         if changed:
             self._z_rows = np.array(self._z)
+            self._scale_rows = np.exp(-(self._z_rows - self.static_z) * self.sigma)
+            self._scale = self._scale_rows.tolist()
 
     @property
     def tracked(self) -> int:

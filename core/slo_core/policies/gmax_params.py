@@ -71,6 +71,14 @@ class GMAXParams(BaseModel):
         "bound_quantile for every request; 'learned' = per request kind, where the bounds of the requests "
         "that finished sat above their true lengths (never below the bound_quantile's z)",
     )
+    calibrate_bound: bool = Field(
+        True,
+        description="with the learned reading, scale each analyzer bound to where the static reading would "
+        "put it (bound·exp(−(z_kind − z_static)·σ)) and use that bound for every estimate (t_gen, value, "
+        "pace budget, feasibility at the static z); False: only the feasibility test reads the learned z "
+        "(measured: Tree-of-Thoughts x2 token goodput at overload 0.9045 → 0.9299, bench/results/gmax/"
+        "issue15/README.md, thirteenth pass)",
+    )
     bound_window: int = Field(
         200, ge=1, description="finished requests per kind the learned reading keeps (requests)"
     )

@@ -104,14 +104,16 @@ class Estimates:
     feasible: B8
 
 
-def output_bound(c: Columns, p: GMAXParams) -> F64:
-    """Total output-length estimate per request: at most max_tokens, never below generated + 1."""
+def output_bound(c: Columns, p: GMAXParams, scale: F64 | None = None) -> F64:
+    """Total output-length estimate per request: at most max_tokens, never below generated + 1
+    (``scale``: per row, a factor on the analyzer's bound, gmax_bound's calibration)."""
     g = c.generated_tokens
     cap = np.minimum(float(p.fallback_output_tokens), c.max_tokens)
     if p.length_source == "mean":
         base = np.full(len(c), p.mean_output_tokens)
     else:
-        base = np.where(np.isnan(c.output_bound), cap, c.output_bound)
+        analyzer = c.output_bound if scale is None else c.output_bound * scale
+        base = np.where(np.isnan(c.output_bound), cap, analyzer)
         if p.length_source == "oracle":
             base = np.where(np.isnan(c.true_output_tokens), base, c.true_output_tokens)
     # A bound that generation already passed is relaxed by one refinement step (§4.1).
@@ -301,16 +303,24 @@ def _prior_tokens(c: Columns, stage_mask: B8, by_program: _Groups) -> F64:
 
 
 def estimate(
-    c: Columns, now_s: float, speed: SpeedModel, p: GMAXParams, frame_s: float, *, z_bound: F64 | None = None
+    c: Columns,
+    now_s: float,
+    speed: SpeedModel,
+    p: GMAXParams,
+    frame_s: float,
+    *,
+    z_bound: F64 | None = None,
+    bound_scale: F64 | None = None,
 ) -> Estimates:
     """All of GMAX's per-request quantities, vectorized over the snapshot.
 
     ``z_bound``: per row, how many σ above the median the analyzer's bound sits (gmax_bound); None:
-    Φ⁻¹(``bound_quantile``) for every row."""
+    Φ⁻¹(``bound_quantile``) for every row. ``bound_scale``: per row, a factor on the analyzer's bound
+    (gmax_bound's calibration; pass it with ``z_bound`` None)."""
     v = speed.step_s
     g, prompt, w, kind = c.generated_tokens, c.prompt_tokens, c.weight, c.kind
     gp = p.gain
-    bound = output_bound(c, p)
+    bound = output_bound(c, p, bound_scale)
     len_rem = bound - g
     uncomputed = np.maximum(0.0, prompt + g - c.computed_tokens)
     t_pre = speed.prefill_time_s(uncomputed, c.computed_tokens)

@@ -85,14 +85,19 @@ def prefill_time(speed: SpeedModel, tokens: float, context_before: float) -> flo
     return chunks * speed.step_s + work
 
 
-def _bound(r: RequestView, p: GMAXParams) -> float:
+def _bound(r: RequestView, p: GMAXParams, scale: Sequence[float] | None) -> float:
     g = float(r.generated_tokens)
     max_tokens = float(r.max_tokens)
     cap = min(float(p.fallback_output_tokens), max_tokens)
     if p.length_source == "mean":
         base = p.mean_output_tokens
     else:
-        base = cap if r.output_bound is None else float(r.output_bound)
+        if r.output_bound is None:
+            base = cap
+        elif scale is None:
+            base = float(r.output_bound)
+        else:
+            base = float(r.output_bound) * scale[KIND_CODES[r.slo.kind]]
         if p.length_source == "oracle" and r.true_output_tokens is not None:
             base = float(r.true_output_tokens)
     if base <= g:
@@ -135,9 +140,11 @@ def scores(
     speed: SpeedModel,
     frame_s: float,
     z_by_kind: Sequence[float] | None = None,
+    scale_by_kind: Sequence[float] | None = None,
 ) -> Scores:
     """priority = goodput / t_gen per row, as :func:`gmax_priority.estimate` computes it
-    (``z_by_kind``: its ``z_bound`` per kind code, gmax_bound's learned reading)."""
+    (``z_by_kind``: its ``z_bound`` per kind code, gmax_bound's learned reading; ``scale_by_kind``: its
+    ``bound_scale`` per kind code)."""
     v = speed.step_s
     rows = [*waiting, *running]
     n_wait = len(waiting)
@@ -163,7 +170,7 @@ def scores(
         g = float(r.generated_tokens)
         prompt = float(r.prompt_tokens)
         computed = float(r.computed_tokens)
-        bound = _bound(r, p)
+        bound = _bound(r, p, scale_by_kind)
         len_rem = bound - g
         t_pre = prefill_time(speed, max(0.0, prompt + g - computed), computed)
         t_gen = t_pre + len_rem * v

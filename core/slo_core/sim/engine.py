@@ -159,6 +159,9 @@ class SimEngine(EngineSnapshots):
         r.blocks = 0
         self.prompt_left_tokens += min(r.computed, r.prompt_tokens)
         r.computed = 0
+        # only running requests are preempted, so the state changes and set_state marks the view
+        # stale, which also covers the computed/waiting_since fields changed here (tested by the
+        # view test in tests/unit/core/sim)
         r.set_state(WAITING)
         r.waiting_since_s = now_s
         r.preemptions += 1

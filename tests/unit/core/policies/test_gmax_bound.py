@@ -53,6 +53,18 @@ def test_learns_per_kind_the_median_log_ratio_over_sigma() -> None:
     assert rows.tolist() == [reading.z_by_kind[DEADLINE], STATIC, reading.z_by_kind[DEADLINE]]
 
 
+def test_calibration_moves_a_bound_to_where_the_static_reading_puts_it() -> None:
+    """Bounds 10x the lengths: scaled, a bound is the static quantile of lengths whose median is the
+    true length (100 · exp(z_static·σ)); a kind nothing was learned of keeps its bound."""
+    reading = BoundReading(GMAXParams())
+    assert reading.scale_by_kind == [1.0] * len(reading.scale_by_kind)
+    teach(reading, DL, 10.0, 30)
+    scale = reading.scale_by_kind[DEADLINE]
+    assert 1000 * scale == pytest.approx(100 * math.exp(STATIC * SIGMA))
+    assert reading.scale_by_kind[LATENCY] == 1.0
+    assert reading.scale_of(np.array([DEADLINE, LATENCY])).tolist() == [scale, 1.0]
+
+
 def test_median_lower_limit_is_a_lower_confidence_limit() -> None:
     assert median_lower_limit([5.0] * 10) == 5.0
     values = list(range(200))  # n = 200: the 86th smallest (index 86)
@@ -202,3 +214,29 @@ def test_gmax_reads_a_learned_bound_as_more_likely_to_fit(
         out[name] = est.priority.tolist()
     assert out["learned"][0] > 1.5 * out["static"][0]  # the deadline request
     assert out["learned"][1] == out["static"][1]  # latency: nothing of its kind learned
+
+
+@pytest.mark.parametrize("numpy_path", [False, True], ids=["scalar", "numpy"])
+def test_a_calibrated_bound_keeps_the_learned_chance_of_fitting_and_shortens_the_work(
+    monkeypatch: pytest.MonkeyPatch, numpy_path: bool
+) -> None:
+    """``calibrate_bound``: every estimate reads the scaled bound; the chance of finishing in time is
+    the learned reading's (under the request goodput a running request's goodput is that chance), the
+    modelled remaining time shrinks by the scale."""
+    if numpy_path:
+        monkeypatch.setattr("slo_core.policies.gmax_scalar.MAX_ROWS", -1)
+    run = request("run", replace(DL, deadline_s=4.0), bound=3000, max_tokens=16384, gen=5, prefilled=True)
+    out = {}
+    for calibrate in (False, True):
+        policy = GMAX(goodput="request", calibrate_bound=calibrate)
+        teach(policy, DL, 10.0, 40)
+        policy.decide([], [run], _engine(1.0), random.Random(0))
+        est = policy.last_estimates
+        assert est is not None
+        out[calibrate] = est
+    scale = math.exp(-(math.log(10.0) / SIGMA - STATIC) * SIGMA)
+    assert out[True].bound_tokens[0] == pytest.approx(3000 * scale)
+    assert out[False].bound_tokens[0] == 3000
+    assert 0.05 < out[True].goodput[0] < 0.95
+    assert out[True].goodput[0] == pytest.approx(out[False].goodput[0], rel=1e-9)
+    assert out[True].t_gen_s[0] < 0.5 * out[False].t_gen_s[0]

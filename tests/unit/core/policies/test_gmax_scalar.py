@@ -138,10 +138,15 @@ def _teach(policy: GMAX) -> None:
     seqs=st.integers(1, 16),
     profile=st.booleans(),
 )
+@pytest.mark.parametrize("calibrate", [True, False], ids=["calibrated", "learned-z"])
 def test_small_path_reads_a_learned_bound_as_numpy_path(
-    snaps: list[tuple[list[RequestView], list[RequestView]]], kv_free: int, seqs: int, profile: bool
+    calibrate: bool,
+    snaps: list[tuple[list[RequestView], list[RequestView]]],
+    kv_free: int,
+    seqs: int,
+    profile: bool,
 ) -> None:
-    _compare({}, snaps, kv_free, seqs, profile, teach=True)
+    _compare({"calibrate_bound": calibrate}, snaps, kv_free, seqs, profile, teach=True)
 
 
 def _compare(
