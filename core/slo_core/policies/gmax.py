@@ -149,12 +149,10 @@ class GMAX(BaseEnginePolicy):
         """:func:`estimate` with the bound reading: the learned z per row, or (``calibrate_bound``)
         each bound scaled to the static reading."""
         p = self.params
-        frame_s = p.frame_steps * speed.step_s
-        if not self.bounds.learning:
-            return estimate(c, now, speed, p, frame_s)
-        if p.calibrate_bound:
-            return estimate(c, now, speed, p, frame_s, bound_scale=self.bounds.scale_of(c.kind))
-        return estimate(c, now, speed, p, frame_s, z_bound=self.bounds.z_of(c.kind))
+        z_bound, bound_scale = self.bounds.rows(c.kind)
+        return estimate(
+            c, now, speed, p, p.frame_steps * speed.step_s, z_bound=z_bound, bound_scale=bound_scale
+        )
 
     def _speed(self, engine: EngineView, c: Columns) -> SpeedModel:
         """Modelled (uncorrected) decode-step and prefill times for a batch of this snapshot."""
@@ -343,10 +341,10 @@ class GMAX(BaseEnginePolicy):
         if p.correct_step_time:
             speed = speed.scaled(self.correction.factor)
         self._pending = (waiting, running, now, speed)
-        learned = self.bounds.learning
-        if learned:
+        if self.bounds.learning:
             self.bounds.see(waiting)
             self.bounds.see(running)
+        z_by_kind, scale_by_kind = self.bounds.by_kind()
         sc = small.scores(
             p,
             waiting,
@@ -354,8 +352,8 @@ class GMAX(BaseEnginePolicy):
             now,
             speed=speed,
             frame_s=p.frame_steps * speed.step_s,
-            z_by_kind=self.bounds.z_by_kind if learned and not p.calibrate_bound else None,
-            scale_by_kind=self.bounds.scale_by_kind if learned and p.calibrate_bound else None,
+            z_by_kind=z_by_kind,
+            scale_by_kind=scale_by_kind,
         )
         score = sc.score
         if p.ordering == "sjf":

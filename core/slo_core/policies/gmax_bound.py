@@ -71,6 +71,7 @@ class BoundReading:
         "_scale_rows",
         "_z",
         "_z_rows",
+        "calibrate",
         "cap",
         "learning",
         "min_samples",
@@ -82,6 +83,7 @@ class BoundReading:
         analyzer = p.length_source == "analyzer"
         self.static_z = z_of_quantile(p.bound_quantile) if analyzer else 0.0
         self.learning = analyzer and p.bound_reading == "learned"
+        self.calibrate = self.learning and p.calibrate_bound
         self.sigma = p.length_sigma
         self.cap = max(p.bound_z_cap, self.static_z)
         self.min_samples = p.bound_min_samples
@@ -108,6 +110,23 @@ class BoundReading:
     def scale_by_kind(self) -> list[float]:
         """:meth:`scale_of` per kind code (the same floats)."""
         return self._scale
+
+    def rows(self, kind: I64) -> tuple[F64 | None, F64 | None]:
+        """(``z_bound``, ``bound_scale``) for gmax_priority.estimate on rows of these kind codes: the
+        learned z, or with ``calibrate`` the scale (the static z); (None, None) when not learning."""
+        if not self.learning:
+            return None, None
+        if self.calibrate:
+            return None, self.scale_of(kind)
+        return self.z_of(kind), None
+
+    def by_kind(self) -> tuple[list[float] | None, list[float] | None]:
+        """:meth:`rows` per kind code, for gmax_scalar.scores (``z_by_kind``, ``scale_by_kind``)."""
+        if not self.learning:
+            return None, None
+        if self.calibrate:
+            return None, self._scale
+        return self._z, None
 
     @property
     def z_by_kind(self) -> list[float]:
