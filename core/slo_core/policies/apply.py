@@ -59,13 +59,11 @@ _AppliedSlots = slots_twin(
 def ordered(items: Sequence[T], order: Sequence[str]) -> tuple[list[T], list[T]]:
     """Split ``items`` into (listed in ``order``'s order, the rest in current order); duplicates once."""
     n = len(order)
-    if n <= len(items):  # the common case of a policy that keeps the order: a prefix already in place
-        for i in range(n):
-            if items[i].request_id != order[i]:
-                break
-        else:
-            return list(items[:n]), list(items[n:])
-    by_id = dict(zip(map(request_id_of, items), items, strict=True))
+    ids = list(map(request_id_of, items))  # C-level passes from here on, not a Python loop per item
+    if n <= len(items) and ids[:n] == list(order):
+        # the common case of a policy that keeps the order: a prefix already in place
+        return list(items[:n]), list(items[n:])
+    by_id = dict(zip(ids, items, strict=True))
     if n == len(by_id) == len(items) and by_id.keys() == set(order):
         # a whole new order of the queue (what most policies return): every id once, nothing left
         return list(map(by_id.__getitem__, order)), []
