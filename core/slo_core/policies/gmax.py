@@ -119,19 +119,28 @@ class GMAX(BaseEnginePolicy):
         # every re-read snapshot is looked at until one carries it
         self._table = SnapshotTable(on_fresh=self.bounds.see if self.bounds.learning else None)
         self._last_frame_step: int | None = None
+        # the calm guard (calm_delta_per_frame): the params with the calm δ, and when this engine last
+        # dropped a waiting request past its deadline
+        self._calm_params: GMAXParams | None = None
+        drops = p.reject_past_deadline and p.goodput in _HARD_DEADLINE_GOODPUTS
+        if p.calm_delta_per_frame is not None and drops:
+            self._calm_params = p.model_copy(update={"delta_per_frame": p.calm_delta_per_frame})
+        self._shed_at_s = -math.inf
         self._last_clock: tuple[float, int, float] | None = None  # (now, step, estimated step_s)
         self._last_estimates: Estimates | None = None
         # the scalar path's inputs, turned into Estimates only when someone reads last_estimates
-        self._pending: tuple[Sequence[RequestView], Sequence[RequestView], float, SpeedModel] | None = None
+        self._pending: (
+            tuple[Sequence[RequestView], Sequence[RequestView], float, SpeedModel, GMAXParams] | None
+        ) = None
 
     @property
     def last_estimates(self) -> Estimates | None:
         """The per-request estimates of the last decision (computed on demand after a scalar one)."""
         if self._pending is not None:
-            waiting, running, now, speed = self._pending
+            waiting, running, now, speed, p = self._pending
             self._pending = None
             c = self._table.columns(waiting, running)
-            self._last_estimates = self._estimate(c, now, speed)
+            self._last_estimates = self._estimate(c, now, speed, p)
         return self._last_estimates
 
     # ---- engine feedback -------------------------------------------------------------------
@@ -145,10 +154,17 @@ class GMAX(BaseEnginePolicy):
                 self.service.add(r.tenant, r.prompt_tokens + r.generated_tokens, now_s)
 
     # ---- helpers -----------------------------------------------------------------------------
-    def _estimate(self, c: Columns, now: float, speed: SpeedModel) -> Estimates:
+    def _scoring_params(self, now_s: float) -> GMAXParams:
+        """The params a decision at ``now_s`` scores with: with the calm guard on, the calm δ while no
+        waiting request was dropped past its deadline for ``calm_window_s``."""
+        calm = self._calm_params
+        if calm is not None and now_s - self._shed_at_s > calm.calm_window_s:
+            return calm
+        return self.params
+
+    def _estimate(self, c: Columns, now: float, speed: SpeedModel, p: GMAXParams) -> Estimates:
         """:func:`estimate` with the bound reading: the learned z per row, or (``calibrate_bound``)
-        each bound scaled to the static reading."""
-        p = self.params
+        each bound scaled to the static reading (``p``: :meth:`_scoring_params`)."""
         z_bound, bound_scale = self.bounds.rows(c.kind)
         return estimate(
             c, now, speed, p, p.frame_steps * speed.step_s, z_bound=z_bound, bound_scale=bound_scale
@@ -218,7 +234,7 @@ class GMAX(BaseEnginePolicy):
         self._track_step_time(engine, len(running), speed.step_s)
         if p.correct_step_time:
             speed = speed.scaled(self.correction.factor)
-        est = self._estimate(c, now, speed)
+        est = self._estimate(c, now, speed, self._scoring_params(now))
         self._last_estimates = est
         score = est.priority
         if p.fairness > 0:
@@ -227,6 +243,8 @@ class GMAX(BaseEnginePolicy):
         if p.ordering == "sjf":
             score = 1.0 / est.len_rem_tokens
         reject = self._reject_mask(c, est, now)
+        if reject.any():
+            self._shed_at_s = now
         frame = self._is_frame(engine.step)
         preempting = frame and p.preemption and p.ordering == "gmax"
 
@@ -340,13 +358,14 @@ class GMAX(BaseEnginePolicy):
         self._track_step_time(engine, len(running), speed.step_s)
         if p.correct_step_time:
             speed = speed.scaled(self.correction.factor)
-        self._pending = (waiting, running, now, speed)
+        scoring = self._scoring_params(now)
+        self._pending = (waiting, running, now, speed, scoring)
         if self.bounds.learning:
             self.bounds.see(waiting)
             self.bounds.see(running)
         z_by_kind, scale_by_kind = self.bounds.by_kind()
         sc = small.scores(
-            p,
+            scoring,
             waiting,
             running,
             now,
@@ -359,6 +378,8 @@ class GMAX(BaseEnginePolicy):
         if p.ordering == "sjf":
             score = [1.0 / x for x in sc.len_rem_tokens]
         reject = sc.reject
+        if any(reject):
+            self._shed_at_s = now
         frame = self._is_frame(engine.step)
         preempting = frame and p.preemption and p.ordering == "gmax"
         n_wait, n_running = len(waiting), len(running)

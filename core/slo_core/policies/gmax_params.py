@@ -113,6 +113,18 @@ class GMAXParams(BaseModel):
         description="δ: goodput added per frame spent waiting (tokens; under the 'request' goodput δ tokens' "
         "share of the request, δ/(prompt + bound))",
     )
+    calm_delta_per_frame: float | None = Field(
+        None,
+        ge=0,
+        description="δ while the engine is calm: it has dropped no waiting request (past its deadline) for "
+        "calm_window_s (only under the hard-deadline goodputs with reject_past_deadline, whose drops are "
+        "the signal); None = delta_per_frame always. A strong guard starts wide compound stages the "
+        "density order leaves last in slot-bound bursts, which cost triage at overload "
+        "(bench/results/gmax/issue15/fourteenth_screens)",
+    )
+    calm_window_s: float = Field(
+        30.0, gt=0, description="seconds without a drop after which the engine counts as calm"
+    )
     best_effort_deadline_s: float = Field(
         DEFAULT_BEST_EFFORT_DEADLINE_S, gt=0, description="default deadline (s) of best-effort requests"
     )

@@ -9,6 +9,7 @@ import builders
 import pytest
 from builders import BE, CP, DL, LAT, request
 
+from slo_core.policies import gmax_scalar
 from slo_core.policies.base import Decision, EngineView, FinishedView, RequestView
 from slo_core.policies.gmax import GMAX, GMAXNoAnalyzer, GMAXNoGMAX, GMAXOracle
 from slo_core.policies.registry import make_engine_policy, make_router_policy
@@ -153,3 +154,34 @@ def test_measured_step_time_corrects_the_model() -> None:
 def test_idle_engine_gets_an_empty_decision() -> None:
     d = decide(GMAX(), [], [], engine())
     assert d.admit == () and d.preempt == () and d.reject == ()
+
+
+@pytest.mark.parametrize("path", ["scalar", "numpy"])
+def test_the_calm_guard_ages_waiting_requests_only_while_nothing_was_dropped(
+    path: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """calm_delta_per_frame: a request that waited long outranks a denser fresh one while the engine
+    has dropped nothing for calm_window_s; after a drop the shipped δ orders them until the window
+    passes. The scalar path (small snapshots) and the numpy path decide alike."""
+    if path == "numpy":
+        monkeypatch.setattr(gmax_scalar, "MAX_ROWS", -1)
+    old = req("old", DL, bound=150, arrival_s=-8.0)  # waited 8 s or more, ~3x the work of "new"
+    past = req("past", DL, arrival_s=-30.0)  # its deadline passed: dropped under the request goodput
+
+    def admit(policy: GMAX, now_s: float, *extra: RequestView) -> tuple[str, ...]:
+        new = req("new", DL, bound=50, arrival_s=now_s)  # just arrived
+        d = decide(policy, [old, new, *extra], [], engine(now_s, step=int(now_s * 100)))
+        return d.admit
+
+    shipped = GMAX(goodput="request")
+    assert admit(shipped, 0.0) == ("new", "old")
+    calm = GMAX(goodput="request", calm_delta_per_frame=1000.0, calm_window_s=2.0)
+    assert admit(calm, 0.0) == ("old", "new")  # nothing dropped yet: calm
+    assert admit(calm, 0.5, past) == ("old", "new")  # this decision drops "past" (scored calm)
+    assert admit(calm, 1.0) == ("new", "old")  # a drop 0.5 s ago: the shipped δ
+    assert admit(calm, 2.4) == ("new", "old")
+    assert admit(calm, 2.6) == ("old", "new")  # 2.1 s without a drop: calm again
+    # no drops to read under a goodput that never drops (nor without reject_past_deadline): no guard
+    assert admit(GMAX(goodput="tempo", calm_delta_per_frame=1000.0), 0.0) == admit(GMAX(goodput="tempo"), 0.0)
+    off = GMAX(goodput="request", reject_past_deadline=False, calm_delta_per_frame=1000.0)
+    assert admit(off, 0.0) == ("new", "old")

@@ -7,6 +7,11 @@
 ``calibrate-kinds=K1,K2``: the learned bound reading (and so the calibration) kept only for these
 request kinds; the others are read at the static z with their raw bound, as without learning.
 ``demand-floor=on``: the demand floor of gmax_budget also under the request goodput (off by design).
+``calm-guard=DELTA,WINDOW_S``: GMAXParams' calm guard on (``calm_delta_per_frame`` DELTA,
+``calm_window_s`` WINDOW_S): the starvation guard's δ is DELTA while the engine has dropped no waiting
+request past its deadline for WINDOW_S seconds, the shipped δ otherwise. (The first screen of it,
+``starvation_guard.jsonl``'s ``calm-guard`` lines, swapped GMAX's params per decision from outside with
+the same rule; this form reproduces those records.)
 ``none``: the shipped GMAX (reproduces the committed sweep record).
 Same Task config, workload and analyzer as ``bench/gmax_sweep.py run`` (300 s, round-robin); one JSON
 line per run: both objective ratios, rejections, per-tier ratios under the run's objective, CPU s.
@@ -51,6 +56,17 @@ def _demand_floor_always(p: GMAXParams) -> bool:
     return p.demand_floor
 
 
+def _calm_guard(delta: float, window_s: float) -> None:
+    """Make GMAXParams' calm guard (calm_delta_per_frame, calm_window_s) the default for this run."""
+    fields = GMAXParams.model_fields
+    fields["calm_delta_per_frame"].default = delta
+    fields["calm_window_s"].default = window_s
+    GMAXParams.model_rebuild(force=True)
+    p = GMAXParams()
+    if (p.calm_delta_per_frame, p.calm_window_s) != (delta, window_s):
+        raise SystemExit("override not taken")
+
+
 def main() -> int:
     switch = sys.argv[1]
     family, replicas, seed, rps, objective = sys.argv[2:7]
@@ -60,6 +76,9 @@ def main() -> int:
     elif switch == "demand-floor=on":
         gmax_budget.demand_floor_applies = _demand_floor_always
         gmax.demand_floor_applies = _demand_floor_always
+    elif switch.startswith("calm-guard="):
+        delta, window_s = switch.split("=", 1)[1].split(",")
+        _calm_guard(float(delta), float(window_s))
     elif switch != "none":
         raise SystemExit(f"unknown switch {switch!r}")
     task = gmax_sweep.Task(
@@ -74,8 +93,8 @@ def main() -> int:
         "seed": int(seed),
         "rps": float(rps),
         "objective": objective,
-        "token": round(record["goodput_token_ratio"], 4),
-        "request": round(record["goodput_request_ratio"], 4),
+        "token": round(record["goodput_token_ratio"], 6),
+        "request": round(record["goodput_request_ratio"], 6),
         "rejected": record["rejected"],
         "tiers": {k: round(v[key], 3) for k, v in record["by_tier"].items()},
         "cpu": round(cpu_s),
