@@ -73,7 +73,6 @@ from slo_core.policies.gmax_snapshot import (
 from slo_core.policies.gmax_tuning import CutoffTuner
 from slo_core.slo import RequestKind
 
-_HARD_DEADLINE_GOODPUTS = frozenset({"token", "request"})
 _LATENCY = RequestKind.LATENCY
 
 
@@ -122,8 +121,7 @@ class GMAX(BaseEnginePolicy):
         # the calm guard (calm_delta_per_frame): the params with the calm δ, and when this engine last
         # dropped a waiting request past its deadline
         self._calm_params: GMAXParams | None = None
-        drops = p.reject_past_deadline and p.goodput in _HARD_DEADLINE_GOODPUTS
-        if p.calm_delta_per_frame is not None and drops:
+        if p.calm_delta_per_frame is not None and p.drops_past_deadline:
             self._calm_params = p.model_copy(update={"delta_per_frame": p.calm_delta_per_frame})
         self._shed_at_s = -math.inf
         self._last_clock: tuple[float, int, float] | None = None  # (now, step, estimated step_s)
@@ -204,7 +202,7 @@ class GMAX(BaseEnginePolicy):
         p = self.params
         waiting = ~c.running
         out = np.zeros(len(c), dtype=np.bool_)
-        if p.reject_past_deadline and p.goodput in _HARD_DEADLINE_GOODPUTS:
+        if p.drops_past_deadline:
             hard = (c.kind == DEADLINE) | (c.kind == COMPOUND)
             # NaN (no program deadline) compares False, as the +inf it stands for would
             out |= waiting & hard & (est.program_deadline_at_s < now_s)

@@ -205,6 +205,13 @@ class GMAXParams(BaseModel):
             )
         return value
 
+    @property
+    def drops_past_deadline(self) -> bool:
+        """Whether GMAX drops waiting deadline/compound requests whose (program) deadline passed:
+        ``reject_past_deadline`` under a hard-deadline goodput ('token', 'request'), which no late
+        completion pays."""
+        return self.reject_past_deadline and self.goodput in ("token", "request")
+
     @model_validator(mode="after")
     def _candidates_valid(self) -> GMAXParams:
         if not self.p_candidates:

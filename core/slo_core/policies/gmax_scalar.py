@@ -161,7 +161,7 @@ def scores(
     prob_slack: list[float] = []
     prob_z: list[float] = []
     probabilistic = p.feasibility == "probabilistic" and p.length_source != "oracle"
-    hard = p.reject_past_deadline and p.goodput in ("token", "request")
+    hard = p.drops_past_deadline
     token = p.goodput == "token"
     frame_div = max(frame_s, _MIN_T_S)
     for i, r in enumerate(rows):

@@ -14,17 +14,13 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[4]))  # bench/
 
-import gmax_sweep
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # screen.py beside it
 
-from slo_core.policies.gmax_params import GMAXParams
+import gmax_sweep
+from screen import _calm_guard
 
 if __name__ == "__main__":
     if "--workers" not in sys.argv or sys.argv[sys.argv.index("--workers") + 1] != "1":
         raise SystemExit("run with --workers 1")
-    fields = GMAXParams.model_fields
-    fields["calm_delta_per_frame"].default = 50.0
-    fields["calm_window_s"].default = 30.0
-    GMAXParams.model_rebuild(force=True)
-    if GMAXParams().calm_delta_per_frame != 50.0:
-        raise SystemExit("override not taken")
+    _calm_guard(50.0, 30.0)
     raise SystemExit(gmax_sweep.main())
