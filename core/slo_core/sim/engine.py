@@ -114,10 +114,14 @@ class SimEngine(EngineSnapshots):
         # incremental load counters (the router's outstanding tokens)
         self.prompt_left_tokens = 0
         self.output_left_tokens = 0
+        # compound-program calls queued here (a fleet bounds other engines' coasting by this one's next
+        # step end while it holds any: a call finishing here routes its program's next stage)
+        self.calls_held = 0
         self.preemptions = 0
         self.decisions = 0
         self.busy_s = 0.0
         self.steps_run = 0
+        self.steps_coasted = 0  # of steps_run, those coast() ran
         self._frame = max(1, int(getattr(policy, "frame_steps", 1)))
         self._on_events = bool(getattr(policy, "reschedule_on_events", True))
         overrides_observe = getattr(type(policy), "observe", None) is not BaseEnginePolicy.observe
@@ -151,6 +155,8 @@ class SimEngine(EngineSnapshots):
         self.waiting.append(r)
         self.prompt_left_tokens += r.prompt_tokens
         self.output_left_tokens += r.expected_tokens
+        if r.program is not None:
+            self.calls_held += 1
         self.events = True
         return True
 
@@ -293,6 +299,103 @@ class SimEngine(EngineSnapshots):
         self.steps_run += 1
         self.step_end_s = now_s + dt
         return self.step_end_s
+
+    def coast(self, now_s: float, limit_s: float) -> float:
+        """Run, in one pass, the steps from ``now_s`` that :meth:`plan` and :meth:`complete` would run
+        one by one while nothing can change them, each ending before ``limit_s``; returns the time
+        reached (``now_s`` when there is none), where the engine stands as after :meth:`complete`.
+
+        A step qualifies when nothing waits or is being aborted, every running request is a decode of
+        no compound program (another engine's policy may read a program's service), all of them fit
+        the token budget and their new KV blocks fit the free ones (no preemption), none finishes, and
+        no decision is due (a FIFO policy, an order-free one whose decision would be left out, or no
+        event and no frame boundary). Then each step gives every running request one token, and its
+        time is the performance model's for that batch: the same floats a step-by-step run computes,
+        summed in the same order. The caller bounds ``limit_s`` by the next event that reads or
+        changes this engine (an arrival, another engine's finish that routes a stage): none comes
+        between the steps run here, so a reader sees what it would have seen.
+        """
+        running = self.running
+        if self.waiting or not running or self._aborted or len(running) > self.token_budget:
+            return now_s
+        steps = 1 << 30
+        ctx = 0
+        for r in running:
+            c = r.computed
+            if r.num_tokens - c != 1 or r.program is not None:
+                return now_s
+            left = r.target_tokens - r.generated - 1  # steps before the one that finishes it
+            if left < steps:  # noqa: PLR1730 (hot path: cheaper than min())
+                steps = left
+            ctx += c + 1
+        if not (self._fast or self._order_free):
+            if self._on_events and self.events:
+                return now_s
+            frame = self._frame
+            steps = min(steps, frame - (self.step + 1) % frame) if (self.step + 1) % frame else 0
+        if steps <= 0:
+            return now_s
+        bs = self.block_size
+        if self._blocks_to_run(steps) > self.free_blocks:  # KV pressure: as many steps as fit
+            lo, hi = 0, steps
+            while lo < hi:
+                mid = (lo + hi + 1) // 2
+                if self._blocks_to_run(mid) <= self.free_blocks:
+                    lo = mid
+                else:
+                    hi = mid - 1
+            steps = lo
+            if steps <= 0:
+                return now_s
+        n = len(running)
+        time_of = self.profile.iteration_time_from_sums_s
+        ends: list[float] = []
+        t = now_s
+        start = now_s
+        while len(ends) < steps:
+            dt = time_of(n, 0, ctx, 0)
+            end = t + dt
+            if not end < limit_s:
+                break
+            self.busy_s += dt
+            start = t
+            ends.append(end)
+            t = end
+            ctx += n
+        m = len(ends)
+        if not m:
+            return now_s
+        for r in running:
+            g = r.generated
+            c = r.computed + m
+            r.computed = c
+            r.generated = g + m
+            r.num_tokens += m
+            r.view_key = None
+            r.token_times.extend(ends)
+            e = r.expected_tokens - g
+            if e > 0:
+                self.output_left_tokens -= m if m < e else e
+            need = (c + bs - 1) // bs - r.blocks
+            if need > 0:
+                self.free_blocks -= need
+                r.blocks += need
+        self.step += m
+        self.steps_run += m
+        self.steps_coasted += m
+        self.step_start_s = start
+        self.step_end_s = t
+        return t
+
+    def _blocks_to_run(self, steps: int) -> int:
+        """KV blocks the running decodes take on over ``steps`` more steps."""
+        bs = self.block_size
+        total = 0
+        for r in self.running:
+            need = (r.computed + steps + bs - 1) // bs - r.blocks
+            if need > 0:
+                total += need
+        return total
 
     def _schedule_running(self, now_s: float, budget: int) -> tuple[int, int, bool]:
         """vLLM v1's pass over running requests; returns (budget left, Σ KV tokens of decodes,
@@ -440,6 +543,8 @@ class SimEngine(EngineSnapshots):
                 r.blocks = 0
                 if r.expected_tokens > r.generated:
                     self.output_left_tokens -= r.expected_tokens - r.generated
+                if r.program is not None:
+                    self.calls_held -= 1
             self.running = [r for r in self.running if r.state == RUNNING]
             self.events = True
             self.done.extend(finished)
@@ -488,5 +593,6 @@ class SimEngine(EngineSnapshots):
         r.finish_s = now_s
         if r.program is not None:
             r.program.attained_cache = -1
+            self.calls_held -= 1
         self.done.append(r)
         self.events = True

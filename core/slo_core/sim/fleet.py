@@ -74,6 +74,11 @@ class SimConfig(BaseModel):
         description="the router sees each replica as its last report showed it, reports at most this often, "
         "plus the requests it routed there since (a live router's state stream); 0: the exact state",
     )
+    coast: bool = Field(
+        True,
+        description="run an engine's steps that nothing can change in one pass (SimEngine.coast: the "
+        "same run, faster); False: every step through the event queue (the reference it is tested against)",
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -232,6 +237,10 @@ class FleetSim:
             horizon = last_arrival + self.config.max_drain_s
         heap = self._heap
         n_jobs = len(ordered)
+        # coasting needs every event that reads or changes an engine in view: arrivals (below) and
+        # other engines' steps; a timed stage release or an autoscaler tick would be neither
+        self._coast = self.config.coast and self.autoscaler is None and self.config.tool_latency_s <= 0
+        self._coast_horizon = math.nextafter(horizon, math.inf)  # steps ending after it never run
         i = 0
         t = 0.0
         engines = self.engines
@@ -246,7 +255,7 @@ class FleetSim:
                 if t > horizon:
                     break
                 if kind == _STEP:
-                    self._step(engines[payload], t)
+                    self._step(engines[payload], t, next_job)
                 elif kind == _TICK:
                     self._tick(t, more=i < n_jobs)
                 else:
@@ -269,6 +278,7 @@ class FleetSim:
                 "decisions": float(e.decisions),
                 "busy_s": e.busy_s,
                 "steps": float(e.steps_run),
+                "steps_coasted": float(e.steps_coasted),
             }
             for e in engines
         ]
@@ -295,9 +305,11 @@ class FleetSim:
         self._seq += 1
         heapq.heappush(self._heap, (t, kind, self._seq, payload))
 
-    def _step(self, engine: SimEngine, t: float) -> None:
+    def _step(self, engine: SimEngine, t: float, next_job_s: float = math.inf) -> None:
         engine.complete()
         self._collect(engine, t)
+        if self._coast:
+            t = engine.coast(t, self._coast_limit(engine, next_job_s))
         nxt = engine.plan(t)
         if engine.done:
             self._collect(engine, t)
@@ -305,6 +317,17 @@ class FleetSim:
             self._idle[engine.index] = True
         else:
             self._push(nxt, _STEP, engine.index)
+
+    def _coast_limit(self, engine: SimEngine, next_job_s: float) -> float:
+        """The time before which ``engine`` may coast: the next arrival (routing reads every replica),
+        the horizon, and the next step end of every other engine holding a compound call (a call
+        finishing there routes its program's next stage at once). Events at that very time come first."""
+        limit = min(next_job_s, self._coast_horizon)
+        idle = self._idle
+        for e in self.engines:
+            if e.calls_held and e is not engine and not idle[e.index] and e.step_end_s < limit:
+                limit = e.step_end_s
+        return limit
 
     def _collect(self, engine: SimEngine, t: float) -> None:
         """Program bookkeeping for requests that left ``engine`` (finished or rejected)."""
