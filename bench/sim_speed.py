@@ -9,6 +9,10 @@ the times: use it apart).
 
     .venv/bin/python bench/sim_speed.py                                  # fcfs,gmax
     .venv/bin/python bench/sim_speed.py --policies fcfs,gmax,tempo --out bench/results/sim_speed.md
+    .venv/bin/python bench/sim_speed.py --stepping fcfs,gmax     # also each without coasting
+
+``--stepping`` adds rows for the named policies run one step at a time through the event queue
+(``SimConfig(coast=False)``, the reference coasting is tested against), to show what coasting saves.
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ from pathlib import Path
 
 from slo_core.metrics import summarize
 from slo_core.perf import load_profile
-from slo_core.sim.fleet import FleetSim, ReplicaSpec
+from slo_core.sim.fleet import FleetSim, ReplicaSpec, SimConfig
 from slo_core.workloads import WorkloadSpec, build_workload, load_trace
 
 BARS_S = {"fcfs": 10.0, "gmax": 20.0}
@@ -45,6 +49,9 @@ def main() -> None:
     ap.add_argument("--replicas", type=int, default=4, help="simulated replicas (default 4)")
     ap.add_argument("--profile", default=None, help="write a cProfile summary per policy into this folder")
     ap.add_argument("--out", default=None, help="also write the table (markdown) to this file")
+    ap.add_argument(
+        "--stepping", default="", help="comma list: also run these policies without coasting (after the rest)"
+    )
     args = ap.parse_args()
     trace = load_trace("azure-conv-2023")
     mix = tuple(float(x) for x in args.mix.split(":"))
@@ -55,8 +62,16 @@ def main() -> None:
     build_s = time.perf_counter() - t0
     load_start = _load()
     rows = []
-    for policy in [p.strip() for p in args.policies.split(",") if p.strip()]:
-        sim = FleetSim([ReplicaSpec(load_profile(args.gpu_profile))] * args.replicas, policy, args.router)
+    runs = [(p.strip(), True) for p in args.policies.split(",") if p.strip()]
+    runs += [(p.strip(), False) for p in args.stepping.split(",") if p.strip()]
+    for policy, coast in runs:
+        sim = FleetSim(
+            [ReplicaSpec(load_profile(args.gpu_profile))] * args.replicas,
+            policy,
+            args.router,
+            config=SimConfig(coast=coast),
+        )
+        label = policy if coast else f"{policy} (stepping)"
         # CPU time, not wall time: on a shared machine the wall clock also counts other processes
         prof = cProfile.Profile(time.process_time) if args.profile else None
         w0, c0 = time.perf_counter(), time.process_time()
@@ -69,14 +84,16 @@ def main() -> None:
         m = summarize(result)
         steps = sum(s["steps"] for s in result.replica_stats)
         decisions = sum(s["decisions"] for s in result.replica_stats)
-        rows.append((policy, wall, cpu, steps, decisions, m["goodput_token_ratio"], m["attainment"]))
-        print(f"{policy}: simulate {wall:.2f} s wall, {cpu:.2f} s CPU, {steps:.0f} steps, load {_load()}")
+        coasted = sum(s["steps_coasted"] for s in result.replica_stats) / max(1.0, steps)
+        rows.append((label, wall, cpu, steps, coasted, decisions, m["goodput_token_ratio"], m["attainment"]))
+        print(f"{label}: simulate {wall:.2f} s wall, {cpu:.2f} s CPU, {steps:.0f} steps, load {_load()}")
         if prof is not None:
             out = io.StringIO()
             pstats.Stats(prof, stream=out).sort_stats("cumulative").print_stats(30)
             folder = Path(args.profile)
             folder.mkdir(parents=True, exist_ok=True)
-            (folder / f"{policy}.txt").write_text(out.getvalue(), encoding="utf-8")
+            name = policy if coast else f"{policy}-stepping"
+            (folder / f"{name}.txt").write_text(out.getvalue(), encoding="utf-8")
     ref_wall, ref_cpu = rows[0][1], rows[0][2]
     lines = [
         f"requests {len(jobs)}, {args.replicas} replicas of {args.gpu_profile}, router {args.router}, "
@@ -85,14 +102,15 @@ def main() -> None:
         f"load average (1/5/15 min) at start {load_start}, at end {_load()} on {os.cpu_count()} cores",
         "",
         f"| policy | simulate wall s | CPU s | wall / {rows[0][0]} | CPU / {rows[0][0]} | bar s | "
-        "engine steps | decisions | token goodput | attainment |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "engine steps | coasted | decisions | token goodput | attainment |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
-    for policy, wall, cpu, steps, decisions, good, att in rows:
-        bar = BARS_S.get(policy)
+    for label, wall, cpu, steps, coasted, decisions, good, att in rows:
+        bar = BARS_S.get(label)
         lines.append(
-            f"| {policy} | {wall:.2f} | {cpu:.2f} | {wall / ref_wall:.2f} | {cpu / ref_cpu:.2f} | "
-            f"{'–' if bar is None else f'{bar:g}'} | {steps:.0f} | {decisions:.0f} | {good:.3f} | {att:.3f} |"
+            f"| {label} | {wall:.2f} | {cpu:.2f} | {wall / ref_wall:.2f} | {cpu / ref_cpu:.2f} | "
+            f"{'–' if bar is None else f'{bar:g}'} | {steps:.0f} | {coasted:.0%} | {decisions:.0f} | "
+            f"{good:.3f} | {att:.3f} |"
         )
     lines.append("")
     lines.append(f"Bars: FCFS <= {BARS_S['fcfs']:g} s, GMAX <= {BARS_S['gmax']:g} s, ratio <= {RATIO_BAR:g}.")
