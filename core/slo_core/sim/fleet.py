@@ -305,10 +305,10 @@ class FleetSim:
         self._seq += 1
         heapq.heappush(self._heap, (t, kind, self._seq, payload))
 
-    def _step(self, engine: SimEngine, t: float, next_job_s: float = math.inf) -> None:
+    def _step(self, engine: SimEngine, t: float, next_job_s: float) -> None:
         engine.complete()
         self._collect(engine, t)
-        if self._coast:
+        if self._coast and engine.running and not engine.waiting:  # coast's cheapest refusals first
             t = engine.coast(t, self._coast_limit(engine, next_job_s))
         nxt = engine.plan(t)
         if engine.done:
