@@ -114,13 +114,14 @@ class GMAXParams(BaseModel):
         "share of the request, δ/(prompt + bound))",
     )
     calm_delta_per_frame: float | None = Field(
-        None,
+        50.0,
         ge=0,
         description="δ while the engine is calm: it has dropped no waiting request (past its deadline) for "
         "calm_window_s (only under the hard-deadline goodputs with reject_past_deadline, whose drops are "
         "the signal); None = delta_per_frame always. A strong guard starts wide compound stages the "
         "density order leaves last in slot-bound bursts, which cost triage at overload "
-        "(bench/results/gmax/issue15/fourteenth_screens)",
+        "(bench/results/gmax/issue15/fourteenth_screens); 50 at all 36 point-objectives "
+        "(bench/results/standard_sweep/issue15_calm_300s)",
     )
     calm_window_s: float = Field(
         30.0, gt=0, description="seconds without a drop after which the engine counts as calm"

@@ -221,7 +221,9 @@ def test_gmax_serves_a_likely_feasible_stage_before_a_hopeless_one() -> None:
     likely = [_cp_call("a", 800), _cp_call("b", 800)]  # median ~380 tokens: fits 5 s at 10 ms
     hopeless = request("h", DL, arrival_s=-18.0, max_tokens=4096, bound=2000, waiting_since_s=-18.0)
     eng = engine(seqs=2, kv_total=1000)
-    d = GMAX(feasibility="probabilistic", default_step_s=0.01).decide(
+    # the calm guard (on by default) ages an 18-s wait above any density while nothing was dropped,
+    # by design (test_gmax_policy.py); this test is about the feasibility test alone
+    d = GMAX(feasibility="probabilistic", default_step_s=0.01, calm_delta_per_frame=None).decide(
         [hopeless, *[r for r in likely]], [], eng, random.Random(0)
     )
     assert d.admit[:2] == ("a", "b") or set(d.admit[:2]) == {"a", "b"}

@@ -173,8 +173,8 @@ def test_the_calm_guard_ages_waiting_requests_only_while_nothing_was_dropped(
         d = decide(policy, [old, new, *extra], [], engine(now_s, step=int(now_s * 100)))
         return d.admit
 
-    shipped = GMAX(goodput="request")
-    assert admit(shipped, 0.0) == ("new", "old")
+    unguarded = GMAX(goodput="request", calm_delta_per_frame=None)
+    assert admit(unguarded, 0.0) == ("new", "old")
     calm = GMAX(goodput="request", calm_delta_per_frame=1000.0, calm_window_s=2.0)
     assert admit(calm, 0.0) == ("old", "new")  # nothing dropped yet: calm
     assert admit(calm, 0.5, past) == ("old", "new")  # this decision drops "past" (scored calm)
