@@ -16,10 +16,11 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
+from sim_speed import hour_jobs  # bench/ is on the path of a script run from it
+
 from slo_core.perf import load_profile
 from slo_core.policies.gmax import GMAX
 from slo_core.sim.fleet import FleetSim, ReplicaSpec
-from slo_core.workloads import WorkloadSpec, build_workload, load_trace
 
 
 def main() -> None:
@@ -29,9 +30,7 @@ def main() -> None:
     ap.add_argument("--replicas", type=int, default=4)
     ap.add_argument("--out", default=None, help="also write the table (markdown) here")
     args = ap.parse_args()
-    trace = load_trace("azure-conv-2023")
-    duration = args.duration or trace.span_s + 1.0 / trace.rate_rps
-    jobs = build_workload(WorkloadSpec(duration_s=duration, mix=(1.0, 0.0, 0.0)))
+    jobs = hour_jobs(args.duration)
 
     # kind -> [decisions, seconds, running requests seen, waiting requests seen]
     stats: dict[tuple[str, str], list[float]] = defaultdict(lambda: [0, 0.0, 0, 0])

@@ -38,6 +38,16 @@ def _load() -> str:
     return " ".join(f"{x:.1f}" for x in os.getloadavg())
 
 
+def hour_jobs(
+    duration_s: float | None = None, mix: tuple[float, ...] = (1.0, 0.0, 0.0), rps: float | None = None
+) -> list:
+    """The benchmark's workload: Azure conv, by default the whole trace at its own rate (duration = span
+    + one mean gap gives exactly its 19,366 requests)."""
+    trace = load_trace("azure-conv-2023")
+    duration = duration_s or trace.span_s + 1.0 / trace.rate_rps
+    return build_workload(WorkloadSpec(duration_s=duration, mix=mix, rps=rps))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--policies", default="fcfs,gmax", help="comma list; the first is the reference")
@@ -53,12 +63,9 @@ def main() -> None:
         "--stepping", default="", help="comma list: also run these policies without coasting (after the rest)"
     )
     args = ap.parse_args()
-    trace = load_trace("azure-conv-2023")
     mix = tuple(float(x) for x in args.mix.split(":"))
-    # the whole trace at its own rate: duration = span + one mean gap gives exactly its 19,366 requests
-    duration = args.duration or trace.span_s + 1.0 / trace.rate_rps
     t0 = time.perf_counter()
-    jobs = build_workload(WorkloadSpec(duration_s=duration, mix=mix, rps=args.rps))
+    jobs = hour_jobs(args.duration, mix, args.rps)
     build_s = time.perf_counter() - t0
     load_start = _load()
     rows = []
