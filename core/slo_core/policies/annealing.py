@@ -65,6 +65,43 @@ class AnnealingParams(BaseModel):
     )
 
 
+def least_squares(rows: Sequence[Sequence[float]], y: Sequence[float]) -> list[float]:
+    """argmin_c ||A c - y||₂ for a tall full-rank A (``rows``), by Householder QR in plain floats.
+
+    Not ``np.linalg.lstsq``: LAPACK's result depends on the BLAS kernel the CPU selects (OpenBLAS'
+    SkylakeX and Haswell kernels differ in the last bits here), and annealing turns the last bit
+    of a coefficient into a different Metropolis draw, so a seeded run would differ from machine to
+    machine. Every operation here is a correctly rounded IEEE one (``math.fsum`` for the dot
+    products, ``math.sqrt``) in a fixed order: the same coefficients on every machine.
+    """
+    a = [list(map(float, r)) for r in rows]
+    b = [float(v) for v in y]
+    m, n = len(a), len(a[0])
+    if m < n:
+        raise ValueError(f"least squares needs at least as many rows as columns, got {m}x{n}")
+    for k in range(n):
+        v = [a[i][k] for i in range(k, m)]
+        norm = math.sqrt(math.fsum(t * t for t in v))
+        if norm == 0.0:
+            raise ValueError(f"least squares: column {k} is linearly dependent on the ones before it")
+        alpha = -math.copysign(norm, v[0])
+        v[0] -= alpha
+        vv = math.fsum(t * t for t in v)
+        if vv == 0.0:
+            continue
+        for j in range(k, n):  # A[k:, j] -= 2 v (vᵀ A[k:, j]) / vᵀv
+            f = 2.0 * math.fsum(v[i] * a[k + i][j] for i in range(m - k)) / vv
+            for i in range(m - k):
+                a[k + i][j] -= f * v[i]
+        f = 2.0 * math.fsum(v[i] * b[k + i] for i in range(m - k)) / vv
+        for i in range(m - k):
+            b[k + i] -= f * v[i]
+    c = [0.0] * n
+    for k in reversed(range(n)):  # back substitution on R (the upper n×n of the reduced A)
+        c[k] = (b[k] - math.fsum(a[k][j] * c[j] for j in range(k + 1, n))) / a[k][k]
+    return c
+
+
 @dataclass(frozen=True, slots=True)
 class LatencyPredictor:
     """eq. 14–16: prefill and per-token decode time, each linear in b, l and b·l (seconds)."""
@@ -86,9 +123,10 @@ class LatencyPredictor:
         y_d = [
             profile.iteration_time_from_sums_s(int(bi), 0.0, bi * li) for bi, li in zip(b, ln, strict=True)
         ]
-        cp = np.linalg.lstsq(x, np.array(y_p), rcond=None)[0]
-        cd = np.linalg.lstsq(x, np.array(y_d), rcond=None)[0]
-        return cls(tuple(float(c) for c in cp), tuple(float(c) for c in cd))  # type: ignore[arg-type]
+        rows = x.tolist()
+        cp = least_squares(rows, y_p)
+        cd = least_squares(rows, y_d)
+        return cls(tuple(cp), tuple(cd))  # type: ignore[arg-type]
 
     def times(self, b: np.ndarray, l_in: np.ndarray, l_out: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(t_p, t_d) per request for batch sizes b (eq. 14 and the closed form of eq. 16)."""

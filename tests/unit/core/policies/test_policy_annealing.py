@@ -4,10 +4,14 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 import random
+import subprocess
+import sys
 
 import builders
 import numpy as np
+import pytest
 from builders import FAST_GPU, deadline, request
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
@@ -18,6 +22,7 @@ from slo_core.policies.annealing import (
     Jobs,
     LatencyPredictor,
     evaluate,
+    least_squares,
     map_priorities,
 )
 from slo_core.policies.base import FinishedView, RequestView
@@ -102,6 +107,65 @@ def test_predictor_fit_tracks_the_profile() -> None:
     t_p, _ = pred.times(np.array([8.0]), np.array([512.0]), np.array([1.0]))
     truth = PROFILE.iteration_time_from_sums_s(8 * 512, 8 * 512 * 512, 0)
     assert abs(float(t_p[0]) - truth) / truth < 0.25
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.integers(0, 2**32 - 1), st.integers(1, 5), st.integers(0, 40))
+def test_least_squares_matches_lapack(seed: int, n: int, extra_rows: int) -> None:
+    """The plain-float QR solves what LAPACK solves (to rounding), on tall systems of mixed scales."""
+    rng = np.random.default_rng(seed)
+    a = rng.normal(size=(n + extra_rows, n)) * np.logspace(0, 5, n)
+    y = rng.normal(size=n + extra_rows)
+    want = np.linalg.lstsq(a, y, rcond=None)[0]
+    got = np.array(least_squares(a.tolist(), y.tolist()))
+    np.testing.assert_allclose(got, want, rtol=1e-8, atol=1e-12 * float(np.abs(want).max()))
+
+
+def test_least_squares_refuses_what_it_cannot_solve() -> None:
+    with pytest.raises(ValueError, match="rows"):
+        least_squares([[1.0, 2.0]], [1.0])
+    with pytest.raises(ValueError, match="column 0"):
+        least_squares([[0.0, 1.0], [0.0, 2.0], [0.0, 3.0]], [1.0, 2.0, 3.0])
+
+
+def test_predictor_fit_is_lapack_fit_in_machine_independent_arithmetic() -> None:
+    """Same coefficients as ``np.linalg.lstsq`` to rounding; the one that is zero up to noise (the
+    decode time's pure-length term) is only compared in absolute terms."""
+    pred = LatencyPredictor.fit(PROFILE)
+    bs = np.array([1, 2, 4, 8, 16, 32, 64, 128], dtype=float)
+    ls = np.array([32, 64, 128, 256, 512, 1024, 2048], dtype=float)
+    b, ln = (g.ravel() for g in np.meshgrid(bs, ls))
+    x = np.column_stack([b * ln, b, ln, np.ones_like(b)])
+    y_p = [
+        PROFILE.iteration_time_from_sums_s(int(bi * li), bi * li * li, 0.0, int(bi))
+        for bi, li in zip(b, ln, strict=True)
+    ]
+    y_d = [PROFILE.iteration_time_from_sums_s(int(bi), 0.0, bi * li) for bi, li in zip(b, ln, strict=True)]
+    for got, y in ((pred.prefill, y_p), (pred.decode, y_d)):
+        want = np.linalg.lstsq(x, np.array(y), rcond=None)[0]
+        np.testing.assert_allclose(got, want, rtol=1e-9, atol=1e-15)
+
+
+def test_predictor_fit_is_the_same_whatever_blas_kernel_the_cpu_selects() -> None:
+    """The seeded-run golden of annealing held on one machine and not another when the fit went
+    through LAPACK: OpenBLAS' Sandybridge and Haswell kernels round differently (x86 only; elsewhere
+    the variable is ignored and the two runs agree trivially)."""
+    code = (
+        "from slo_core.policies.annealing import LatencyPredictor;"
+        "from slo_core.perf import load_profile;"
+        "print(repr(LatencyPredictor.fit(load_profile('h100-llama3-8b-tp1'))))"
+    )
+    out = {
+        kernel: subprocess.run(
+            [sys.executable, "-c", code],
+            env={**os.environ, "OPENBLAS_CORETYPE": kernel},
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+        for kernel in ("Sandybridge", "Haswell")
+    }
+    assert out["Sandybridge"] == out["Haswell"] != ""
 
 
 def req(rid: str, tenant: str, out_bound: int | None = None, gen: int = 0) -> RequestView:
