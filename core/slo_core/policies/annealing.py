@@ -112,6 +112,14 @@ class LatencyPredictor:
     @classmethod
     def fit(cls, profile: PerfProfile) -> LatencyPredictor:
         """Least squares over a grid of batch sizes and lengths sampled from the profile."""
+        rows, y_p, y_d = cls.samples(profile)
+        cp = least_squares(rows, y_p)
+        cd = least_squares(rows, y_d)
+        return cls(tuple(cp), tuple(cd))  # type: ignore[arg-type]
+
+    @staticmethod
+    def samples(profile: PerfProfile) -> tuple[list[list[float]], list[float], list[float]]:
+        """The fit's design rows (b·l, b, l, 1) and the profile's prefill and decode times at them."""
         bs = np.array([1, 2, 4, 8, 16, 32, 64, 128], dtype=float)
         ls = np.array([32, 64, 128, 256, 512, 1024, 2048], dtype=float)
         b, ln = (g.ravel() for g in np.meshgrid(bs, ls))
@@ -123,10 +131,7 @@ class LatencyPredictor:
         y_d = [
             profile.iteration_time_from_sums_s(int(bi), 0.0, bi * li) for bi, li in zip(b, ln, strict=True)
         ]
-        rows = x.tolist()
-        cp = least_squares(rows, y_p)
-        cd = least_squares(rows, y_d)
-        return cls(tuple(cp), tuple(cd))  # type: ignore[arg-type]
+        return x.tolist(), y_p, y_d
 
     def times(self, b: np.ndarray, l_in: np.ndarray, l_out: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(t_p, t_d) per request for batch sizes b (eq. 14 and the closed form of eq. 16)."""

@@ -132,17 +132,9 @@ def test_predictor_fit_is_lapack_fit_in_machine_independent_arithmetic() -> None
     """Same coefficients as ``np.linalg.lstsq`` to rounding; the one that is zero up to noise (the
     decode time's pure-length term) is only compared in absolute terms."""
     pred = LatencyPredictor.fit(PROFILE)
-    bs = np.array([1, 2, 4, 8, 16, 32, 64, 128], dtype=float)
-    ls = np.array([32, 64, 128, 256, 512, 1024, 2048], dtype=float)
-    b, ln = (g.ravel() for g in np.meshgrid(bs, ls))
-    x = np.column_stack([b * ln, b, ln, np.ones_like(b)])
-    y_p = [
-        PROFILE.iteration_time_from_sums_s(int(bi * li), bi * li * li, 0.0, int(bi))
-        for bi, li in zip(b, ln, strict=True)
-    ]
-    y_d = [PROFILE.iteration_time_from_sums_s(int(bi), 0.0, bi * li) for bi, li in zip(b, ln, strict=True)]
+    x, y_p, y_d = LatencyPredictor.samples(PROFILE)
     for got, y in ((pred.prefill, y_p), (pred.decode, y_d)):
-        want = np.linalg.lstsq(x, np.array(y), rcond=None)[0]
+        want = np.linalg.lstsq(np.array(x), np.array(y), rcond=None)[0]
         np.testing.assert_allclose(got, want, rtol=1e-9, atol=1e-15)
 
 
