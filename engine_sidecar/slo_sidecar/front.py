@@ -1,8 +1,9 @@
 """Validation of an OpenAI completions / chat body: what the sidecar needs from it, 400s saying what to fix.
 
-Prompt tokens are counted without a tokenizer (word pieces of at most 8 characters and single
-punctuation marks, plus BOS; chat adds 4 per message and 3 for the reply header): close to
-engine-sim's rule, an estimate for a real model. The engine's usage replaces it once it answers.
+Prompt tokens are counted without a tokenizer by slo_core.wire.tokens (word pieces of at most 4
+characters and single punctuation marks, plus BOS; chat adds 4 per message and 3 for the reply
+header), the rule the router estimates a request's size with: an estimate for a real model. The
+engine's usage replaces it once it answers.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from typing import Any
 from slo_core.wire.limits import token_count
 from slo_core.wire.request_slo import strip_slo_fields
 from slo_core.wire.tags import client_xargs, strip_engine_tags
-from slo_core.wire.tokens import approx_tokens
+from slo_core.wire.tokens import chat_prompt_tokens, completion_prompt_tokens, message_text
 from slo_sidecar.errors import APIError
 
 CHAT = "chat"
@@ -40,20 +41,10 @@ def _bad(message: str, param: str) -> APIError:
 
 
 def _content_text(content: Any, where: str) -> str:
-    if content is None or isinstance(content, str):
-        return content or ""
-    if isinstance(content, list):
-        parts = []
-        for part in content:
-            if (
-                not isinstance(part, dict)
-                or part.get("type") != "text"
-                or not isinstance(part.get("text"), str)
-            ):
-                raise _bad(f"{where}: content parts must be {{'type': 'text', 'text': '...'}} objects", where)
-            parts.append(part["text"])
-        return "\n".join(parts)
-    raise _bad(f"{where}: content must be a string or a list of text parts", where)
+    try:
+        return message_text(content)
+    except ValueError as exc:
+        raise _bad(f"{where}: {exc}", where) from None
 
 
 def _chat_prompt(body: dict[str, Any]) -> tuple[str, int]:
@@ -66,7 +57,7 @@ def _chat_prompt(body: dict[str, Any]) -> tuple[str, int]:
             raise _bad(f"messages[{i}] must be an object with a string 'role'", f"messages[{i}]")
         texts.append(_content_text(m.get("content"), f"messages[{i}].content"))
     text = "\n".join(texts)
-    return text, 1 + sum(approx_tokens(t) + 4 for t in texts) + 3
+    return text, chat_prompt_tokens(texts)
 
 
 def _completion_prompt(body: dict[str, Any]) -> tuple[str, int, bool]:
@@ -74,7 +65,7 @@ def _completion_prompt(body: dict[str, Any]) -> tuple[str, int, bool]:
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
         prompt = prompt[0]
     if isinstance(prompt, str):
-        return prompt, 1 + approx_tokens(prompt), True
+        return prompt, completion_prompt_tokens(prompt), True
     if (
         isinstance(prompt, list)
         and prompt

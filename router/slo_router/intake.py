@@ -31,7 +31,7 @@ from slo_core.wire.headers import (
 from slo_core.wire.keyring import KeyRing
 from slo_core.wire.limits import SAFE_TOKEN, check_headers, parse_json_object, read_capped, token_count
 from slo_core.wire.request_slo import SLOParamError, SLORequest, parse_slo, to_headers
-from slo_core.wire.tokens import approx_tokens
+from slo_core.wire.tokens import estimate_body_prompt_tokens
 from slo_router.errors import APIError
 from slo_router.state import RouterState
 from slo_router.tenants import Tenant
@@ -42,21 +42,6 @@ OTHER_MODEL = "other"  # the metrics label of a model name the router does not k
 PREFIX_AFFINITY_CHARS = 512
 PREFIX_AFFINITY_MIN_CHARS = 64
 _NO_HEADERS: dict[str, str] = {}
-
-
-def estimate_prompt_tokens(body: dict[str, Any]) -> int:
-    """Rough prompt size (≈4 characters a token); the pod's sidecar counts exactly."""
-    if "messages" in body:
-        msgs = body["messages"]
-        text = (
-            "".join(str(m.get("content", "")) for m in msgs if isinstance(m, dict))
-            if isinstance(msgs, list)
-            else ""
-        )
-    else:
-        prompt = body.get("prompt", "")
-        text = prompt if isinstance(prompt, str) else json.dumps(prompt)
-    return approx_tokens(text)
 
 
 def max_tokens(body: dict[str, Any], prompt_tokens: int, context_tokens: int | None, limit: int) -> int:
@@ -253,7 +238,7 @@ def request_view(
         deadline_at = routing_deadline_at_s(
             first, targets.deadline_s, now, slo.stage, stages=slo.stages, tier_share=stage_share
         )
-    prompt_tokens = estimate_prompt_tokens(body)
+    prompt_tokens = estimate_body_prompt_tokens(body)  # the sidecar's count of the same body
     return RequestView(
         request_id=request_id,
         slo=targets,

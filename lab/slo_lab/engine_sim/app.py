@@ -27,6 +27,8 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
+from slo_core.wire.tokens import message_text
+
 from . import tokens, tool_calls
 from .metrics import EngineMetrics
 from .protocol import (
@@ -265,7 +267,7 @@ async def tokenize(request: Request) -> Response:
         else:
             chat = parse_body(ChatBody, {"messages": raw["messages"]})
             try:
-                ids = tokens.chat_token_ids([(m.role, tokens.message_text(m.content)) for m in chat.messages])
+                ids = tokens.chat_token_ids([(m.role, message_text(m.content)) for m in chat.messages])
             except ValueError as exc:
                 raise ApiError(f"messages: {exc}") from None
     except ApiError as exc:

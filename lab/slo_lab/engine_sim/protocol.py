@@ -13,6 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from slo_core.wire.openai import error_body
 from slo_core.wire.tags import EngineTags, decode_tags
+from slo_core.wire.tokens import message_text
 
 from . import tokens
 
@@ -106,7 +107,7 @@ def prompt_tokens_of(body: CompletionBody) -> tuple[int, bytes]:
 
 def chat_prompt_of(body: ChatBody) -> tuple[int, bytes]:
     try:
-        messages = [(m.role, tokens.message_text(m.content)) for m in body.messages]
+        messages = [(m.role, message_text(m.content)) for m in body.messages]
     except ValueError as exc:
         raise ApiError(f"messages: {exc}", param="messages") from None
     key = "\x00".join(f"{role}\x01{text}" for role, text in messages)

@@ -21,15 +21,13 @@ import json
 import re
 from collections.abc import Sequence
 from functools import lru_cache
-from typing import Any
 
 from slo_core import data
+from slo_core.wire.tokens import CHAT_TOKENS_ASSISTANT_HEADER, CHAT_TOKENS_PER_MESSAGE
 
 PIECE = re.compile(r"\w{1,8}|[^\w\s]")
 VOCAB_SIZE = 32_000
 BOS_ID = 1
-CHAT_TOKENS_PER_MESSAGE = 4
-CHAT_TOKENS_ASSISTANT_HEADER = 3
 _FIRST_ID = 16  # ids below are reserved for special tokens
 
 FILLER_WORDS = (
@@ -55,26 +53,6 @@ def count_text_tokens(text: str, *, add_special_tokens: bool = True) -> int:
 def token_ids(text: str, *, add_special_tokens: bool = True) -> list[int]:
     ids = [_FIRST_ID + _digest(p.encode()) % (VOCAB_SIZE - _FIRST_ID) for p in PIECE.findall(text)]
     return [BOS_ID, *ids] if add_special_tokens else ids
-
-
-def message_text(content: Any) -> str:
-    """The text of a chat message's ``content`` (a string or a list of text parts)."""
-    if content is None:
-        return ""
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        texts: list[str] = []
-        for part in content:
-            if (
-                not isinstance(part, dict)
-                or part.get("type") != "text"
-                or not isinstance(part.get("text"), str)
-            ):
-                raise ValueError("message content parts must be {'type': 'text', 'text': '...'} objects")
-            texts.append(part["text"])
-        return "\n".join(texts)
-    raise ValueError("message content must be a string or a list of text parts")
 
 
 def chat_token_ids(messages: Sequence[tuple[str, str]]) -> list[int]:

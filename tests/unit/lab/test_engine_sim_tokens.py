@@ -63,11 +63,3 @@ def test_natural_lengths_are_deterministic_and_follow_the_shipped_distribution()
     # the draw's median sits near the data's median (ShareGPT answers: a few hundred tokens)
     true_median = statistics.median(dist)
     assert 0.8 * true_median < statistics.median(drawn) < 1.25 * true_median
-
-
-def test_message_text_accepts_strings_and_text_parts_only() -> None:
-    assert tokens.message_text("hi") == "hi"
-    assert tokens.message_text([{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]) == "a\nb"
-    assert tokens.message_text(None) == ""
-    with pytest.raises(ValueError, match="text"):
-        tokens.message_text([{"type": "image_url", "image_url": {"url": "x"}}])

@@ -14,7 +14,7 @@ from slo_core.policies.base import ReplicaView
 from slo_core.policies.go_routing import GoRouting
 from slo_core.policies.registry import make_router_policy
 from slo_core.slo import PriorityClass, RequestKind, SLOTier
-from slo_core.wire.tokens import approx_tokens
+from slo_core.wire.tokens import estimate_body_prompt_tokens
 from slo_lab.loopback_pods import LoopbackPods, close_all
 from slo_router.app import RouterState, create_app
 from slo_router.config import RouterConfig
@@ -98,7 +98,7 @@ async def test_gpu_class_and_context_filters_leave_only_capable_pods() -> None:
         assert r.status_code == 200
     assert {q.url.host for q in seen} == {"big.pod"}
     r = await client.post("/v1/completions", json={**BODY, "max_tokens": 4096}, headers=H)
-    prompt = approx_tokens(BODY["prompt"])
+    prompt = estimate_body_prompt_tokens(BODY)  # what the sidecar will count
     assert r.status_code == 503 and f"context of {prompt + 4096} tokens" in r.json()["error"]["message"]
     # beyond every pod's context: the client's mistake, a 400 saying so (no retry can help)
     r = await client.post("/v1/completions", json={**BODY, "max_tokens": 10_000}, headers=H)
