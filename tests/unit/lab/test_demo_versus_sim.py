@@ -289,9 +289,10 @@ def test_the_simulator_binds_each_stated_slo_to_its_tier_as_the_router_does() ->
 @pytest.mark.parametrize("chat", [True, False])
 def test_the_router_sizes_the_replays_prompts_as_the_engine_counts_them(chat: bool) -> None:
     """The simulator's router sees each prompt's true length; the live router estimates it from the
-    text (slo_core.wire.tokens). The replay's filler must read the same to both (a 5-letter filler word
-    once read as 2 tokens to the router, 1 to engine-sim: every live prompt looked twice its size)."""
-    from slo_core.wire.tokens import approx_tokens
+    body (slo_core.wire.tokens.estimate_body_prompt_tokens, the sidecar's count). The replay's filler
+    must read the same to both (a 5-letter filler word once read as 2 tokens to the router, 1 to
+    engine-sim: every live prompt looked twice its size), BOS and chat framing included."""
+    from slo_core.wire.tokens import estimate_body_prompt_tokens
     from slo_lab.engine_sim.tokens import count_chat_tokens, count_text_tokens
     from slo_lab.localfleet.replay import filler_prompt
 
@@ -299,5 +300,5 @@ def test_the_router_sizes_the_replays_prompts_as_the_engine_counts_them(chat: bo
         text = filler_prompt(n, chat=chat)
         engine = count_chat_tokens([("user", text)]) if chat else count_text_tokens(text)
         assert engine == n
-        framing = engine - len(text.split())  # BOS and chat framing, which the router does not count
-        assert approx_tokens(text) == n - framing
+        body = {"messages": [{"role": "user", "content": text}]} if chat else {"prompt": text}
+        assert estimate_body_prompt_tokens(body) == n
