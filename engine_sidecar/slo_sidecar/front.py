@@ -14,7 +14,12 @@ from typing import Any
 from slo_core.wire.limits import token_count
 from slo_core.wire.request_slo import strip_slo_fields
 from slo_core.wire.tags import client_xargs, strip_engine_tags
-from slo_core.wire.tokens import chat_prompt_tokens, completion_prompt_tokens, message_text
+from slo_core.wire.tokens import (
+    chat_prompt_tokens,
+    completion_prompt,
+    completion_prompt_tokens,
+    message_text,
+)
 from slo_sidecar.errors import APIError
 
 CHAT = "chat"
@@ -61,18 +66,13 @@ def _chat_prompt(body: dict[str, Any]) -> tuple[str, int]:
 
 
 def _completion_prompt(body: dict[str, Any]) -> tuple[str, int, bool]:
-    prompt = body.get("prompt")
-    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
-        prompt = prompt[0]
+    prompt = completion_prompt(body.get("prompt"))
     if isinstance(prompt, str):
         return prompt, completion_prompt_tokens(prompt), True
-    if (
-        isinstance(prompt, list)
-        and prompt
-        and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt)
-    ):
+    if prompt is not None:
         return "", len(prompt), False  # token ids: served, but never preempted (no text to resume from)
-    if isinstance(prompt, list) and len(prompt) > 1:
+    raw = body.get("prompt")
+    if isinstance(raw, list) and len(raw) > 1:
         raise _bad("send one prompt per request (batched prompts are not supported)", "prompt")
     raise _bad("'prompt' must be a string or a list of token ids", "prompt")
 

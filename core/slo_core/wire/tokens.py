@@ -80,14 +80,29 @@ def estimate_body_prompt_tokens(body: dict[str, Any]) -> int:
             except ValueError:
                 texts.append(_json_text(content))
         return chat_prompt_tokens(texts)
-    prompt = body.get("prompt", "")
-    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
-        prompt = prompt[0]
+    raw = body.get("prompt", "")
+    prompt = completion_prompt(raw)
     if isinstance(prompt, str):
         return completion_prompt_tokens(prompt)
-    if isinstance(prompt, list) and prompt and all(type(t) is int for t in prompt):
+    if prompt is not None:
         return len(prompt)
-    return completion_prompt_tokens(_json_text(prompt))
+    return completion_prompt_tokens(_json_text(raw))
+
+
+def completion_prompt(prompt: Any) -> str | list[int] | None:
+    """A completions ``prompt`` as it is served: one string (a list of one string unwrapped) or a
+    non-empty list of token ids; None for anything else (the sidecar refuses it)."""
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
+        return str(prompt[0])
+    if isinstance(prompt, str):
+        return prompt
+    if (
+        isinstance(prompt, list)
+        and prompt
+        and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt)
+    ):
+        return prompt
+    return None
 
 
 def _json_text(value: Any) -> str:

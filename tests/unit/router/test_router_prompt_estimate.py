@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -75,9 +76,5 @@ def test_message_text_accepts_strings_and_text_parts_only() -> None:
     assert message_text([{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]) == "a\nb"
     assert message_text(None) == ""
     for bad in ([{"type": "image_url", "image_url": {"url": "x"}}], 5, {"text": "x"}):
-        try:
+        with pytest.raises(ValueError, match="text"):
             message_text(bad)
-        except ValueError as exc:
-            assert "text" in str(exc)
-        else:
-            raise AssertionError(f"{bad!r} accepted")
