@@ -31,10 +31,9 @@ import statistics
 import subprocess
 import sys
 import time
-from pathlib import Path
 from typing import Any
 
-from sim_speed import hour_jobs  # bench/ is on the path of a script run from it
+from sim_speed import hour_jobs, print_table  # bench/ is on the path of a script run from it
 
 from slo_core.perf import load_profile
 from slo_core.policies.gmax import GMAX
@@ -191,10 +190,7 @@ def main() -> None:
         f"Issue 20's ratio bar (<= 2x fcfs) leaves {2 * fcfs:.2f} CPU s for the {args.policy} run; "
         f"with decisions free the simulator alone needs {med['free']:.2f} s ({med['free'] / fcfs:.2f}x).",
     ]
-    table = "\n".join(lines)
-    print(table)
-    if args.out:
-        Path(args.out).write_text(table + "\n", encoding="utf-8")
+    print_table(lines, args.out)
 
 
 if __name__ == "__main__":

@@ -48,6 +48,14 @@ def hour_jobs(
     return build_workload(WorkloadSpec(duration_s=duration, mix=mix, rps=rps))
 
 
+def print_table(lines: list[str], out: str | None) -> None:
+    """Print the markdown ``lines`` and, with ``out``, write them there too."""
+    table = "\n".join(lines)
+    print(table)
+    if out:
+        Path(out).write_text(table + "\n", encoding="utf-8")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--policies", default="fcfs,gmax", help="comma list; the first is the reference")
@@ -121,10 +129,7 @@ def main() -> None:
         )
     lines.append("")
     lines.append(f"Bars: FCFS <= {BARS_S['fcfs']:g} s, GMAX <= {BARS_S['gmax']:g} s, ratio <= {RATIO_BAR:g}.")
-    table = "\n".join(lines)
-    print(table)
-    if args.out:
-        Path(args.out).write_text(table + "\n", encoding="utf-8")
+    print_table(lines, args.out)
 
 
 if __name__ == "__main__":
