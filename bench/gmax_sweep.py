@@ -221,6 +221,9 @@ def host() -> dict[str, Any]:
         "cpu": cpu,
         "cpus": os.cpu_count(),
         "simd": sorted(k for k, on in features.items() if on and k.startswith("AVX")),
+        # numpy's kernels switched off (X86_V4: its AVX-512 float64 exp/log, whose last bits differ from
+        # the C library's that other hosts use); __cpu_features__ above still lists them
+        "numpy_disabled": os.environ.get("NPY_DISABLE_CPU_FEATURES"),
     }
 
 
@@ -425,6 +428,45 @@ def _mean_spread(xs: list[float]) -> str:
     return f"{m:.3f}" if len(xs) == 1 else f"{m:.3f} ({min(xs):.3f}–{max(xs):.3f})"
 
 
+def numerics(h: dict[str, Any] | None) -> str:
+    """Which float64 exp/log a host's numpy ran, from :func:`host`'s record of it. GMAX's records
+    differ between the two (numpy's own AVX-512 kernels round some results differently in the last bit
+    from the C library's, which numpy calls elsewhere, and a simulation amplifies one flipped
+    comparison), so a standing compares records made with the same numerics."""
+    if not h:
+        return "unrecorded"
+    machine = str(h.get("machine", ""))
+    if machine not in {"x86_64", "AMD64"}:
+        return f"{machine or 'unknown'} numpy"
+    off = set(str(h.get("numpy_disabled") or "").replace(",", " ").split())
+    if "AVX512F" in h.get("simd", []) and not off & {"X86_V4", "AVX512F", "AVX512_SKX"}:
+        return "numpy AVX-512"
+    return "C library"
+
+
+def record_numerics(folder: Path) -> dict[tuple[Any, ...], str]:
+    """(record file, policy, rate, objective) → :func:`numerics` of the invocation that made that
+    record: OUT/timing.jsonl's run lines follow their invocation's start line, and a later run of the
+    same key replaced the record, so the last one counts."""
+    out: dict[tuple[Any, ...], str] = {}
+    path = folder / "timing.jsonl"
+    if not path.exists():
+        return out
+    label = "unrecorded"
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            event = json.loads(line)
+        except ValueError:
+            continue
+        if event.get("event") == "start":
+            label = numerics(event.get("host"))
+        elif event.get("event") == "run" and not event.get("error"):
+            for objective in event.get("objectives", ["token"]):
+                name = str(event["file"]).rsplit("-", 1)[0] + f"-{objective}.json"
+                out[(name, event["policy"], event["rps"], objective)] = label
+    return out
+
+
 def table_records(folders: list[Path]) -> list[dict[str, Any]]:
     """The records of every folder, each run once: a run (family, replicas, rate, objective, policy,
     seed) recorded in several folders is taken from the first folder listed that has it (a later
@@ -432,7 +474,8 @@ def table_records(folders: list[Path]) -> list[dict[str, Any]]:
     records: list[dict[str, Any]] = []
     seen: set[tuple[Any, ...]] = set()
     for folder in folders:
-        for file_records in _load(folder).values():
+        made_with = record_numerics(folder)
+        for name, file_records in _load(folder).items():
             for r in file_records:
                 if "error" in r:
                     continue
@@ -446,7 +489,9 @@ def table_records(folders: list[Path]) -> list[dict[str, Any]]:
                 )
                 if run not in seen:
                     seen.add(run)
-                    records.append(r)
+                    objective = r.get("objective", "token")
+                    label = made_with.get((name, r["policy"], r["rps"], objective), "unrecorded")
+                    records.append({**r, "numerics": label, "folder": str(folder)})
     return records
 
 
@@ -469,9 +514,12 @@ def tables(args: argparse.Namespace) -> int:
         "## gmax at each point",
         "",
         "| family | replicas | req/s | objective | seeds | gmax | /envelope (best other) | /oracle | /bound "
-        "| /fcfs | /sarathi | lat gmax | lat fcfs |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| /fcfs | /sarathi | lat gmax | lat fcfs | GMAX family's exp/log |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
+    made_with: dict[tuple[str, str, str], int] = defaultdict(int)
+    for r in records:
+        made_with[(r["policy"], r["numerics"], r["folder"])] += 1
     for key in sorted(groups):
         family, replicas, rps, objective = key
         rs = groups[key]
@@ -542,9 +590,22 @@ def tables(args: argparse.Namespace) -> int:
                 f"{ratio(best, digits=4)} ({best}) | {ratio('gmax-oracle')} | "
                 f"{(f'{g / bound:.2f}' if bound else '–')} | {ratio('fcfs')} | {ratio('sarathi')} | "
                 f"{(f'{statistics.fmean(lg):.3f}' if lg else '–')} | "
-                f"{(f'{statistics.fmean(lf):.3f}' if lf else '–')} |"
+                f"{(f'{statistics.fmean(lf):.3f}' if lf else '–')} | "
+                f"{' + '.join(sorted({r['numerics'] for r in rs if r['policy'].startswith('gmax')}))} |"
             )
-    text = "\n".join([*lines[:4], *summary, "", *lines[4:]]) + "\n"
+    provenance = [
+        "## Where each policy's records come from",
+        "",
+        "Float numerics of the host that made them (`numerics` in bench/gmax_sweep.py: numpy's own "
+        "AVX-512 exp/log or the C library's; GMAX's records differ between the two, so a point compares "
+        "GMAX-family records made with one of them; `unrecorded`: before hosts were recorded).",
+        "",
+        "| policy | exp/log | records | folder |",
+        "|---|---|---|---|",
+        *(f"| {pol} | {label} | {n} | {folder} |" for (pol, label, folder), n in sorted(made_with.items())),
+        "",
+    ]
+    text = "\n".join([*lines[:4], *summary, "", *provenance, *lines[4:]]) + "\n"
     (out / "tables.md").write_text(text, encoding="utf-8")
     print(text)
     return 0

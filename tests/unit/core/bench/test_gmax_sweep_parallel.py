@@ -155,3 +155,107 @@ def test_tables_join_folders_and_count_each_run_once(tmp_path: Path) -> None:
         0.1,
         0.9,
     ]
+
+
+def test_numerics_labels_hosts_and_disabled_kernels() -> None:
+    mod = _sweep()
+    avx512 = {"machine": "x86_64", "simd": ["AVX", "AVX2", "AVX512F", "AVX512_SKX"], "numpy_disabled": None}
+    assert mod.numerics(avx512) == "numpy AVX-512"
+    assert mod.numerics({**avx512, "numpy_disabled": "X86_V4"}) == "C library"
+    assert mod.numerics({**avx512, "numpy_disabled": "AVX512_ICL"}) == "numpy AVX-512"  # SKX kernels stay
+    assert mod.numerics({"machine": "x86_64", "simd": ["AVX", "AVX2"]}) == "C library"
+    assert mod.numerics({"machine": "aarch64", "simd": []}) == "aarch64 numpy"
+    assert mod.numerics(None) == "unrecorded"
+
+
+_EXP_CHECK = """
+import importlib.util, json, math, sys
+import numpy as np
+spec = importlib.util.spec_from_file_location("s", sys.argv[1])
+mod = importlib.util.module_from_spec(spec)
+sys.modules["s"] = mod
+spec.loader.exec_module(mod)
+x = np.random.default_rng(0).uniform(-30.0, 30.0, 100_000)
+libm = np.array([math.exp(v) for v in x.tolist()])
+logs = np.array([math.log(v) for v in np.abs(x).tolist()])
+print(json.dumps({"label": mod.numerics(mod.host()),
+                  "same": bool(np.array_equal(np.exp(x), libm) and np.array_equal(np.log(np.abs(x)), logs))}))
+"""
+
+
+@pytest.mark.parametrize("disabled", [None, "X86_V4"])
+def test_a_host_labelled_c_library_computes_exp_and_log_as_the_c_library_does(disabled: str | None) -> None:
+    """What the label promises: records labelled "C library" were made with numpy's exp/log equal, bit
+    for bit, to the C library's (on an AVX-512 host, NPY_DISABLE_CPU_FEATURES=X86_V4 gives that:
+    bench/README.md); numpy's AVX-512 kernels differ from it on some of these inputs."""
+    import subprocess
+
+    env = {k: v for k, v in os.environ.items() if k != "NPY_DISABLE_CPU_FEATURES"}
+    if disabled:
+        env["NPY_DISABLE_CPU_FEATURES"] = disabled
+    got = json.loads(
+        subprocess.run(
+            [sys.executable, "-c", _EXP_CHECK, str(ROOT / "bench" / "gmax_sweep.py")],
+            env={**env, "PYTHONPATH": os.pathsep.join([str(ROOT / "core"), str(ROOT / "lab")])},
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+    )
+    if got["label"] == "C library":
+        assert got["same"]
+    else:
+        assert got["label"] == "numpy AVX-512" and not disabled
+        assert not got["same"]
+
+
+def test_table_records_say_which_numerics_made_each_record(tmp_path: Path) -> None:
+    mod = _sweep()
+    avx512 = {"machine": "x86_64", "simd": ["AVX2", "AVX512F"], "numpy_disabled": None}
+    rec = {"family": "tot", "replicas": 1, "rps": 6.5, "seed": 0, "goodput_token_ratio": 0.5}
+    out = tmp_path / "sweep"
+    out.mkdir()
+    (out / "records-tot-r1-s0-token.json").write_text(
+        json.dumps(
+            [{**rec, "policy": "gmax", "objective": "token"}, {**rec, "policy": "fcfs", "objective": "token"}]
+        )
+    )
+    (out / "records-tot-r1-s0-request.json").write_text(
+        json.dumps([{**rec, "policy": "gmax", "objective": "request"}])
+    )
+    lines = [
+        {"event": "start", "host": avx512},
+        {
+            "event": "run",
+            "file": "records-tot-r1-s0-token.json",
+            "policy": "gmax",
+            "rps": 6.5,
+            "objectives": ["token", "request"],
+            "error": None,
+        },
+        {"event": "start", "host": {**avx512, "numpy_disabled": "X86_V4"}},
+        {
+            "event": "run",
+            "file": "records-tot-r1-s0-token.json",
+            "policy": "gmax",
+            "rps": 6.5,
+            "objectives": ["token"],
+            "error": None,
+        },
+        {
+            "event": "run",
+            "file": "records-tot-r1-s0-request.json",
+            "policy": "gmax",
+            "rps": 6.5,
+            "objectives": ["request"],
+            "error": "boom",
+        },
+    ]
+    (out / "timing.jsonl").write_text("\n".join(json.dumps(x) for x in lines) + "\n")
+    got = {(r["policy"], r["objective"]): r["numerics"] for r in mod.table_records([out])}
+    # the token record was re-made with the C library's; the failed request re-run did not replace it
+    assert got == {
+        ("gmax", "token"): "C library",
+        ("gmax", "request"): "numpy AVX-512",
+        ("fcfs", "token"): "unrecorded",
+    }
