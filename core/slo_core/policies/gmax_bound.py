@@ -42,6 +42,7 @@ from itertools import islice
 
 import numpy as np
 
+from slo_core import detmath
 from slo_core.policies.base import FinishedView, RequestView
 from slo_core.policies.gmax_params import GMAXParams
 from slo_core.policies.gmax_priority import z_of_quantile
@@ -170,7 +171,7 @@ class BoundReading:
                     changed = True
         if changed:
             self._z_rows = np.array(self._z)
-            self._scale_rows = np.exp(-(self._z_rows - self.static_z) * self.sigma)
+            self._scale_rows = detmath.exp(-(self._z_rows - self.static_z) * self.sigma)
             self._scale = self._scale_rows.tolist()
 
     @property

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from slo_core import detmath
 from slo_core.perf.model import PerfProfile
 from slo_core.policies.gmax_params import GMAXParams
 from slo_core.policies.gmax_snapshot import B8, BEST_EFFORT, COMPOUND, F64, I64, LATENCY, Columns
@@ -187,7 +188,7 @@ def normal_cdf(x: F64) -> F64:
     z = np.abs(np.minimum(np.maximum(x0, -40.0), 40.0)) / np.sqrt(2.0)
     t = 1.0 / (1.0 + 0.3275911 * z)
     poly = t * (0.254829592 + t * (-0.284496736 + t * (1.421413741 + t * (-1.453152027 + t * 1.061405429))))
-    erf = 1.0 - poly * np.exp(-z * z)
+    erf = 1.0 - poly * detmath.exp(-z * z)
     out: F64 = np.where(x0 >= 0, 0.5 * (1.0 + erf), 0.5 * (1.0 - erf))
     return out
 
@@ -226,13 +227,19 @@ def fit_probability(generated: F64, bound: F64, slack_tokens: F64, sigma: float,
             return out
         g = generated[rows]
         z = z_bound[rows] if isinstance(z_bound, np.ndarray) else z_bound
-        log_b = np.log(np.maximum(bound[rows], 1.0))
-        hi = normal_cdf((np.log(np.maximum(g + slack_tokens[rows], 1e-9)) - log_b) / sigma + z)
-        lo = np.zeros(len(rows))
+        n = len(rows)
         started = np.flatnonzero(g > 0)
-        if len(started):
-            z_s = z[started] if isinstance(z, np.ndarray) else z
-            lo[started] = normal_cdf((np.log(np.maximum(g[started], 1e-9)) - log_b[started]) / sigma + z_s)
+        # one log and one Φ call over all their arguments (each call has a fixed cost; per element
+        # the result is the one separate calls give)
+        b, total = np.maximum(bound[rows], 1.0), np.maximum(g + slack_tokens[rows], 1e-9)
+        logs = detmath.log(np.concatenate((b, total, np.maximum(g[started], 1e-9))))
+        log_b = logs[:n]
+        z_s = z[started] if isinstance(z, np.ndarray) else z
+        x_hi = (logs[n : 2 * n] - log_b) / sigma + z
+        cdf = normal_cdf(np.concatenate((x_hi, (logs[2 * n :] - log_b[started]) / sigma + z_s)))
+        hi = cdf[:n]
+        lo = np.zeros(n)
+        lo[started] = cdf[n:]
         p = (hi - lo) / np.maximum(1.0 - lo, 1e-12)
         out[rows] = np.where(np.isnan(p), 0.0, np.minimum(np.maximum(p, 0.0), 1.0))
     return out
@@ -343,8 +350,8 @@ def estimate(
             z_b = z_of_quantile(p.bound_quantile) if z_bound is None else z_bound
         p_fit = fit_probability(g, bound, slack, p.length_sigma, z_b)
         with np.errstate(divide="ignore"):
-            log_p = _stage_sum(stages, np.log(p_fit))
-        p_on_time = np.exp(log_p)
+            log_p = _stage_sum(stages, detmath.log(p_fit))
+        p_on_time = detmath.exp(log_p)
     else:
         p_on_time = feasible_deadline.astype(np.float64)
 

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from slo_core import detmath
 from slo_core.policies.base import EngineView, RequestView
 from slo_core.policies.gmax_params import GMAXParams
 from slo_core.policies.gmax_priority import SpeedModel, fit_probability, z_of_quantile
@@ -227,7 +228,7 @@ def scores(
             z_b = z_of_quantile(p.bound_quantile) if z_by_kind is None else np.array(prob_z)
         p_fit = fit_probability(np.array(prob_g), np.array(prob_b), np.array(prob_slack), p.length_sigma, z_b)
         with np.errstate(divide="ignore"):
-            on_time = np.exp(np.log(p_fit)).tolist()
+            on_time = detmath.exp(detmath.log(p_fit)).tolist()
         for i, fit in zip(prob_rows, on_time, strict=True):
             gain_l[i] = gain_l[i] * fit if token else fit
     score = [

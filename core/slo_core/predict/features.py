@@ -18,6 +18,8 @@ import numpy as np
 import numpy.typing as npt
 from pydantic import BaseModel, Field
 
+from slo_core import detmath
+
 F32 = npt.NDArray[np.float32]
 
 # Request kinds (slo_core.slo.RequestKind values) get a one-hot column each; anything else none.
@@ -74,11 +76,11 @@ def featurize(requests: Sequence[RequestFeatures], p: FeatureParams) -> F32:
     gram_at = model_at + p.model_buckets
     for row, r in enumerate(requests):
         tokens = max(1, int(r.prompt_tokens))
-        out[row, 0] = np.log1p(tokens)
+        out[row, 0] = detmath.log1p_f(tokens)
         out[row, 1] = 1.0 if r.text is not None else 0.0
         if r.text:
             text = r.text[: p.text_chars]
-            out[row, 2] = np.log1p(len(r.text))
+            out[row, 2] = detmath.log1p_f(len(r.text))
             out[row, 3:6] = _text_stats(text)
             h = np.fromiter(map(_word_hash, _WORD.findall(text.lower())), dtype=np.uint64)
             if len(h):

@@ -21,6 +21,8 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
+from slo_core import detmath
+
 F64 = npt.NDArray[np.float64]
 
 VERSION = 1
@@ -124,7 +126,7 @@ class PatternGraph:
 def gaussian_kernel(a: F64 | float, b: F64 | float, sigma: float) -> F64:
     """exp(−(a − b)² / 2σ²), elementwise."""
     d = np.asarray(a, dtype=np.float64) - np.asarray(b, dtype=np.float64)
-    out: F64 = np.exp(-(d * d) / (2.0 * sigma * sigma))
+    out: F64 = detmath.exp(-(d * d) / (2.0 * sigma * sigma))
     return out
 
 

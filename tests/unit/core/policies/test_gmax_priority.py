@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 from builders import BE, CP, DL, LAT, deadline, request
 
+from slo_core import detmath
 from slo_core.policies.base import RequestView
 from slo_core.policies.gmax_params import GMAXParams
 from slo_core.policies.gmax_priority import (
@@ -214,13 +215,14 @@ def test_nan_to_num_is_numpys(nan: float) -> None:
 
 
 def test_normal_cdf_and_fit_probability_give_numpys_clipping_results_bit_for_bit() -> None:
-    """The hot-path forms (no np.nan_to_num / np.clip) against the forms they replaced."""
+    """The hot-path forms (no np.nan_to_num / np.clip) against the forms they replaced (exp and log
+    the host-independent ones, slo_core.detmath, as in the policy)."""
     x = np.concatenate((_SPECIAL, np.linspace(-60.0, 60.0, 2001)))
     z = np.abs(np.nan_to_num(x, nan=0.0, posinf=40.0, neginf=-40.0)) / np.sqrt(2.0)
     t = 1.0 / (1.0 + 0.3275911 * z)
     poly = t * (0.254829592 + t * (-0.284496736 + t * (1.421413741 + t * (-1.453152027 + t * 1.061405429))))
     with np.errstate(over="ignore"):  # the replaced form squared 1e300 (the new one caps |x| first)
-        erf = 1.0 - poly * np.exp(-z * z)
+        erf = 1.0 - poly * detmath.exp(-z * z)
     before = np.where(np.nan_to_num(x, nan=0.0) >= 0, 0.5 * (1.0 + erf), 0.5 * (1.0 - erf))
     assert np.array_equal(normal_cdf(x), before)
     rng = np.random.default_rng(5)
@@ -231,9 +233,9 @@ def test_normal_cdf_and_fit_probability_give_numpys_clipping_results_bit_for_bit
         p = fit_probability(g, bound, slack, 0.45, 1.64)
     assert np.all((p >= 0.0) & (p <= 1.0))
     with np.errstate(divide="ignore", invalid="ignore"):
-        log_b = np.log(np.maximum(bound, 1.0))
-        hi = normal_cdf((np.log(np.maximum(g + slack, 1e-9)) - log_b) / 0.45 + 1.64)
-        lo = np.where(g > 0, normal_cdf((np.log(np.maximum(g, 1e-9)) - log_b) / 0.45 + 1.64), 0.0)
+        log_b = detmath.log(np.maximum(bound, 1.0))
+        hi = normal_cdf((detmath.log(np.maximum(g + slack, 1e-9)) - log_b) / 0.45 + 1.64)
+        lo = np.where(g > 0, normal_cdf((detmath.log(np.maximum(g, 1e-9)) - log_b) / 0.45 + 1.64), 0.0)
         raw = np.where(slack <= 0, 0.0, (hi - lo) / np.maximum(1.0 - lo, 1e-12))
     assert np.array_equal(p, np.clip(np.nan_to_num(raw), 0.0, 1.0))
 
@@ -243,9 +245,9 @@ def _fit_probability_whole_array(
 ) -> np.ndarray:
     """fit_probability as it was before it evaluated only the rows with slack: every row, then masked."""
     with np.errstate(divide="ignore", invalid="ignore"):
-        log_b = np.log(np.maximum(bound, 1.0))
-        hi = normal_cdf((np.log(np.maximum(g + slack, 1e-9)) - log_b) / 0.45 + z)
-        lo = np.where(g > 0, normal_cdf((np.log(np.maximum(g, 1e-9)) - log_b) / 0.45 + z), 0.0)
+        log_b = detmath.log(np.maximum(bound, 1.0))
+        hi = normal_cdf((detmath.log(np.maximum(g + slack, 1e-9)) - log_b) / 0.45 + z)
+        lo = np.where(g > 0, normal_cdf((detmath.log(np.maximum(g, 1e-9)) - log_b) / 0.45 + z), 0.0)
         p = np.where(slack <= 0, 0.0, (hi - lo) / np.maximum(1.0 - lo, 1e-12))
     out: np.ndarray = np.where(np.isnan(p), 0.0, np.minimum(np.maximum(p, 0.0), 1.0))
     return out
