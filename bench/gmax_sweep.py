@@ -467,17 +467,19 @@ def record_numerics(folder: Path) -> dict[tuple[Any, ...], str]:
     return out
 
 
-def table_records(folders: list[Path]) -> list[dict[str, Any]]:
+def table_records(folders: list[Path], first_only: frozenset[str] = frozenset()) -> list[dict[str, Any]]:
     """The records of every folder, each run once: a run (family, replicas, rate, objective, policy,
     seed) recorded in several folders is taken from the first folder listed that has it (a later
-    pass that re-ran some policies is listed first, the pass it completes after it)."""
+    pass that re-ran some policies is listed first, the pass it completes after it). Records of the
+    policies in ``first_only`` come from the first folder only (a re-sweep of the policies a code
+    change moved: their older records are another code's, not a fill-in)."""
     records: list[dict[str, Any]] = []
     seen: set[tuple[Any, ...]] = set()
-    for folder in folders:
+    for i, folder in enumerate(folders):
         made_with = record_numerics(folder)
         for name, file_records in _load(folder).items():
             for r in file_records:
-                if "error" in r:
+                if "error" in r or (i > 0 and r["policy"] in first_only):
                     continue
                 run = (
                     r["family"],
@@ -497,7 +499,8 @@ def table_records(folders: list[Path]) -> list[dict[str, Any]]:
 
 def tables(args: argparse.Namespace) -> int:
     out = Path(args.out)
-    records = table_records([out, *map(Path, args.also or [])])
+    own = frozenset(p for p in (args.own_policies or "").split(",") if p)
+    records = table_records([out, *map(Path, args.also or [])], own)
     groups: dict[tuple[Any, ...], list[dict[str, Any]]] = defaultdict(list)
     for r in records:
         groups[(r["family"], r["replicas"], r["rps"], r.get("objective", "token"))].append(r)
@@ -650,6 +653,13 @@ def main() -> int:
         metavar="DIR",
         help="another sweep folder to read (repeatable; a run in several folders counts once, from "
         "the first listed: --out first)",
+    )
+    t.add_argument(
+        "--own-policies",
+        default="",
+        metavar="P1,P2",
+        help="policies whose records come from --out only (none from --also: a re-sweep after a change "
+        "that moved them)",
     )
     t.set_defaults(func=tables)
     args = ap.parse_args()

@@ -155,6 +155,14 @@ def test_tables_join_folders_and_count_each_run_once(tmp_path: Path) -> None:
         0.1,
         0.9,
     ]
+    # a re-sweep of gmax in `newer`: no gmax record from `older`, other policies' still
+    got = mod.table_records([newer, older], frozenset({"gmax"}))
+    assert sorted((r["policy"], r["seed"], r["goodput_token_ratio"]) for r in got) == [
+        ("fcfs", 0, 0.3),
+        ("gmax", 0, 0.7),
+        ("gmax", 2, 0.9),
+    ]
+    assert [r["policy"] for r in mod.table_records([older, newer], frozenset({"gmax"}))] == ["gmax", "fcfs"]
 
 
 def test_numerics_labels_hosts_and_disabled_kernels() -> None:
