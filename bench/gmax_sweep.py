@@ -224,6 +224,8 @@ def host() -> dict[str, Any]:
         # numpy's kernels switched off (X86_V4: its AVX-512 float64 exp/log, whose last bits differ from
         # the C library's that other hosts use); __cpu_features__ above still lists them
         "numpy_disabled": os.environ.get("NPY_DISABLE_CPU_FEATURES"),
+        # where the policies' exp/log come from: since 147b97c slo_core.detmath, the same on every host
+        "policy_exp_log": "slo_core.detmath",
     }
 
 
@@ -429,12 +431,15 @@ def _mean_spread(xs: list[float]) -> str:
 
 
 def numerics(h: dict[str, Any] | None) -> str:
-    """Which float64 exp/log a host's numpy ran, from :func:`host`'s record of it. GMAX's records
-    differ between the two (numpy's own AVX-512 kernels round some results differently in the last bit
-    from the C library's, which numpy calls elsewhere, and a simulation amplifies one flipped
-    comparison), so a standing compares records made with the same numerics."""
+    """Which float64 exp/log the policies ran, from :func:`host`'s record of it. Before 147b97c they
+    called numpy's, which runs its own AVX-512 kernels where it can and the C library's elsewhere, and
+    GMAX's records differ between the two (one flipped comparison, amplified by the simulation), so a
+    standing compared records made with the same numerics; since, slo_core.detmath's, the same on
+    every host."""
     if not h:
         return "unrecorded"
+    if h.get("policy_exp_log") == "slo_core.detmath":
+        return "detmath (any host)"
     machine = str(h.get("machine", ""))
     if machine not in {"x86_64", "AMD64"}:
         return f"{machine or 'unknown'} numpy"
@@ -599,9 +604,10 @@ def tables(args: argparse.Namespace) -> int:
     provenance = [
         "## Where each policy's records come from",
         "",
-        "Float numerics of the host that made them (`numerics` in bench/gmax_sweep.py: numpy's own "
-        "AVX-512 exp/log or the C library's; GMAX's records differ between the two, so a point compares "
-        "GMAX-family records made with one of them; `unrecorded`: before hosts were recorded).",
+        "Which exp/log the policies ran (`numerics` in bench/gmax_sweep.py): before 147b97c numpy's, "
+        "its own AVX-512 kernels or the C library's by host, and GMAX-family records differ between the "
+        "two, so a point compares GMAX-family records made with one of them; since, slo_core.detmath's, "
+        "the same on every host. `unrecorded`: before hosts were recorded.",
         "",
         "| policy | exp/log | records | folder |",
         "|---|---|---|---|",
