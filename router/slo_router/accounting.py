@@ -17,6 +17,7 @@ from starlette.responses import Response
 from slo_core.gain import Delivery, request_goodput
 from slo_core.policies.base import RequestView
 from slo_core.wire import openai
+from slo_core.wire.request_slo import SERVED_TIER_HEADER
 from slo_net.upstream import UpstreamError, UpstreamResponse
 from slo_router.proxy import ClientGone, RelayResponse, StreamStats, unless_disconnected
 from slo_router.state import RouterState
@@ -34,7 +35,8 @@ async def respond(
     view: RequestView,
     on_finish: Callable[[], None],
 ) -> Response | RelayResponse:
-    """Relay the pod's answer; ``on_finish`` runs once when the request is over, however it ends."""
+    """Relay the pod's answer; ``on_finish`` runs once when the request is over, however it ends. The
+    answer says which tier served the request (``labels[0]``: after binding and any demotion)."""
     stats = StreamStats(start_s=view.arrival_s)
     status = resp.status
 
@@ -43,6 +45,7 @@ async def respond(
         account(state, labels, view, s, status)
 
     passthrough = {k: v for k, v in resp.headers.items() if k.lower() in PASSTHROUGH_HEADERS}
+    passthrough[SERVED_TIER_HEADER] = labels[0]
     if stream and status == 200:
         return RelayResponse(resp, stats, passthrough, done, state.clock)
     try:
@@ -55,7 +58,12 @@ async def respond(
         stats.error = f"upstream failed: {type(exc).__name__}"
         done(stats)
         body = openai.error_body("the serving pod failed while answering", kind="upstream_error", code=502)
-        return Response(json.dumps(body), status_code=502, media_type="application/json")
+        return Response(
+            json.dumps(body),
+            status_code=502,
+            media_type="application/json",
+            headers={SERVED_TIER_HEADER: labels[0]},
+        )
     finally:
         resp.close()
     if status == 200:

@@ -103,6 +103,7 @@ class SimResult:
     rejected_by_router: int = 0
     demoted_by_router: int = 0
     demoted_by_tier: dict[str, int] = field(default_factory=dict)  # by the tier each request asked for
+    demoted_ids: list[str] = field(default_factory=list)  # the requests and calls demoted, in order
 
 
 PolicyFactory = Callable[[], EnginePolicy]
@@ -228,6 +229,7 @@ class FleetSim:
         self._rejected_by_router = 0
         self._demoted_by_router = 0
         self._demoted_by_tier: dict[str, int] = {}
+        self._demoted_ids: list[str] = []
         self._reports: dict[int, ReplicaView] = {}
         self._sent: dict[int, list[tuple[float, RequestView]]] = {e.index: [] for e in self.engines}
         last_arrival = ordered[-1].arrival_s if ordered else 0.0
@@ -293,6 +295,7 @@ class FleetSim:
             rejected_by_router=self._rejected_by_router,
             demoted_by_router=self._demoted_by_router,
             demoted_by_tier=dict(self._demoted_by_tier),
+            demoted_ids=list(self._demoted_ids),
         )
 
     def _tick(self, t: float, *, more: bool) -> None:
@@ -470,6 +473,7 @@ class FleetSim:
             r.tier = self.pipeline.admission.best_effort_tier or r.tier
             r.view_key = None  # the cached view still carries the old targets
             self._demoted_by_router += 1
+            self._demoted_ids.append(r.request_id)
         elif engine_deadline_at_s is not None and engine_deadline_at_s != r.deadline_at_s:
             r.deadline_at_s = engine_deadline_at_s
             r.view_key = None  # the cached view still carries the routing deadline

@@ -14,7 +14,7 @@ from dataclasses import asdict
 from typing import Any, Literal
 
 from slo_core.wire.limits import SAFE_TOKEN, RequestLimits
-from slo_core.wire.request_slo import SLO_HEADERS, SLORequest
+from slo_core.wire.request_slo import SERVED_TIER_HEADER, SLO_HEADERS, SLORequest
 
 DESCRIPTION_PATH = "/openapi.json"
 LIMITS_KEY = "x-slofleet-limits"
@@ -200,6 +200,14 @@ def _completions(name: str, request: str, answer: str, limits: RequestLimits, do
     }
     if door == "router":
         op["security"] = [{"apiKey": []}]
+        op["responses"]["200"]["headers"] = {
+            SERVED_TIER_HEADER: {
+                "description": "the tier that served the request: the one asked for, the tenant's "
+                "default, or the best-effort tier when the router demoted it",
+                "required": True,
+                "schema": {"type": "string"},
+            }
+        }
     return op
 
 

@@ -20,6 +20,11 @@ JITServe's top-level body fields ``deadline``, ``target_ttft``, ``target_tbt`` a
 (seconds, JITServe §5) are accepted as aliases of ``deadline_s``, ``ttft_s``, ``tbt_s`` and
 ``max_wait_s``. Stating the same field twice with different values is an error. Priority is never
 client-stated: it comes from the tier the tenant is bound to.
+
+Every answer the router relays from a pod carries ``x-slo-tier`` (:data:`SERVED_TIER_HEADER`): the tier
+the request was served in. It is the tier asked for, the tenant's default when it asked for one it may
+not use or none, or the best-effort tier when the router demoted it (``onOverload: best-effort``), so a
+client sees a demotion on the answer itself.
 """
 
 from __future__ import annotations
@@ -53,6 +58,8 @@ _JITSERVE_FIELDS = {
 BODY_FIELDS = frozenset({"slo", *_JITSERVE_FIELDS})
 # the full header name -> field name
 SLO_HEADERS = {HEADER_PREFIX + suffix: field for suffix, field in _HEADER_FIELDS.items()}
+# on the router's answers: the tier the request was served in (after binding and any demotion)
+SERVED_TIER_HEADER = HEADER_PREFIX + "tier"
 
 
 class SLOParamError(ValueError):

@@ -37,8 +37,22 @@ from slo_core.workloads import DeepResearchParams, WorkloadSpec, build_workload,
 from slo_core.workloads.jobs import Job, bound_to_tier
 from slo_lab.localfleet.hostload import MAX_SEND_LAG_SHARE, HostLoad, engine_behind_s, measure
 from slo_lab.localfleet.launcher import FleetError, LocalFleet
-from slo_lab.localfleet.replay import JobRecord, as_sent, describe, failure_reasons, outcomes, replay
-from slo_lab.localfleet.report import comparison, describe_differences, job_differences, write_report
+from slo_lab.localfleet.replay import (
+    CallTrace,
+    JobRecord,
+    as_sent,
+    describe,
+    failure_reasons,
+    outcomes,
+    replay,
+)
+from slo_lab.localfleet.report import (
+    comparison,
+    demotion_timing,
+    describe_differences,
+    job_differences,
+    write_report,
+)
 from slo_lab.localfleet.simulate import simulate
 from slo_lab.localfleet.spec import DEFAULT_PROFILE, EngineGroup, FleetSpec
 
@@ -170,6 +184,7 @@ def run_fleet(label: str, spec: FleetSpec, jobs: list[Job], grace_s: float) -> d
         "behind_s": behind,
         "send_lags_s": [r.send_lag_s for r in records],
         "demoted_by_tier": demoted,
+        "traces": [r.traces(start) for r in records],
     }
 
 
@@ -205,15 +220,24 @@ def engine_urls(fleet: LocalFleet) -> list[str]:
 
 
 def simulated(
-    jobs: list[Job], policy_text: str, args: argparse.Namespace, demoted_by_tier: dict[str, int] | None = None
+    jobs: list[Job],
+    policy_text: str,
+    args: argparse.Namespace,
+    demoted_by_tier: dict[str, int] | None = None,
+    traces: list[list[CallTrace]] | None = None,
 ) -> list[JobOutcome]:
     """The same jobs, seed and policy through core's FleetSim (the code the services run), each job as
-    the replay sends it (:func:`~slo_lab.localfleet.replay.as_sent`)."""
+    the replay sends it (:func:`~slo_lab.localfleet.replay.as_sent`); ``traces`` gets each job's calls
+    as sent, in the jobs' order."""
     sent = [as_sent(j) for j in jobs]
-    return simulate(
+    calls: dict[str, list[CallTrace]] = {}
+    outs = simulate(
         sent, policy_text, profile=args.profile, speedup=args.speedup, engines=args.engines, seed=args.seed,
-        demoted_by_tier=demoted_by_tier,
+        demoted_by_tier=demoted_by_tier, calls=calls,
     )  # fmt: skip
+    if traces is not None:
+        traces[:] = [calls.get(j.job_id, []) for j in jobs]
+    return outs
 
 
 def summary(outs: list[JobOutcome], span_s: float, bucket_s: float) -> dict[str, Any]:
@@ -263,6 +287,7 @@ def run(args: argparse.Namespace) -> int:
         sims: dict[str, dict[str, Any]] = {}
         hosts: dict[str, HostLoad] = {}
         sim_by_job: dict[str, list[JobOutcome]] = {}
+        sim_traces: dict[str, list[list[CallTrace]]] = {}
         bucket_s = max(1.0, workload.duration_s / 30)
         fleets = (
             ("slofleet", args.policy, args.routing),
@@ -271,7 +296,10 @@ def run(args: argparse.Namespace) -> int:
         for label, engine_policy, routing in fleets:  # first, so it never competes with a live run
             print(f"== {label}: simulating {len(jobs)} jobs (core FleetSim)", file=sys.stderr)
             sim_demoted: dict[str, int] = {}
-            sim_outs = simulated(jobs, demo_policy(scale, engine_policy, routing), args, sim_demoted)
+            sim_traces[label] = []
+            sim_outs = simulated(
+                jobs, demo_policy(scale, engine_policy, routing), args, sim_demoted, sim_traces[label]
+            )
             sim_by_job[label] = sim_outs
             sims[label] = {"engine_policy": engine_policy, "routing": routing, "demoted_by_tier": sim_demoted,
                            **summary(sim_outs, workload.duration_s, bucket_s=bucket_s)}  # fmt: skip
@@ -305,7 +333,9 @@ def run(args: argparse.Namespace) -> int:
                     sim_by_job[label],
                     [j.tier for j in jobs],
                     late=[lag > late_s for lag in result["send_lags_s"]],
+                    traces=(result["traces"], sim_traces[label]),
                 ),
+                "demotion_timing": demotion_timing(result["traces"], sim_traces[label]),
             }
     except (ValueError, FleetError) as exc:
         print(f"slofleet demo: {exc}", file=sys.stderr)

@@ -25,6 +25,7 @@ import openai
 from slo_core.gain import GOODPUT_FUNCTIONS, Delivery, GainParams, ideal_gain
 from slo_core.metrics.summary import JobOutcome
 from slo_core.slo import RequestKind
+from slo_core.wire.request_slo import SERVED_TIER_HEADER
 from slo_core.workloads.jobs import Job
 
 CHAT_FRAMING_TOKENS = 8  # BOS + one message (4) + assistant header (3), engine-sim's chat count
@@ -46,6 +47,19 @@ class CallRecord:
     status: str = "ok"  # ok | rejected | dropped | error
     error: str = ""
     finish_reason: str | None = None  # the engine's, as the last event or the response said
+    tier: str | None = None  # the tier that served the call, as the router's answer said (x-slo-tier)
+    stage: int | None = None  # a compound call's stage
+
+
+@dataclass(frozen=True, slots=True)
+class CallTrace:
+    """One request, or one call of a compound job, as it was sent to the router: its stage (None for a
+    single request), when (seconds from the run's start) and whether the router demoted it. The
+    simulator's side is built the same way (:func:`slo_lab.localfleet.simulate.simulate`)."""
+
+    stage: int | None
+    sent_s: float
+    demoted: bool
 
 
 @dataclass
@@ -54,6 +68,13 @@ class JobRecord:
     calls: list[CallRecord] = field(default_factory=list)
     completed: bool = False
     send_lag_s: float = 0.0  # how late the client sent the job against its trace arrival (host load)
+
+    def traces(self, start_s: float) -> list[CallTrace]:
+        """The job's calls as sent (times from ``start_s``, the replay's start)."""
+        return [
+            CallTrace(c.stage, c.sent_s - start_s, c.tier is not None and c.tier != self.job.tier)
+            for c in self.calls
+        ]
 
     @property
     def status(self) -> str:
@@ -101,7 +122,7 @@ class Replayer:
         self.clock = clock
 
     async def _stream_chat(self, job: Job, rec: CallRecord, prompt_tokens: int, out_tokens: int) -> None:
-        stream = await self.client.chat.completions.create(
+        raw = await self.client.chat.completions.with_raw_response.create(
             model=self.model,
             messages=[{"role": "user", "content": filler_prompt(prompt_tokens, chat=True)}],
             max_tokens=out_tokens,
@@ -110,6 +131,8 @@ class Replayer:
             extra_body={"ignore_eos": True},
             extra_headers=_headers(job),
         )
+        rec.tier = raw.headers.get(SERVED_TIER_HEADER)
+        stream = raw.parse()
         used = 0
         async for chunk in stream:
             if chunk.choices and chunk.choices[0].delta.content:
@@ -125,20 +148,22 @@ class Replayer:
     async def _complete(
         self, job: Job, rec: CallRecord, prompt_tokens: int, out_tokens: int, stage: int | None
     ) -> None:
-        out = await self.client.completions.create(
+        raw = await self.client.completions.with_raw_response.create(
             model=self.model,
             prompt=filler_prompt(prompt_tokens, chat=False),
             max_tokens=out_tokens,
             extra_body={"ignore_eos": True},
             extra_headers=_headers(job, stage),
         )
+        rec.tier = raw.headers.get(SERVED_TIER_HEADER)
+        out = raw.parse()
         now = self.clock()
         rec.finish_reason = out.choices[0].finish_reason if out.choices else None
         n = out.usage.completion_tokens if out.usage is not None else 0
         rec.token_times_s.extend([now] * n)
 
     async def _call(self, job: Job, prompt_tokens: int, out_tokens: int, stage: int | None) -> CallRecord:
-        rec = CallRecord(sent_s=self.clock())
+        rec = CallRecord(sent_s=self.clock(), stage=stage)
         try:
             if job.slo.kind is RequestKind.LATENCY:
                 await self._stream_chat(job, rec, prompt_tokens, out_tokens)

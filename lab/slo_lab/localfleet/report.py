@@ -6,6 +6,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from slo_lab.localfleet.replay import CallTrace
+
 ROWS = (
     ("token goodput (ratio of ideal)", "goodput_token_ratio", "{:.1%}"),
     ("token goodput (weighted tokens/s)", "goodput_token_per_s", "{:.1f}"),
@@ -186,6 +188,10 @@ def comparison(live: dict[str, dict[str, Any]], sim: dict[str, dict[str, Any]]) 
             f"{'∞' if rl is None else fr.format(rl)}, simulated {'∞' if rs is None else fr.format(rs)} "
             f"({'same way round' if same else 'NOT the same way round'})."
         )
+    for lab in labels:
+        line = describe_demotion_timing(lab, live[lab].get("demotion_timing"))
+        if line:
+            text += "\n" + line
     text += (
         f"\nEvery tier within {WITHIN_POINTS:g} points of the simulator: "
         f"{'yes' if verdict['tiers_within'] else 'NO'} "
@@ -195,20 +201,27 @@ def comparison(live: dict[str, dict[str, Any]], sim: dict[str, dict[str, Any]]) 
 
 
 def job_differences(
-    jobs: list[str], live: list[Any], sim: list[Any], tiers: list[str], late: list[bool] | None = None
+    jobs: list[str],
+    live: list[Any],
+    sim: list[Any],
+    tiers: list[str],
+    *,
+    late: list[bool] | None = None,
+    traces: tuple[list[list[CallTrace]], list[list[CallTrace]]] | None = None,
 ) -> dict[str, Any]:
     """Where live and simulated outcomes of the same jobs disagree (outcomes aligned with ``jobs``):
     per tier, jobs that met their SLO on one side only and jobs refused on one side only, so a gap in
     the table can be traced to the requests behind it. ``late``: whether the client sent each job late
     (the host, not the fleet); jobs met in simulation only that were also sent late are listed again
-    under ``met_sim_only_sent_late``."""
+    under ``met_sim_only_sent_late``. ``traces`` (live, simulated; each job's calls as sent): jobs the
+    router demoted (any call) on one side only."""
     diff: dict[str, Any] = {}
     for i, (job_id, tier, a, b) in enumerate(zip(jobs, tiers, live, sim, strict=True)):
         met_a, met_b = a.gains["request"] > 0, b.gains["request"] > 0
         row = diff.setdefault(
             tier,
             {"met_live_only": [], "met_sim_only": [], "met_sim_only_sent_late": [], "rejected_live_only": [],
-             "rejected_sim_only": []},
+             "rejected_sim_only": [], "demoted_live_only": [], "demoted_sim_only": []},
         )  # fmt: skip
         if met_a != met_b:
             row["met_live_only" if met_a else "met_sim_only"].append(job_id)
@@ -216,7 +229,65 @@ def job_differences(
                 row["met_sim_only_sent_late"].append(job_id)
         if a.rejected != b.rejected:
             row["rejected_live_only" if a.rejected else "rejected_sim_only"].append(job_id)
+        if traces is not None:
+            dem_a = any(c.demoted for c in traces[0][i])
+            dem_b = any(c.demoted for c in traces[1][i])
+            if dem_a != dem_b:
+                row["demoted_live_only" if dem_a else "demoted_sim_only"].append(job_id)
     return diff
+
+
+def describe_demotion_timing(label: str, timing: dict[str, Any] | None) -> str:
+    """One line: demoted calls on each side and the live client's send lag behind the simulator, for the
+    calls demoted live only against all calls (empty when nothing was demoted)."""
+    if not timing or not (timing["calls_demoted"]["live"] or timing["calls_demoted"]["sim"]):
+        return ""
+    n = timing["calls_demoted"]
+
+    def lag(key: str) -> str:
+        st = timing[key]
+        return "–" if not st["n"] else f"{st['median_s']:+.2f} s (max {st['max_s']:+.2f} s, {st['n']} calls)"
+
+    return (
+        f"{label} demoted calls: {n['live']} live, {n['sim']} simulated, {n['both']} the same call; sent "
+        f"later live than simulated, median: demoted live only {lag('send_lag_demoted_live_only')}, "
+        f"every call {lag('send_lag_all_calls')}."
+    )
+
+
+def demotion_timing(live: list[list[CallTrace]], sim: list[list[CallTrace]]) -> dict[str, Any]:
+    """Demoted calls on each side, and how much later the live client sent them than the simulator
+    released the same call (same job, stage and position): if calls demoted live only were sent much
+    later than the simulator sent them, the lag (the host, the client's round trips) and not the
+    routing rule explains the extra demotions. Lags in seconds of the run's clock."""
+
+    def stats(xs: list[float]) -> dict[str, float | int]:
+        if not xs:
+            return {"n": 0}
+        ys = sorted(xs)
+        return {"n": len(ys), "median_s": ys[len(ys) // 2], "max_s": ys[-1], "mean_s": sum(ys) / len(ys)}
+
+    counts = {"live": 0, "sim": 0, "both": 0}
+    lag_all: list[float] = []
+    lag: dict[str, list[float]] = {"live_only": [], "sim_only": [], "both": []}
+    for a_calls, b_calls in zip(live, sim, strict=True):
+        counts["live"] += sum(c.demoted for c in a_calls)
+        counts["sim"] += sum(c.demoted for c in b_calls)
+        for a, b in zip(a_calls, b_calls, strict=False):  # a live job that failed stops early
+            if a.stage != b.stage:
+                break
+            d = a.sent_s - b.sent_s
+            lag_all.append(d)
+            if a.demoted and b.demoted:
+                counts["both"] += 1
+                lag["both"].append(d)
+            elif a.demoted or b.demoted:
+                lag["live_only" if a.demoted else "sim_only"].append(d)
+    return {
+        "calls_demoted": counts,
+        "send_lag_all_calls": stats(lag_all),
+        **{f"send_lag_demoted_{k}": stats(v) for k, v in lag.items()},
+    }
 
 
 def describe_differences(label: str, diff: dict[str, Any], examples: int = 4) -> str:

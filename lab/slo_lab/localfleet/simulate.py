@@ -20,6 +20,7 @@ from slo_core.sim.analyzer import SimAnalyzer
 from slo_core.sim.engine_types import EngineConfig
 from slo_core.sim.fleet import FleetSim, ReplicaSpec, SimConfig
 from slo_core.workloads.jobs import Job
+from slo_lab.localfleet.replay import CallTrace
 
 
 def engine_profile(profile: str, speedup: float) -> PerfProfile:
@@ -51,11 +52,14 @@ def simulate(
     seed: int,
     max_num_seqs: int = 256,
     demoted_by_tier: dict[str, int] | None = None,
+    calls: dict[str, list[CallTrace]] | None = None,
 ) -> list[JobOutcome]:
     """Every job's outcome in the simulator (one SimEngine per live engine, the policy's routing), in
     the order of ``jobs`` (so live and simulated outcomes of one job can be compared).
     ``demoted_by_tier`` (when given) gets how many requests or calls of each tier the router demoted
-    to best effort, as the live router counts them (``slofleet_router_downgraded``)."""
+    to best effort, as the live router counts them (``slofleet_router_downgraded``); ``calls`` (when
+    given) gets each job's requests or calls as sent (stage, time, demoted or not), as the replay's
+    records show the live ones (:meth:`~slo_lab.localfleet.replay.JobRecord.traces`)."""
     runtime = parse_policy(policy_text, "demo policy").spec.runtime()
     perf = engine_profile(profile, speedup)
     replicas = [ReplicaSpec(perf, EngineConfig(max_num_seqs=max_num_seqs))] * engines
@@ -69,6 +73,12 @@ def simulate(
     result = sim.run(jobs)
     if demoted_by_tier is not None:
         demoted_by_tier.update(result.demoted_by_tier)
+    if calls is not None:
+        demoted = set(result.demoted_ids)
+        for r in result.requests:
+            job_id = r.request_id if r.program is None else r.program.program_id
+            stage = None if r.program is None else r.stage
+            calls.setdefault(job_id, []).append(CallTrace(stage, r.arrival_s, r.request_id in demoted))
     outs = job_outcomes(result)
     # job_outcomes lists single requests first, then programs
     ids = [r.request_id for r in result.requests if r.program is None]

@@ -88,8 +88,12 @@ def headers_continue() -> pb.ProcessingResponse:
     return pb.ProcessingResponse(request_headers=pb.HeadersResponse(response=pb.CommonResponse()))
 
 
-def response_headers_continue() -> pb.ProcessingResponse:
-    return pb.ProcessingResponse(response_headers=pb.HeadersResponse(response=pb.CommonResponse()))
+def response_headers_continue(set_headers: Mapping[str, str] | None = None) -> pb.ProcessingResponse:
+    """The pod's response headers passed on, with ``set_headers`` set on them (e.g. the served tier)."""
+    common = (
+        pb.CommonResponse(header_mutation=_mutation(set_headers, ())) if set_headers else pb.CommonResponse()
+    )
+    return pb.ProcessingResponse(response_headers=pb.HeadersResponse(response=common))
 
 
 def response_body_continue(chunk: bytes | None, end: bool) -> pb.ProcessingResponse:

@@ -23,6 +23,7 @@ from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1.health import aio as health_aio
 
+from slo_core.wire.request_slo import SERVED_TIER_HEADER
 from slo_router.app import RouterState
 from slo_router.errors import APIError
 from slo_router.extproc import messages as m
@@ -84,9 +85,10 @@ class EndpointPicker(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
             return [*out, pb.ProcessingResponse(request_trailers=pb.TrailersResponse())]
         if which == "response_headers":
             self._observe_status(ex, m.header_map(req.response_headers).get(":status", ""))
+            served = {SERVED_TIER_HEADER: ex.picked.tier} if ex.picked is not None else None
             if req.response_headers.end_of_stream:
                 self._release(ex)
-            return [m.response_headers_continue()]
+            return [m.response_headers_continue(served)]
         if which == "response_body":
             end = req.response_body.end_of_stream
             if end:

@@ -84,6 +84,8 @@ async def test_recorded_envoy_stream_gets_the_destination_and_the_routers_header
     body = answers[1].request_body.response.body_mutation.streamed_response
     assert body.end_of_stream and "slo" not in json.loads(body.body)
     assert hdrs["content-length"] == str(len(body.body))
+    # the client's answer says which tier served it, as the router's own front door does
+    assert set_headers(answers[2].response_headers.response) == {"x-slo-tier": "batch"}
     recorded_chunk = load_recording(RECORDING)[4].response_body.body
     assert answers[3].response_body.response.body_mutation.streamed_response.body == recorded_chunk
     assert not state.endpoints["a"].sent  # released at the response's end

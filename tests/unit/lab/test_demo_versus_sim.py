@@ -302,3 +302,103 @@ def test_the_router_sizes_the_replays_prompts_as_the_engine_counts_them(chat: bo
         assert engine == n
         body = {"messages": [{"role": "user", "content": text}]} if chat else {"prompt": text}
         assert estimate_body_prompt_tokens(body) == n
+
+
+async def test_the_replay_records_the_tier_each_call_was_served_in() -> None:
+    # The router's answers say which tier served a request (x-slo-tier); the replay keeps it per call,
+    # so a job the live router demoted can be matched to the simulator's demotions of the same job.
+    import json
+    import time
+
+    import httpx
+    import openai
+
+    from slo_lab.localfleet.replay import CallTrace, Replayer
+
+    compound = next(j for j in _jobs() if j.slo.kind.value == "compound" and len(j.stages or ()) > 1)
+    latency = next(j for j in _jobs() if j.slo.kind.value == "latency")
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        body = json.loads(request.content)
+        n = body["max_tokens"]
+        usage = {"prompt_tokens": 1, "completion_tokens": n, "total_tokens": n + 1}
+        # the router demotes stage 1 of the program, and serves everything else as asked
+        served = "best-effort" if request.headers.get("x-slo-stage") == "1" else request.headers["x-slo-tier"]
+        if body.get("stream"):
+            chunk = {"id": "c", "object": "chat.completion.chunk", "created": 0, "model": "m",
+                     "choices": [{"index": 0, "delta": {"content": "x"}, "finish_reason": None}]}  # fmt: skip
+            last = {"id": "c", "object": "chat.completion.chunk", "created": 0, "model": "m", "choices": [],
+                    "usage": usage}  # fmt: skip
+            text = "".join(f"data: {json.dumps(c)}\n\n" for c in [chunk] * n + [last]) + "data: [DONE]\n\n"
+            return httpx.Response(
+                200, text=text, headers={"content-type": "text/event-stream", "x-slo-tier": served}
+            )
+        return httpx.Response(200, headers={"x-slo-tier": served}, json={
+            "id": "c", "object": "text_completion", "created": 0, "model": "m",
+            "choices": [{"index": 0, "text": "x" * n, "finish_reason": "length"}], "usage": usage,
+        })  # fmt: skip
+
+    http = httpx.AsyncClient(transport=httpx.MockTransport(answer))
+    client = openai.AsyncOpenAI(base_url="http://fleet/v1", api_key="k", http_client=http, max_retries=0)
+    replayer = Replayer(client, "m", time.monotonic)
+    start = time.monotonic()
+    program = await replayer.run_job(replace(compound, arrival_s=0.0), start)
+    chat = await replayer.run_job(replace(latency, arrival_s=0.0), start)
+    await http.aclose()
+    assert program.completed and chat.completed
+    traces = program.traces(start)
+    assert [c.stage for c in traces] == [s for s, calls in enumerate(compound.stages or ()) for _ in calls]
+    assert [c.demoted for c in traces] == [c.stage == 1 for c in traces]
+    assert all(c.sent_s >= 0 for c in traces)
+    assert chat.traces(start) == [CallTrace(None, chat.calls[0].sent_s - start, False)]
+    assert chat.calls[0].tier == latency.tier
+
+
+def test_demotions_are_matched_per_job_and_timed_against_the_simulator() -> None:
+    from slo_lab.localfleet.replay import CallTrace
+    from slo_lab.localfleet.report import demotion_timing, describe_demotion_timing
+
+    jobs = _jobs(4.0)[:3]
+    policy = demo_policy(2.0, "fcfs", "round-robin")
+    outs = simulate(jobs, policy, profile=DEFAULT_PROFILE, speedup=0.5, engines=1, seed=0)
+    ids, tiers = [j.job_id for j in jobs], [j.tier for j in jobs]
+    sim = [[CallTrace(0, 1.0, False), CallTrace(1, 3.0, False)], [CallTrace(None, 2.0, True)], []]
+    live = [[CallTrace(0, 1.1, False), CallTrace(1, 3.5, True)], [CallTrace(None, 2.2, True)], []]
+    diff = job_differences(ids, outs, outs, tiers, traces=(live, sim))
+    assert diff[tiers[0]]["demoted_live_only"] == [ids[0]]
+    assert all(not diff[t]["demoted_sim_only"] for t in diff)
+    assert ids[1] not in diff[tiers[1]]["demoted_live_only"]  # demoted on both sides
+    timing = demotion_timing(live, sim)
+    assert timing["calls_demoted"] == {"live": 2, "sim": 1, "both": 1}
+    assert timing["send_lag_demoted_live_only"]["n"] == 1
+    assert timing["send_lag_demoted_live_only"]["median_s"] == pytest.approx(0.5)
+    assert timing["send_lag_all_calls"]["n"] == 3
+    assert timing["send_lag_all_calls"]["median_s"] == pytest.approx(0.2)
+    line = describe_demotion_timing("slofleet", timing)
+    assert line.startswith("slofleet demoted calls: 2 live, 1 simulated, 1 the same call;")
+    assert "demoted live only +0.50 s" in line
+    assert describe_demotion_timing("stock", demotion_timing([[]], [[]])) == ""
+
+
+def test_the_simulators_call_traces_show_the_demotions_it_counts() -> None:
+    # overload one engine for a moment: the demo's policy demotes what it cannot serve in time, and the
+    # per-job traces the demo compares with the live run carry exactly those demotions
+    spec = WorkloadSpec(
+        trace="azure-conv-2023", rps=48.0, duration_s=10.0, mix=parse_mix("1:1:1"), slo_scale=2.0,
+        max_tokens=256, seed=0,
+    )  # fmt: skip
+    jobs = [_capped(j, 256, 3000) for j in build_workload(spec) if j.total_output_tokens > 0]
+    demoted: dict[str, int] = {}
+    from slo_lab.localfleet.replay import CallTrace
+
+    calls: dict[str, list[CallTrace]] = {}
+    simulate(
+        jobs, demo_policy(2.0, "gmax", "go-routing"), profile=DEFAULT_PROFILE, speedup=0.5, engines=1,
+        seed=0, demoted_by_tier=demoted, calls=calls,
+    )  # fmt: skip
+    traced = sum(c.demoted for v in calls.values() for c in v)
+    assert traced == sum(demoted.values()) > 0
+    assert set(calls) == {j.job_id for j in jobs}
+    assert sum(len(v) for v in calls.values()) == sum(
+        1 if j.stages is None else sum(len(s) for s in j.stages) for j in jobs
+    )

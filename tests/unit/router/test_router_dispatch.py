@@ -135,8 +135,12 @@ async def test_policy_may_move_infeasible_requests_to_the_best_effort_tier() -> 
     r = await client.post("/v1/completions", json=BODY, headers=H)
     assert r.status_code == 200
     assert seen[0].headers["x-slo-tier"] == "spare"
+    assert r.headers["x-slo-tier"] == "spare"  # the client sees the demotion on the answer
     assert state.metrics.downgraded.labels("gold", "t", "m")._value.get() == 1
     assert state.metrics.requests.labels("spare", "t", "m", "ok")._value.get() == 1
+    a.view = busy_view("a", 100.0, n=0)  # room again: served in the tier it asked for, and told so
+    r = await client.post("/v1/completions", json={**BODY, "stream": True}, headers=H)
+    assert r.status_code == 200 and r.headers["x-slo-tier"] == "gold"
 
 
 async def test_session_affinity_sticks_and_prefix_affinity_agrees_across_routers() -> None:

@@ -138,6 +138,7 @@ def test_a_request_demoted_to_best_effort_is_judged_against_the_slo_it_asked_for
     res = sim.run([Job("r", 0.0, asked, prompt_tokens=500, output_tokens=3, tier="chat")])
     assert res.demoted_by_router == 1 and res.requests[0].state == FINISHED
     assert res.demoted_by_tier == {"chat": 1}  # counted under the tier it asked for, as the router counts
+    assert res.demoted_ids == ["r"]  # which one, so a live run's demotions can be matched to it
     assert res.requests[0].slo.kind is RequestKind.BEST_EFFORT  # it ran on best effort ...
     (out,) = job_outcomes(res)
     assert out.tier == "chat" and out.kind == "latency"  # ... but is reported as what it asked for
