@@ -30,7 +30,14 @@ is the paper's form on every replica.
 **Late requests (a deviation).** A queued request whose first token is already past due has no time
 left to budget for (it gains nothing either way), so it does not set ``t_budget``: counted, one such
 request pinned the budget at η, below one step of a few hundred decodes, and the replica looked
-infinitely slow to every arrival (on the demo's workload this demoted 150 deep-research calls).
+infinitely slow to every arrival (on the demo's workload this demoted 150 deep-research calls). The
+same holds for a request due sooner than one iteration of the replica's decodes plus its own prefill
+(``remain_r ≤ t_c + n_d·b_d + exec_r``): it cannot get its first token in time whatever is routed
+there. Counted, one such request (due within the next ~25 ms while ~180 requests decode) left
+``t_budget − t_c − n_d·b_d`` negative at that moment, and every deep-research call routed then was
+demoted; which moments those were depended on how stale the router's snapshot was, so the live demo
+demoted 10–18 calls where the simulator demoted 4, none of them the same (``slofleet demo``,
+2026-11-29).
 """
 
 from __future__ import annotations
@@ -131,8 +138,12 @@ class GoRouting(BaseRouterPolicy):
         remains = [first_token_due_s(r) - now_s for r in queue]
         execs = [prefill_core_s(prof, max(1, remaining_prompt_tokens(r)), r.computed_tokens) for r in queue]
         weights = [self.params.first_token_weight * r.priority_weight for r in queue]
-        t_budget = max(self.params.eta_s, min([*(x for x in remains if x > 0), *tpots], default=0.0))
-        capacity = t_budget - t_c - n_d * b_d
+        step_s = t_c + n_d * b_d  # one iteration of the replica's decodes, before any prefill
+        # a queued request that cannot get its first token in time even if its prefill ran alone in the
+        # next iteration is late: it does not set the budget (module docstring, "Late requests")
+        live = (x for x, e in zip(remains, execs, strict=True) if x > step_s + e)
+        t_budget = max(self.params.eta_s, min([*live, *tpots], default=0.0))
+        capacity = t_budget - step_s
         age = max(0.0, now_s - replica.snapshot_s)
         by_due = self.params.queue_order == "engine" and replica.engine_policy in DUE_ORDER_ENGINES
 

@@ -11,6 +11,7 @@ from builders import SMALL_GPU, latency, request
 
 from slo_core.policies.base import ReplicaView, RequestView
 from slo_core.policies.go_routing import GoRouting
+from slo_core.policies.seed_estimates import decode_core_s, overhead_s, prefill_core_s
 from slo_core.routing import RoutingPipeline, SnapshotEndpoint
 from slo_core.runtime_policy import AdmissionRule
 
@@ -113,6 +114,41 @@ def test_a_request_already_past_its_due_time_does_not_shrink_every_other_request
     g = GoRouting()
     assert g.estimate(NEW, with_late, NOW).delta > 0
     assert g.estimate(NEW, with_late, NOW).exec_with_req_s < float("inf")
+
+
+@pytest.mark.parametrize("due_in_s", [0.001, 0.02, 0.036])
+def test_a_request_due_sooner_than_one_decode_iteration_does_not_shrink_the_budget_either(
+    due_in_s: float,
+) -> None:
+    # Not yet past due, but due sooner than one iteration of the pod's 200 decodes plus its own prefill:
+    # it cannot get its first token in time whatever is routed there. Counted, it set the budget below
+    # that iteration and every arrival looked infinitely slow (the live demo demoted each call routed
+    # in such a moment; which moments those were depended on how stale the router's snapshot was).
+    g = GoRouting()
+    pod = replica("p", 2, decoding=200)
+    prof = pod.profile
+    assert prof is not None
+    step_s = overhead_s(prof) + 200 * decode_core_s(prof, 505)  # 35 ms
+    assert due_in_s < step_s + prefill_core_s(prof, 1000, 0), "due sooner than it can be served"
+    soon = dataclasses.replace(req("soon", ttft_s=1.0), arrival_s=NOW - 1.0 + due_in_s)
+    with_soon = dataclasses.replace(pod, waiting=(*pod.waiting, soon))
+    est = g.estimate(NEW, with_soon, NOW)
+    assert est.delta > 0 and est.exec_with_req_s < float("inf")
+    # the budget is what the other requests leave: the same estimate as without the hopeless one, but
+    # for its own prefill queued before the new request
+    without = g.estimate(NEW, pod, NOW)
+    assert without.delta == est.delta and est.exec_with_req_s >= without.exec_with_req_s
+
+
+def test_a_request_that_can_still_make_it_sets_the_budget() -> None:
+    # due in 1 s on a pod whose decode iteration takes a few ms: it can still get its first token, so
+    # it is the tightest budget, and the estimate is the paper's (a smaller budget, a larger EXEC)
+    g = GoRouting()
+    pod = replica("p", 2, decoding=20)
+    tight = dataclasses.replace(req("tight", ttft_s=1.0), arrival_s=NOW)
+    relaxed = g.estimate(NEW, pod, NOW)
+    with_tight = g.estimate(NEW, dataclasses.replace(pod, waiting=(*pod.waiting, tight)), NOW)
+    assert with_tight.exec_with_req_s > relaxed.exec_with_req_s
 
 
 def test_decode_term_and_snapshot_age_change_the_estimate() -> None:
