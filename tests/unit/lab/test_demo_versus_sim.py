@@ -3,10 +3,12 @@ per-job comparison that traces a live-vs-simulated gap to the requests behind it
 
 from __future__ import annotations
 
+import json
 import time
 from dataclasses import replace
 from pathlib import Path
 
+import httpx
 import pytest
 import yaml
 
@@ -26,6 +28,33 @@ def _jobs(duration_s: float = 10.0) -> list[Job]:
         max_tokens=256, seed=0,
     )  # fmt: skip
     return [_capped(j, 256, 3000) for j in build_workload(spec) if j.total_output_tokens > 0]
+
+
+def _engine_answer(
+    stream: bool, n: int, finish: str = "length", headers: dict[str, str] | None = None
+) -> httpx.Response:
+    """An OpenAI answer of ``n`` one-token pieces ending with ``finish``: server-sent chunks (the last one
+    with usage) when ``stream``, else a completion."""
+    usage = {"prompt_tokens": 1, "completion_tokens": n, "total_tokens": n + 1}
+    if stream:
+        head = {"id": "c", "object": "chat.completion.chunk", "created": 0, "model": "m"}
+
+        def chunk(content: str, reason: str | None) -> dict[str, object]:
+            return {**head, "choices": [{"index": 0, "delta": {"content": content}, "finish_reason": reason}]}
+
+        chunks = [
+            *(chunk("x", None) for _ in range(n)),
+            chunk("", finish),
+            {**head, "choices": [], "usage": usage},
+        ]
+        text = "".join(f"data: {json.dumps(c)}\n\n" for c in chunks) + "data: [DONE]\n\n"
+        return httpx.Response(
+            200, text=text, headers={"content-type": "text/event-stream", **(headers or {})}
+        )
+    return httpx.Response(200, headers=headers, json={
+        "id": "c", "object": "text_completion", "created": 0, "model": "m",
+        "choices": [{"index": 0, "text": "x" * n, "finish_reason": finish}], "usage": usage,
+    })  # fmt: skip
 
 
 def test_the_demo_policy_serves_what_it_cannot_serve_in_time_best_effort() -> None:
@@ -90,21 +119,7 @@ async def test_the_simulator_gets_the_max_tokens_the_replay_sends() -> None:
             request.headers.get("x-slo-program-id") or body["prompt" if "prompt" in body else "messages"][:0]
         )
         sent.setdefault(job or request.headers["x-test-job"], []).append(body["max_tokens"])
-        n = body["max_tokens"]
-        usage = {"prompt_tokens": 1, "completion_tokens": n, "total_tokens": n + 1}
-        if body.get("stream"):
-            chunks = [
-                {"id": "c", "object": "chat.completion.chunk", "created": 0, "model": "m",
-                 "choices": [{"index": 0, "delta": {"content": "x"}, "finish_reason": None}]}
-                for _ in range(n)
-            ] + [{"id": "c", "object": "chat.completion.chunk", "created": 0, "model": "m", "choices": [],
-                  "usage": usage}]  # fmt: skip
-            text = "".join(f"data: {json.dumps(c)}\n\n" for c in chunks) + "data: [DONE]\n\n"
-            return httpx.Response(200, text=text, headers={"content-type": "text/event-stream"})
-        return httpx.Response(200, json={
-            "id": "c", "object": "text_completion", "created": 0, "model": "m",
-            "choices": [{"index": 0, "text": "x" * n, "finish_reason": "length"}], "usage": usage,
-        })  # fmt: skip
+        return _engine_answer(bool(body.get("stream")), body["max_tokens"])
 
     http = httpx.AsyncClient(transport=httpx.MockTransport(answer))
     client = openai.AsyncOpenAI(base_url="http://fleet/v1", api_key="k", http_client=http, max_retries=0)
@@ -201,20 +216,7 @@ async def test_a_call_the_engine_let_go_is_counted_dropped_not_an_error(finish: 
     job = replace(next(j for j in _jobs() if j.slo.kind.value == kind), arrival_s=0.0)
 
     def answer(request: httpx.Request) -> httpx.Response:
-        usage = {"prompt_tokens": 1, "completion_tokens": 0, "total_tokens": 1}
-        if json.loads(request.content).get("stream"):
-            chunks = [
-                {"id": "c", "object": "chat.completion.chunk", "created": 0, "model": "m",
-                 "choices": [{"index": 0, "delta": {"content": ""}, "finish_reason": finish}]},
-                {"id": "c", "object": "chat.completion.chunk", "created": 0, "model": "m", "choices": [],
-                 "usage": usage},
-            ]  # fmt: skip
-            text = "".join(f"data: {json.dumps(c)}\n\n" for c in chunks) + "data: [DONE]\n\n"
-            return httpx.Response(200, text=text, headers={"content-type": "text/event-stream"})
-        return httpx.Response(200, json={
-            "id": "c", "object": "text_completion", "created": 0, "model": "m",
-            "choices": [{"index": 0, "text": "", "finish_reason": finish}], "usage": usage,
-        })  # fmt: skip
+        return _engine_answer(bool(json.loads(request.content).get("stream")), 0, finish)
 
     http = httpx.AsyncClient(transport=httpx.MockTransport(answer))
     client = openai.AsyncOpenAI(base_url="http://fleet/v1", api_key="k", http_client=http, max_retries=0)
@@ -320,23 +322,9 @@ async def test_the_replay_records_the_tier_each_call_was_served_in() -> None:
 
     def answer(request: httpx.Request) -> httpx.Response:
         body = json.loads(request.content)
-        n = body["max_tokens"]
-        usage = {"prompt_tokens": 1, "completion_tokens": n, "total_tokens": n + 1}
         # the router demotes stage 1 of the program, and serves everything else as asked
         served = "best-effort" if request.headers.get("x-slo-stage") == "1" else request.headers["x-slo-tier"]
-        if body.get("stream"):
-            chunk = {"id": "c", "object": "chat.completion.chunk", "created": 0, "model": "m",
-                     "choices": [{"index": 0, "delta": {"content": "x"}, "finish_reason": None}]}  # fmt: skip
-            last = {"id": "c", "object": "chat.completion.chunk", "created": 0, "model": "m", "choices": [],
-                    "usage": usage}  # fmt: skip
-            text = "".join(f"data: {json.dumps(c)}\n\n" for c in [chunk] * n + [last]) + "data: [DONE]\n\n"
-            return httpx.Response(
-                200, text=text, headers={"content-type": "text/event-stream", "x-slo-tier": served}
-            )
-        return httpx.Response(200, headers={"x-slo-tier": served}, json={
-            "id": "c", "object": "text_completion", "created": 0, "model": "m",
-            "choices": [{"index": 0, "text": "x" * n, "finish_reason": "length"}], "usage": usage,
-        })  # fmt: skip
+        return _engine_answer(bool(body.get("stream")), body["max_tokens"], headers={"x-slo-tier": served})
 
     http = httpx.AsyncClient(transport=httpx.MockTransport(answer))
     client = openai.AsyncOpenAI(base_url="http://fleet/v1", api_key="k", http_client=http, max_retries=0)
