@@ -15,6 +15,11 @@ from slo_router.discovery import apply_specs, load_endpoints_file, watch_static_
 from slo_router.tenants import KeyStore, load_keys_file
 
 log = logging.getLogger(__name__)
+# uvicorn closes an idle keep-alive connection after 5 s by default, exactly when httpx (the openai
+# SDK's client) expires its own idle ones: a request sent on such a connection as the router closes it
+# fails with "server disconnected" (likely the demo replay's one connection error in ~1,850 calls; its
+# cause was not recorded then). Outlast the clients.
+KEEP_ALIVE_S = 75.0
 
 
 def register(parser: argparse.ArgumentParser) -> None:
@@ -55,6 +60,14 @@ def register(parser: argparse.ArgumentParser) -> None:
         type=float,
         default=10.0,
         help="on SIGTERM, how long requests in flight may take to finish before they are cut",
+    )
+    parser.add_argument(
+        "--keep-alive-s",
+        type=float,
+        default=KEEP_ALIVE_S,
+        help="how long an idle client connection stays open; longer than clients' own idle expiry "
+        "(httpx and the openai SDK: 5 s) and load balancers' (60 s), so the router never closes a "
+        "connection a client is reusing at that moment",
     )
     parser.add_argument(
         "--ext-proc-port",
@@ -207,6 +220,7 @@ def run(args: argparse.Namespace) -> int:
         host=args.host,
         port=args.port,
         log_level="warning",
+        timeout_keep_alive=max(1, round(args.keep_alive_s)),
         timeout_graceful_shutdown=max(1, round(args.shutdown_timeout_s)),
     )
     return 0

@@ -182,7 +182,11 @@ class Replayer:
             rec.status = "rejected" if getattr(exc, "status_code", 0) in (429, 503) else "error"
             rec.error = f"{exc.status_code} {exc.code or type(exc).__name__}: {exc.message[:300]}"
         except (openai.APIError, httpx.HTTPError) as exc:
-            rec.status, rec.error = "error", type(exc).__name__
+            # the transport's own error says which side hung up ("server disconnected ...", a refused
+            # connect, a timeout); the openai wrapper's message alone ("Connection error.") does not
+            cause = exc.__cause__ or exc.__context__
+            why = f" ({type(cause).__name__}: {str(cause)[:160]})" if cause is not None else ""
+            rec.status, rec.error = "error", type(exc).__name__ + why
         return rec
 
     async def run_job(self, job: Job, start_s: float) -> JobRecord:

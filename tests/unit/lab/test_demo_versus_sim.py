@@ -394,3 +394,26 @@ def test_the_simulators_call_traces_show_the_demotions_it_counts() -> None:
         else:
             planned = [s for s, stage in enumerate(j.stages) for _ in stage]
             assert stages == planned[: len(stages)] and stages
+
+
+async def test_a_call_whose_connection_broke_says_which_side_hung_up() -> None:
+    # The openai client wraps every transport failure as APIConnectionError("Connection error."); the
+    # replay's failure reasons keep the transport's own error, so a demo run's one failed call can be
+    # told apart: the router hung up on a reused connection, a refused connect, a timeout.
+    import openai
+
+    from slo_lab.localfleet.replay import Replayer, failure_reasons
+
+    job = replace(next(j for j in _jobs() if j.slo.kind.value == "deadline"), arrival_s=0.0)
+
+    def hang_up(request: httpx.Request) -> httpx.Response:
+        raise httpx.RemoteProtocolError("Server disconnected without sending a response.", request=request)
+
+    http = httpx.AsyncClient(transport=httpx.MockTransport(hang_up))
+    client = openai.AsyncOpenAI(base_url="http://fleet/v1", api_key="k", http_client=http, max_retries=0)
+    record = await Replayer(client, "m", time.monotonic).run_job(job, time.monotonic())
+    await http.aclose()
+    assert record.status == "error"
+    assert failure_reasons([record]) == {
+        "APIConnectionError (RemoteProtocolError: Server disconnected without sending a response.)": 1
+    }

@@ -76,3 +76,26 @@ def test_a_named_policy_needs_kubernetes_and_excludes_a_policy_file(
     config, _ = cli.load_config(named)
     assert config.require_keys and not config.tenants
     assert cli.overrides(config, named).affinity == ("prefix",), "CLI overrides apply to each new version"
+
+
+@pytest.mark.parametrize(("given", "expected"), [(None, cli.KEEP_ALIVE_S), (10, 10)])
+def test_the_router_keeps_idle_client_connections_longer_than_clients_do(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, given: int | None, expected: float
+) -> None:
+    # A server that closes an idle connection when the client expires it races the client's next
+    # request on it ("server disconnected", a failed call): the front door outlasts the clients' idle
+    # expiry (httpx's, which the openai SDK uses) and is told by --keep-alive-s otherwise.
+    import httpx
+    import uvicorn
+
+    (tmp_path / "endpoints.yaml").write_text("endpoints: [{url: 'http://127.0.0.1:9'}]\n")
+    (tmp_path / "policy.yaml").write_text(POLICY)
+    seen: dict[str, object] = {}
+    monkeypatch.setattr(uvicorn, "run", lambda app, **kw: seen.update(kw))
+    extra = {} if given is None else {"keep_alive_s": given}
+    assert cli.run(args(tmp_path, policy_file=tmp_path / "policy.yaml", **extra)) == 0
+    assert seen["timeout_keep_alive"] == expected
+    if given is None:
+        client_expiry = httpx.Limits().keepalive_expiry
+        assert client_expiry is not None and expected > 10 * client_expiry
+        assert expected > 60  # common load balancers' idle timeout
