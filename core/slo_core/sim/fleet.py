@@ -227,7 +227,6 @@ class FleetSim:
         self._seq = 0
         self._idle = [True] * len(self.engines)
         self._rejected_by_router = 0
-        self._demoted_by_router = 0
         self._demoted_by_tier: dict[str, int] = {}
         self._demoted_ids: list[str] = []
         self._reports: dict[int, ReplicaView] = {}
@@ -293,7 +292,7 @@ class FleetSim:
             wall_s=time.perf_counter() - started,
             replica_stats=stats,
             rejected_by_router=self._rejected_by_router,
-            demoted_by_router=self._demoted_by_router,
+            demoted_by_router=len(self._demoted_ids),
             demoted_by_tier=dict(self._demoted_by_tier),
             demoted_ids=list(self._demoted_ids),
         )
@@ -472,7 +471,6 @@ class FleetSim:
             r.slo, r.deadline_at_s = routed.request.slo, routed.request.deadline_at_s
             r.tier = self.pipeline.admission.best_effort_tier or r.tier
             r.view_key = None  # the cached view still carries the old targets
-            self._demoted_by_router += 1
             self._demoted_ids.append(r.request_id)
         elif engine_deadline_at_s is not None and engine_deadline_at_s != r.deadline_at_s:
             r.deadline_at_s = engine_deadline_at_s
