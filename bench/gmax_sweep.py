@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import statistics
 import sys
@@ -472,6 +473,161 @@ def record_numerics(folder: Path) -> dict[tuple[Any, ...], str]:
     return out
 
 
+# Issue 15's "done when", per point: (criterion, the policy GMAX is measured against, the factor)
+CRITERIA: tuple[tuple[str, str, float], ...] = (
+    ("≥ 1.0x the envelope", "envelope", 1.0),
+    ("≥ 0.95x its oracle", "gmax-oracle", 0.95),
+    ("latency-tier attainment ≥ FCFS's", "fcfs-latency", 1.0),
+    ("≥ 2.0x FCFS", "fcfs", 2.0),
+    ("≥ 2.0x Sarathi", "sarathi", 2.0),
+)
+# a paired gap under this many standard errors of the per-seed differences is not told apart by the seeds
+NOISE_SE = 2.0
+
+
+@dataclass(frozen=True)
+class Miss:
+    """One criterion GMAX misses at one point: by how much, per seed, and the class of the reason.
+
+    ``why`` is one of ``unreachable`` (the target exceeds what any schedule can reach: the
+    instant-service ideal, 1.0, or the offline bound, both as means over the seeds), ``seed noise``
+    (the paired per-seed gap to the target is under :data:`NOISE_SE` standard errors, or GMAX meets
+    it in some seeds and misses it in others by less than that) or ``real`` (GMAX is below the target
+    in every seed by more than the seeds' spread)."""
+
+    criterion: str
+    against: str
+    value: float  # GMAX's mean over the reference's mean (attainment: GMAX's minus FCFS's)
+    target: float
+    per_seed: tuple[float, ...]  # the same, seed by seed (paired)
+    gap_units: str  # the mean shortfall in the objective's own units ("1.3 requests a run"), or ""
+    why: str
+    detail: str
+
+
+_UNITS = {"request": ("goodput_request", "requests"), "token": ("goodput_token", "tokens")}
+
+
+def _paired(xs: dict[int, float], ys: dict[int, float]) -> list[int]:
+    return sorted(set(xs) & set(ys))
+
+
+def point_misses(
+    by_seed: dict[str, dict[int, dict[str, Any]]], objective: str, bound: float | None
+) -> list[Miss]:
+    """The criteria of :data:`CRITERIA` that GMAX misses at one point.
+
+    ``by_seed``: policy → seed → record; ``bound``: the offline bound's mean ratio over the seeds
+    (None where it is not defined). Every comparison is of means over the seeds the two policies
+    share, and the per-seed values are paired by seed. A criterion whose reference policy has no
+    records at the point is not judged."""
+    col = f"goodput_{objective}_ratio"
+
+    def values(pol: str) -> dict[int, float]:
+        return {s: float(r[col]) for s, r in by_seed.get(pol, {}).items() if r.get(col) is not None}
+
+    def latency(pol: str) -> dict[int, float]:
+        out = {}
+        for s, r in by_seed.get(pol, {}).items():
+            kind = r.get("by_kind", {}).get("latency")
+            if kind is not None:
+                out[s] = float(kind["attainment"])
+        return out
+
+    gmax = values("gmax")
+    if not gmax:
+        return []
+    means = {p: statistics.fmean(v.values()) for p in by_seed if (v := values(p))}
+    others = {p: m for p, m in means.items() if p not in {"gmax", "gmax-oracle"}}
+    ceiling = min(1.0, bound) if bound is not None else 1.0
+    misses: list[Miss] = []
+    for criterion, against, factor in CRITERIA:
+        if against == "fcfs-latency":
+            mine, ref = latency("gmax"), latency("fcfs")
+            seeds = _paired(mine, ref)
+            if not seeds:
+                continue
+            diffs = [mine[s] - ref[s] for s in seeds]
+            value = statistics.fmean(mine[s] for s in seeds) - statistics.fmean(ref[s] for s in seeds)
+            if value >= 0:
+                continue
+            misses.append(Miss(criterion, "fcfs", value, 0.0, tuple(diffs), "", _noise_class(diffs, 0.0), ""))
+            continue
+        name = max(others, key=lambda p: others[p]) if against == "envelope" and others else against
+        ref = values(name)
+        seeds = _paired(gmax, ref)
+        if not seeds:
+            continue
+        g_mean = statistics.fmean(gmax[s] for s in seeds)
+        r_mean = statistics.fmean(ref[s] for s in seeds)
+        value = g_mean / r_mean if r_mean > 0 else math.inf
+        if value >= factor:
+            continue
+        per_seed = tuple(gmax[s] / ref[s] if ref[s] > 0 else math.inf for s in seeds)
+        # paired gap to the target in the objective's ratio: gmax_s - factor * ref_s
+        diffs = [gmax[s] - factor * ref[s] for s in seeds]
+        units = ""
+        if objective in _UNITS:
+            field, unit = _UNITS[objective]
+            rows_g, rows_r = by_seed["gmax"], by_seed[name]
+            if all(field in rows_g[s] and field in rows_r[s] for s in seeds):
+                short = statistics.fmean(factor * rows_r[s][field] - rows_g[s][field] for s in seeds)
+                units = f"{short:,.1f} {unit} a run"
+        target_mean = factor * r_mean
+        if target_mean > ceiling:
+            what = "the instant-service ideal" if ceiling >= 1.0 else "the offline bound"
+            why, detail = "unreachable", f"{factor:g}x {name} = {target_mean:.4f} > {ceiling:.4f} ({what})"
+        else:
+            why = _noise_class(diffs, 0.0)
+            met = sum(1 for d in diffs if d >= 0)
+            detail = f"needs {target_mean:.4f} (ceiling {ceiling:.3f}); met in {met} of {len(diffs)} seeds"
+        label = f"{name} (envelope)" if against == "envelope" else name
+        misses.append(Miss(criterion, label, value, factor, per_seed, units, why, detail))
+    return misses
+
+
+def _noise_class(diffs: list[float], target: float) -> str:
+    """``seed noise`` when the mean of the paired differences falls short of ``target`` by less than
+    :data:`NOISE_SE` standard errors (one seed: never), else ``real``."""
+    if len(diffs) < 2:
+        return "real"
+    gap = target - statistics.fmean(diffs)
+    se = statistics.stdev(diffs) / math.sqrt(len(diffs))
+    return "seed noise" if gap < NOISE_SE * se else "real"
+
+
+def misses_section(rows: list[tuple[str, str, list[Miss]]], judged: int) -> list[str]:
+    """The tables' account of every criterion missed: ``rows`` holds (point, load, misses) per
+    point-objective; ``judged`` the number of (point, criterion) pairs with records to judge."""
+    flat = [(point, load, m) for point, load, ms in rows for m in ms]
+    count = defaultdict(int)
+    for _, _, m in flat:
+        count[m.why] += 1
+    lines = [
+        "## Where GMAX misses a criterion, by how much, and why",
+        "",
+        f"Criteria judged: {judged} (point-objective × criterion with records); missed: {len(flat)} "
+        f"({', '.join(f'{n} {why}' for why, n in sorted(count.items())) or 'none'}). `value`: GMAX's mean "
+        "over the other's mean (latency: GMAX's attainment minus FCFS's); `per seed`: the same, paired by "
+        "seed. `unreachable`: the target is above the instant-service ideal (1.0) or the offline bound, so "
+        "no schedule reaches it; `seed noise`: the paired per-seed gap to the target is within "
+        f"{NOISE_SE:g} standard errors (the seeds cannot tell GMAX from the target); `real`: below it beyond "
+        "the seeds' spread.",
+        "",
+        "| point | load | criterion | against | value | target | per seed | short by | why | detail |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for point, load, m in flat:
+        digits = 4 if m.criterion.startswith("≥ 1.0x") else 3
+        seeds = " / ".join(f"{x:.{digits}f}" for x in m.per_seed)
+        lines.append(
+            f"| {point} | {load} | {m.criterion} | {m.against} | {m.value:.{digits}f} | {m.target:g} | "
+            f"{seeds} | {m.gap_units or '–'} | {m.why} | {m.detail or '–'} |"
+        )
+    lines.append("")
+    return lines
+
+
 def table_records(folders: list[Path], first_only: frozenset[str] = frozenset()) -> list[dict[str, Any]]:
     """The records of every folder, each run once: a run (family, replicas, rate, objective, policy,
     seed) recorded in several folders is taken from the first folder listed that has it (a later
@@ -528,6 +684,11 @@ def tables(args: argparse.Namespace) -> int:
     made_with: dict[tuple[str, str, str], int] = defaultdict(int)
     for r in records:
         made_with[(r["policy"], r["numerics"], r["folder"])] += 1
+    heaviest: dict[tuple[str, int], float] = defaultdict(float)
+    for family, replicas, rps, _ in groups:
+        heaviest[(family, replicas)] = max(heaviest[(family, replicas)], rps)
+    missed: list[tuple[str, str, list[Miss]]] = []
+    judged = 0
     for key in sorted(groups):
         family, replicas, rps, objective = key
         rs = groups[key]
@@ -584,6 +745,15 @@ def tables(args: argparse.Namespace) -> int:
                 f"| {_mean_spread(vals(pol, 'attainment'))} | {_mean_spread(lat(pol))} | {env} | {ob} |"
             )
         lines.append("")
+        by_seed: dict[str, dict[int, dict[str, Any]]] = defaultdict(dict)
+        for r in rs:
+            by_seed[r["policy"]][r["seed"]] = r
+        if "gmax" in by_seed:
+            refs = {"gmax-oracle", "fcfs", "sarathi"} & set(by_seed)
+            judged += len(refs) + (1 if "fcfs" in by_seed else 0) + (1 if best else 0)
+            load = "overload" if rps == heaviest[(family, replicas)] else "light"
+            point = f"{family} x{replicas} {rps:g} req/s {objective}"
+            missed.append((point, load, point_misses(by_seed, objective, bound)))
         g = means.get("gmax")
         if g is not None:
 
@@ -614,7 +784,8 @@ def tables(args: argparse.Namespace) -> int:
         *(f"| {pol} | {label} | {n} | {folder} |" for (pol, label, folder), n in sorted(made_with.items())),
         "",
     ]
-    text = "\n".join([*lines[:4], *summary, "", *provenance, *lines[4:]]) + "\n"
+    account = misses_section(missed, judged)
+    text = "\n".join([*lines[:4], *summary, "", *account, *provenance, *lines[4:]]) + "\n"
     (out / "tables.md").write_text(text, encoding="utf-8")
     print(text)
     return 0

@@ -271,3 +271,86 @@ def test_table_records_say_which_numerics_made_each_record(tmp_path: Path) -> No
         ("gmax", "request"): "numpy AVX-512",
         ("fcfs", "token"): "unrecorded",
     }
+
+
+def _point(objective: str = "request", **by_policy: list[float]) -> dict[str, dict[int, dict[str, Any]]]:
+    """policy → seed → a record with the objective's ratio (and 100 jobs' worth of counts)."""
+    out: dict[str, dict[int, dict[str, Any]]] = {}
+    for policy, xs in by_policy.items():
+        pol = policy.replace("_", "-")
+        out[pol] = {
+            s: {
+                f"goodput_{objective}_ratio": x,
+                f"goodput_{objective}": 100.0 * x,
+                "by_kind": {"latency": {"attainment": 1.0}},
+            }
+            for s, x in enumerate(xs)
+        }
+    return out
+
+
+def test_a_point_gmax_wins_everywhere_misses_nothing() -> None:
+    mod = _sweep()
+    point = _point(
+        gmax=[0.9, 0.92, 0.91], gmax_oracle=[0.9, 0.9, 0.9], fcfs=[0.4, 0.41, 0.39], sarathi=[0.3] * 3
+    )
+    assert mod.point_misses(point, "request", 1.0) == []
+
+
+def test_misses_say_by_how_much_per_seed_and_why() -> None:
+    mod = _sweep()
+    # the envelope (edf) is ahead by one request in one seed of three: the seeds cannot tell them apart
+    tie = _point(
+        gmax=[0.99, 1.0, 0.98],
+        edf=[0.99, 1.0, 0.99],
+        gmax_oracle=[0.99] * 3,
+        fcfs=[0.45] * 3,
+        sarathi=[0.3] * 3,
+    )
+    (miss,) = mod.point_misses(tie, "request", 1.0)
+    assert (miss.criterion, miss.against, miss.why) == ("≥ 1.0x the envelope", "edf (envelope)", "seed noise")
+    assert miss.value == pytest.approx((0.99 + 1.0 + 0.98) / (0.99 + 1.0 + 0.99))
+    assert miss.per_seed == pytest.approx((1.0, 1.0, 0.98 / 0.99))
+    assert miss.gap_units == "0.3 requests a run"
+    assert "met in 2 of 3 seeds" in miss.detail
+    # behind in every seed, by more than the seeds' spread: real
+    behind = _point(
+        gmax=[0.80, 0.81, 0.82], strict_priority=[0.90, 0.91, 0.92], gmax_oracle=[0.8] * 3, fcfs=[0.4] * 3
+    )
+    (miss,) = mod.point_misses(behind, "request", 1.0)
+    assert (miss.against, miss.why) == ("strict-priority (envelope)", "real")
+    # below 0.95x the oracle, and a latency tier below FCFS's
+    oracle = _point(gmax=[0.80, 0.80, 0.80], gmax_oracle=[0.9, 0.9, 0.9], fcfs=[0.3] * 3)
+    oracle["gmax"][1]["by_kind"]["latency"]["attainment"] = 0.5
+    oracle["gmax"][2]["by_kind"]["latency"]["attainment"] = 0.5
+    got = {m.criterion: m for m in mod.point_misses(oracle, "request", 1.0)}
+    assert set(got) == {"≥ 0.95x its oracle", "latency-tier attainment ≥ FCFS's"}
+    assert got["≥ 0.95x its oracle"].why == "real"
+    assert got["latency-tier attainment ≥ FCFS's"].value == pytest.approx(-1.0 / 3)
+    assert got["latency-tier attainment ≥ FCFS's"].per_seed == pytest.approx((0.0, -0.5, -0.5))
+
+
+def test_a_target_above_the_ideal_or_the_bound_is_unreachable() -> None:
+    mod = _sweep()
+    point = _point(gmax=[0.9, 0.9, 0.9], fcfs=[0.6, 0.55, 0.65], sarathi=[0.46, 0.46, 0.46])
+    got = {m.against: m for m in mod.point_misses(point, "request", 1.0)}
+    assert got["fcfs"].why == "unreachable"
+    assert got["fcfs"].detail == "2x fcfs = 1.2000 > 1.0000 (the instant-service ideal)"
+    # 2x Sarathi = 0.92 is under the ideal, but over an offline bound of 0.85
+    assert got["sarathi"].why != "unreachable"
+    got = {m.against: m for m in mod.point_misses(point, "request", 0.85)}
+    assert got["sarathi"].why == "unreachable"
+    assert got["sarathi"].detail.endswith("(the offline bound)")
+    # no records of a reference policy: its criterion is not judged
+    assert {m.against for m in mod.point_misses(_point(gmax=[0.5], fcfs=[0.2]), "request", None)} == set()
+
+
+def test_misses_section_counts_every_miss_by_its_reason() -> None:
+    mod = _sweep()
+    point = _point(gmax=[0.9, 0.9, 0.9], fcfs=[0.6, 0.55, 0.65], edf=[0.95, 0.96, 0.97])
+    misses = mod.point_misses(point, "request", 1.0)
+    lines = mod.misses_section([("conv x1 5 req/s request", "overload", misses)], judged=3)
+    text = "\n".join(lines)
+    assert "Criteria judged: 3" in text
+    assert "missed: 2 (1 real, 1 unreachable)" in text
+    assert sum(1 for line in lines if line.startswith("| conv x1 5 req/s request | overload |")) == 2
