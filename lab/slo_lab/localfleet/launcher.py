@@ -350,6 +350,10 @@ class LocalFleet:
         for child in order:
             child.stop(timeout_s=20.0 if child.name.startswith("sidecar") else 10.0)
         self.children = []
+        # the tag key is a secret that only the fleet's own processes, now stopped, read: a workdir
+        # kept for its logs (the demo's report folder) must not keep it
+        if self.tag_key_file is not None:
+            self.tag_key_file.unlink(missing_ok=True)
 
     def cleanup(self) -> None:
         if self._tmp is not None:
