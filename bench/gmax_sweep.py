@@ -491,9 +491,8 @@ class Miss:
 
     ``why`` is one of ``unreachable`` (the target exceeds what any schedule can reach: the
     instant-service ideal, 1.0, or the offline bound, both as means over the seeds), ``seed noise``
-    (the paired per-seed gap to the target is under :data:`NOISE_SE` standard errors, or GMAX meets
-    it in some seeds and misses it in others by less than that) or ``real`` (GMAX is below the target
-    in every seed by more than the seeds' spread)."""
+    (the mean paired per-seed gap to the target is under :data:`NOISE_SE` standard errors of it) or
+    ``real`` (the mean gap is that large or larger, or there is one seed)."""
 
     criterion: str
     against: str
@@ -512,27 +511,36 @@ def _paired(xs: dict[int, float], ys: dict[int, float]) -> list[int]:
     return sorted(set(xs) & set(ys))
 
 
+def latency_attainment(r: dict[str, Any]) -> float | None:
+    """A record's latency-tier attainment (None when the run had no latency requests)."""
+    kind = r.get("by_kind", {}).get("latency")
+    return None if kind is None else float(kind["attainment"])
+
+
 def point_misses(
     by_seed: dict[str, dict[int, dict[str, Any]]], objective: str, bound: float | None
 ) -> list[Miss]:
-    """The criteria of :data:`CRITERIA` that GMAX misses at one point.
+    """The criteria of :data:`CRITERIA` that GMAX misses at one point (see :func:`judge_point`)."""
+    return [m for m in judge_point(by_seed, objective, bound) if m is not None]
+
+
+def judge_point(
+    by_seed: dict[str, dict[int, dict[str, Any]]], objective: str, bound: float | None
+) -> list[Miss | None]:
+    """One entry per criterion of :data:`CRITERIA` judged at one point: its :class:`Miss`, or None
+    where GMAX meets it.
 
     ``by_seed``: policy → seed → record; ``bound``: the offline bound's mean ratio over the seeds
     (None where it is not defined). Every comparison is of means over the seeds the two policies
     share, and the per-seed values are paired by seed. A criterion whose reference policy has no
-    records at the point is not judged."""
+    records at the point is not judged (no entry)."""
     col = f"goodput_{objective}_ratio"
 
     def values(pol: str) -> dict[int, float]:
         return {s: float(r[col]) for s, r in by_seed.get(pol, {}).items() if r.get(col) is not None}
 
     def latency(pol: str) -> dict[int, float]:
-        out = {}
-        for s, r in by_seed.get(pol, {}).items():
-            kind = r.get("by_kind", {}).get("latency")
-            if kind is not None:
-                out[s] = float(kind["attainment"])
-        return out
+        return {s: a for s, r in by_seed.get(pol, {}).items() if (a := latency_attainment(r)) is not None}
 
     gmax = values("gmax")
     if not gmax:
@@ -540,7 +548,7 @@ def point_misses(
     means = {p: statistics.fmean(v.values()) for p in by_seed if (v := values(p))}
     others = {p: m for p, m in means.items() if p not in {"gmax", "gmax-oracle"}}
     ceiling = min(1.0, bound) if bound is not None else 1.0
-    misses: list[Miss] = []
+    judged: list[Miss | None] = []
     for criterion, against, factor in CRITERIA:
         if against == "fcfs-latency":
             mine, ref = latency("gmax"), latency("fcfs")
@@ -549,9 +557,8 @@ def point_misses(
                 continue
             diffs = [mine[s] - ref[s] for s in seeds]
             value = statistics.fmean(mine[s] for s in seeds) - statistics.fmean(ref[s] for s in seeds)
-            if value >= 0:
-                continue
-            misses.append(Miss(criterion, "fcfs", value, 0.0, tuple(diffs), "", _noise_class(diffs, 0.0), ""))
+            miss = Miss(criterion, "fcfs", value, 0.0, tuple(diffs), "", _noise_class(diffs), "")
+            judged.append(None if value >= 0 else miss)
             continue
         name = max(others, key=lambda p: others[p]) if against == "envelope" and others else against
         ref = values(name)
@@ -562,6 +569,7 @@ def point_misses(
         r_mean = statistics.fmean(ref[s] for s in seeds)
         value = g_mean / r_mean if r_mean > 0 else math.inf
         if value >= factor:
+            judged.append(None)
             continue
         per_seed = tuple(gmax[s] / ref[s] if ref[s] > 0 else math.inf for s in seeds)
         # paired gap to the target in the objective's ratio: gmax_s - factor * ref_s
@@ -578,20 +586,20 @@ def point_misses(
             what = "the instant-service ideal" if ceiling >= 1.0 else "the offline bound"
             why, detail = "unreachable", f"{factor:g}x {name} = {target_mean:.4f} > {ceiling:.4f} ({what})"
         else:
-            why = _noise_class(diffs, 0.0)
+            why = _noise_class(diffs)
             met = sum(1 for d in diffs if d >= 0)
-            detail = f"needs {target_mean:.4f} (ceiling {ceiling:.3f}); met in {met} of {len(diffs)} seeds"
+            detail = f"needs {target_mean:.4f} (ceiling {ceiling:.4f}); met in {met} of {len(diffs)} seeds"
         label = f"{name} (envelope)" if against == "envelope" else name
-        misses.append(Miss(criterion, label, value, factor, per_seed, units, why, detail))
-    return misses
+        judged.append(Miss(criterion, label, value, factor, per_seed, units, why, detail))
+    return judged
 
 
-def _noise_class(diffs: list[float], target: float) -> str:
-    """``seed noise`` when the mean of the paired differences falls short of ``target`` by less than
-    :data:`NOISE_SE` standard errors (one seed: never), else ``real``."""
+def _noise_class(diffs: list[float]) -> str:
+    """``seed noise`` when the mean of the paired differences (each GMAX's value less the target's)
+    falls short of 0 by less than :data:`NOISE_SE` standard errors (one seed: never), else ``real``."""
     if len(diffs) < 2:
         return "real"
-    gap = target - statistics.fmean(diffs)
+    gap = -statistics.fmean(diffs)
     se = statistics.stdev(diffs) / math.sqrt(len(diffs))
     return "seed noise" if gap < NOISE_SE * se else "real"
 
@@ -701,11 +709,7 @@ def tables(args: argparse.Namespace) -> int:
             return [float(r[field]) for r in rows.get(pol, []) if r.get(field) is not None]
 
         def lat(pol: str, rows: dict[str, list[dict[str, Any]]] = by_pol) -> list[float]:
-            return [
-                float(r["by_kind"]["latency"]["attainment"])
-                for r in rows.get(pol, [])
-                if "latency" in r.get("by_kind", {})
-            ]
+            return [a for r in rows.get(pol, []) if (a := latency_attainment(r)) is not None]
 
         seeds = sorted({r["seed"] for r in rs})
         bounds = []
@@ -748,12 +752,12 @@ def tables(args: argparse.Namespace) -> int:
         by_seed: dict[str, dict[int, dict[str, Any]]] = defaultdict(dict)
         for r in rs:
             by_seed[r["policy"]][r["seed"]] = r
-        if "gmax" in by_seed:
-            refs = {"gmax-oracle", "fcfs", "sarathi"} & set(by_seed)
-            judged += len(refs) + (1 if "fcfs" in by_seed else 0) + (1 if best else 0)
+        verdicts = judge_point(by_seed, objective, bound)
+        judged += len(verdicts)
+        if verdicts:
             load = "overload" if rps == heaviest[(family, replicas)] else "light"
             point = f"{family} x{replicas} {rps:g} req/s {objective}"
-            missed.append((point, load, point_misses(by_seed, objective, bound)))
+            missed.append((point, load, [m for m in verdicts if m is not None]))
         g = means.get("gmax")
         if g is not None:
 
