@@ -21,7 +21,14 @@ from vllm import EngineArgs, SamplingParams
 from vllm.v1.engine.llm_engine import LLMEngine
 
 from slo_core.policies import registry
-from slo_core.policies.base import BaseEnginePolicy, Decision, EngineView, FinishedView, RequestView
+from slo_core.policies.base import (
+    BaseEnginePolicy,
+    Decision,
+    EngineView,
+    FinishedView,
+    RequestView,
+    quiet_step,
+)
 from slo_core.slo import RequestKind, SLOTargets
 from slo_core.wire.tags import EngineTags
 
@@ -112,8 +119,31 @@ class DeadlineOrderThatLearns(DeadlineOrder):
         self.finished.extend(finished)
 
 
+class QuietDeadlineOrder(DeadlineOrder):
+    """:class:`DeadlineOrder` that leaves out quiet decisions; records the queues of every call."""
+
+    name = "test-deadline-order-quiet"
+    skip_quiet_decisions = True
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: list[tuple[int, list[tuple[int, int]], int, int]] = []
+
+    def decide(
+        self,
+        waiting: Sequence[RequestView],
+        running: Sequence[RequestView],
+        engine: EngineView,
+        rng: random.Random,
+    ) -> Decision:
+        rows = [(r.prompt_tokens + r.generated_tokens, r.computed_tokens) for r in running]
+        self.seen.append((len(waiting), rows, engine.kv_blocks_free, engine.block_size))
+        return super().decide(waiting, running, engine, rng)
+
+
 @pytest.fixture(autouse=True)
 def _register_test_policies(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(registry.ENGINE_POLICIES, QuietDeadlineOrder.name, f"{__name__}:QuietDeadlineOrder")
     monkeypatch.setitem(
         registry.ENGINE_POLICIES, DeadlineOrderThatLearns.name, f"{__name__}:DeadlineOrderThatLearns"
     )
@@ -307,3 +337,25 @@ def test_the_policy_is_told_of_every_request_that_finished(
     # token goodput of a deadline request met in time: its prompt and output, weighted
     assert met.met_slo and met.gain == met.ideal_gain == 2.0 * (prompt + 6)
     assert not missed.met_slo and missed.gain == 0.0 and missed.ideal_gain == prompt + 5
+
+
+def test_quiet_decisions_are_left_out_as_the_simulator_leaves_them(
+    tiny_model: Path, vllm_env: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A policy that declares skip_quiet_decisions is called at every frame (one step) except those
+    where nothing waits and both running requests decode: core's quiet_step, the simulator's rule."""
+    trace = vllm_env / "trace.jsonl"
+    engine = make_engine(tiny_model, QuietDeadlineOrder.name, trace, monkeypatch)
+    engine.add_request("a", PROMPT, tagged(24, 40.0))
+    engine.add_request("b", PROMPT, tagged(16, 10.0))
+    engine.add_request("c", PROMPT, tagged(8, 20.0))  # waits for a seat (max_num_seqs=2)
+    done = run_all(engine)
+    assert {base_id(k): v for k, v in done.items()} == {"a": 24, "b": 16, "c": 8}
+    sched = scheduler_of(engine)
+    policy = sched.slo_bridge.policy
+    assert policy.seen and policy.seen[0][0] == 3
+    for n_waiting, rows, free, block in policy.seen:  # no call the rule calls quiet
+        assert not quiet_step(n_waiting, rows, 256, free, block)
+    assert sched.slo_bridge.quiet_skipped > 10  # the decode-only steps of a, b and c
+    assert sched.slo_metrics.quiet_skipped == sched.slo_bridge.quiet_skipped
+    assert [base_id(e["request_id"]) for e in events(trace, "admit")][:2] == ["b", "c"]

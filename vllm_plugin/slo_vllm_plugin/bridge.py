@@ -25,6 +25,7 @@ from slo_core.policies.base import (
     EngineView,
     RequestView,
     attained_service,
+    quiet_step,
 )
 from slo_core.policies.feedback import Feedback
 from slo_core.policies.guard import GuardedPolicy
@@ -105,6 +106,7 @@ class PolicyBridge:
         self.token_budget: int | None = None
         self.hold_unlisted = False
         self.decisions = 0
+        self.quiet_skipped = 0  # decisions left out as quiet
 
     def note_event(self) -> None:
         """An arrival or a finish happened: policies that reschedule on events get a call."""
@@ -178,8 +180,31 @@ class PolicyBridge:
         done = self.feedback(view, times, finish_s=now, output_tokens=generated)
         self.guard.observe([done], now)
 
-    def frame_due(self) -> bool:
-        return self.step % self.guard.frame_steps == 0 or (self.guard.reschedule_on_events and self._events)
+    def frame_due(
+        self, n_waiting: int, running: Sequence[Any], stock_budget: int, free_blocks: int, block_size: int
+    ) -> bool:
+        """Whether the policy decides this step: a frame boundary or an event, unless the decision is
+        quiet and the policy leaves those out (core's ``quiet_step``, the rule the simulator applies).
+        ``n_waiting``: requests waiting, held ones included; ``running``: vLLM's running requests;
+        ``stock_budget``: the engine's own token budget, in force while the policy set none;
+        ``free_blocks``, ``block_size``: the KV pool's free blocks and their size."""
+        if not (
+            self.step % self.guard.frame_steps == 0 or (self.guard.reschedule_on_events and self._events)
+        ):
+            return False
+        b = self.token_budget
+        budget = b if b is not None and 0 < b < stock_budget else stock_budget  # as schedule() applies it
+        if self.guard.skip_quiet_decisions and quiet_step(
+            n_waiting,
+            ((int(r.num_tokens), int(r.num_computed_tokens)) for r in running),
+            budget,
+            free_blocks,
+            block_size,
+        ):
+            self._events = False  # the finishes it would have seen are taken into account
+            self.quiet_skipped += 1
+            return False
+        return True
 
     def tags(self, request: Any) -> EngineTags | None:
         rid = request.request_id

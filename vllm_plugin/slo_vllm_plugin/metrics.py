@@ -16,6 +16,7 @@ log = logging.getLogger(__name__)
 class PluginMetrics:
     def __init__(self, port: int | None) -> None:
         self.decisions = 0
+        self.quiet_skipped = 0
         self.preemptions = 0
         self.rejections = 0
         self.is_degraded = False
@@ -34,6 +35,11 @@ class PluginMetrics:
         self._prom = {
             "decisions": Histogram(
                 "slofleet_plugin_decision_seconds", "Policy decision latency", registry=reg
+            ),
+            "quiet": Counter(
+                "slofleet_plugin_quiet_decisions_skipped",
+                "Decisions left out as quiet (nothing waits, every running request decodes)",
+                registry=reg,
             ),
             "preemptions": Counter("slofleet_plugin_preemptions", "Preemptions applied", registry=reg),
             "rejections": Counter("slofleet_plugin_rejections", "Requests rejected by policy", registry=reg),
@@ -55,6 +61,11 @@ class PluginMetrics:
         self.decisions += 1
         if self._prom:
             self._prom["decisions"].observe(seconds)
+
+    def quiet(self) -> None:
+        self.quiet_skipped += 1
+        if self._prom:
+            self._prom["quiet"].inc()
 
     def preemption(self) -> None:
         self.preemptions += 1

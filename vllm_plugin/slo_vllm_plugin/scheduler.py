@@ -322,11 +322,21 @@ class SLOScheduler(Scheduler):  # type: ignore[misc]
         if self.slo_analyzer is not None and self._fresh_bounds() is None:
             self._degrade("analyzer unreachable")
             return []
+        quiet_before = bridge.quiet_skipped
+        due = bridge.frame_due(
+            len(self.waiting),
+            self.running,
+            self.max_num_scheduled_tokens,
+            self.kv_cache_manager.block_pool.get_num_free_blocks(),
+            int(self.block_size),
+        )
+        if bridge.quiet_skipped != quiet_before:
+            self.slo_metrics.quiet()
         if not isinstance(self.waiting, FCFSRequestQueue):
-            if bridge.frame_due():
+            if due:
                 self._apply_preemptions(self._decide())
             return []
-        if bridge.frame_due():
+        if due:
             decision = self._decide()
             self._apply_preemptions(decision)
             self._apply_rejections(decision)

@@ -279,6 +279,10 @@ class Annealing(BaseEnginePolicy):
     def __init__(self, params: AnnealingParams | None = None, **kwargs: object) -> None:
         self.params = params if params is not None else AnnealingParams.model_validate(kwargs)
         self.frame_steps = self.params.frame_steps
+        # with nothing waiting a decision is Decision(): no order, no budget, nothing held, which is what
+        # the last decision left in force unless it held later batches; then engines leave it out
+        # (BaseEnginePolicy.skip_quiet_decisions; a frame-only policy: arrivals meet the kept knobs)
+        self.skip_quiet_decisions = not self.params.hold_later_batches
         self._predictors: dict[str, LatencyPredictor] = {}
         self._lengths: dict[tuple[str, str, str], deque[int]] = {}
         self._quantile: dict[tuple[str, str, str], float] = {}

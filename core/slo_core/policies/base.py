@@ -15,7 +15,9 @@ knobs persist between frames the same way: ``token_budget`` caps the tokens sche
 the engine's ``max_num_batched_tokens`` (Sarathi-Serve's fixed budget, dynamic batch sizing), and
 ``prefill_first`` admits waiting requests before scheduling running ones (vLLM v0's prefill-first
 order) instead of vLLM v1's running-first order. ``slo_core.policies.apply`` is the one shared
-implementation of how an engine applies a Decision to its queues.
+implementation of how an engine applies a Decision to its queues. A policy that declares
+``skip_quiet_decisions`` is not called at a frame or event where nothing waits and every running
+request decodes (:func:`quiet_step`, the one rule every engine applies): the last orders and knobs stay.
 
 Router side: :meth:`RouterPolicy.route` picks a replica for one request from replica snapshots
 (possibly stale: ``snapshot_s`` says when each was taken) or rejects it. It sees only replicas the
@@ -30,7 +32,7 @@ from __future__ import annotations
 
 import random
 import types
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, fields
 from operator import attrgetter
 from typing import Any, Protocol, runtime_checkable
@@ -43,6 +45,29 @@ request_id_of = attrgetter("request_id")
 
 # compound programs an engine remembers (the least recently seen dropped): engine-sim and the plugin
 MAX_ENGINE_PROGRAMS = 4096
+
+
+def quiet_step(
+    n_waiting: int, running: Iterable[tuple[int, int]], token_budget: int, free_blocks: int, block_size: int
+) -> bool:
+    """Whether a decision due now is quiet (see ``BaseEnginePolicy.skip_quiet_decisions``): nothing
+    waits (held requests count as waiting), every running request is a decode (``running``: each one's
+    (tokens, computed tokens); a decode has exactly one token left to compute), the token budget in
+    force (the last decision's, else the engine's own) covers all of them, and the KV blocks their new
+    tokens open fit the free ones (a decode of ``c`` computed tokens opens a block when ``c`` fills
+    its blocks exactly), so the step preempts nobody and its running order decides nothing. The one
+    rule every engine applies."""
+    if n_waiting:
+        return False
+    n = 0
+    new_blocks = 0
+    for tokens, computed in running:
+        if tokens - computed != 1:
+            return False
+        n += 1
+        if computed % block_size == 0:
+            new_blocks += 1
+    return n <= token_budget and new_blocks <= free_blocks
 
 
 def attained_service(prompt_tokens: int, computed_tokens: int, generated_tokens: int) -> int:
@@ -247,12 +272,26 @@ class BaseEnginePolicy:
     leave out a decision that cannot change what runs (``slo_core.sim.engine.SimEngine``), taking it
     later on the snapshot it would have seen, so the decision must not read what other replicas move
     meanwhile (``program_attained_tokens``, which counts a program's calls everywhere).
+
+    ``skip_quiet_decisions`` (optional, default False): a policy sets it when a decision taken while
+    nothing waits and every running request decodes within the budget and the free KV blocks
+    (:func:`quiet_step`) would neither preempt nor
+    reject, and would set no ``token_budget`` below the running decodes (a policy that does not
+    reschedule on events: the very knobs the last decision set, since an arrival before the next frame
+    meets those): such a decision can only
+    reorder the running requests (which matters only to which one KV preemption takes) and move the
+    policy's own state. Every engine (the simulator, engine-sim, the vLLM plugin) then leaves it out
+    and keeps the last decision's orders and knobs; the policy decides again at the next frame or
+    event that is not quiet. Unlike ``order_free_decisions`` this is a change of the policy's cadence,
+    not an exact shortcut: the policy's state (a tuner's epochs, a step-time correction) moves at the
+    decisions it takes.
     """
 
     name = "base"
     frame_steps = 1
     reschedule_on_events = True
     order_free_decisions = False
+    skip_quiet_decisions = False
 
     def observe(self, finished: Sequence[FinishedView], now_s: float) -> None:
         return None

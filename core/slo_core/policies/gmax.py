@@ -91,6 +91,10 @@ class GMAX(BaseEnginePolicy):
 
     name = "gmax"
     reschedule_on_events = True
+    # a quiet decision (nothing waits, every running request decodes) preempts nobody (only blocked
+    # waiting members are preempted for), rejects nobody (only waiting requests are rejected) and sets
+    # a pace budget of at least the running decodes (gmax_budget._budget_of): engines leave it out
+    skip_quiet_decisions = True
     _variant: ClassVar[dict[str, Any]] = {}
 
     @classmethod

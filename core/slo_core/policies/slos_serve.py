@@ -164,6 +164,10 @@ class SLOsServe(BaseEnginePolicy):
 
     name = "slos-serve"
     reschedule_on_events = True
+    # a quiet decision (nothing waits, every running request decodes) admits, preempts (only for
+    # admitted waiting requests) and rejects nobody, and sets no token budget; its hold_unlisted is
+    # every decision's: engines leave it out
+    skip_quiet_decisions = True
 
     @classmethod
     def objective_params(cls, objective: Objective) -> dict[str, object]:

@@ -299,6 +299,9 @@ class Tempo(BaseEnginePolicy):
 
     name = "tempo"
     reschedule_on_events = True
+    # a quiet decision (nothing waits, every running request decodes) preempts nobody (preemption
+    # makes room for a waiting request), rejects nobody and sets no knob: engines leave it out
+    skip_quiet_decisions = True
 
     @classmethod
     def objective_params(cls, objective: Objective) -> dict[str, object]:

@@ -50,6 +50,7 @@ from slo_core.policies.base import (
     EnginePolicy,
     FinishedView,
     ReplicaCapabilities,
+    quiet_step,
 )
 from slo_core.sim.engine_snapshots import EngineSnapshots
 from slo_core.sim.engine_types import EngineConfig, StepOutcome
@@ -137,6 +138,10 @@ class SimEngine(EngineSnapshots):
         # (now_s, free KV blocks, how many waited then) of the decision plan() left out for the step in
         # flight, if any (until the step completes the waiting queue only grows at its end)
         self._deferred: tuple[float, int, int] | None = None
+        # a policy that leaves out its quiet decisions (BaseEnginePolicy.skip_quiet_decisions); coast()
+        # then never stops for a decision: a coasted step is quiet
+        self._quiet = bool(getattr(policy, "skip_quiet_decisions", False))
+        self.quiet_skipped = 0  # decisions left out as quiet
         if self._fast:
             # a FIFO policy's decision never depends on the queues: learn its knobs once
             self._set_knobs(policy.decide([], [], self.engine_view(0.0), self.rng))
@@ -269,7 +274,20 @@ class SimEngine(EngineSnapshots):
         self.step += 1
         self.step_start_s = now_s
         if not self._fast and (self.step % self._frame == 0 or (self._on_events and self.events)):
-            if self._order_free and self._skippable():
+            if (
+                self._quiet
+                and not self.waiting  # (quiet_step's first test, before any pass over the running)
+                and quiet_step(
+                    0,
+                    ((r.num_tokens, r.computed) for r in self.running),
+                    self.token_budget,
+                    self.free_blocks,
+                    self.block_size,
+                )
+            ):
+                self.events = False  # the finishes it would have seen are taken into account
+                self.quiet_skipped += 1
+            elif self._order_free and self._skippable():
                 self._deferred = (now_s, self.free_blocks, len(self.waiting))
             else:
                 self._decide(now_s)
@@ -308,12 +326,13 @@ class SimEngine(EngineSnapshots):
         A step qualifies when nothing waits or is being aborted, every running request is a decode of
         no compound program (another engine's policy may read a program's service), all of them fit
         the token budget and their new KV blocks fit the free ones (no preemption), none finishes, and
-        no decision is due (a FIFO policy, an order-free one whose decision would be left out, or no
-        event and no frame boundary). Then each step gives every running request one token, and its
-        time is the performance model's for that batch: the same floats a step-by-step run computes,
-        summed in the same order. The caller bounds ``limit_s`` by the next event that reads or
-        changes this engine (an arrival, another engine's finish that routes a stage): none comes
-        between the steps run here, so a reader sees what it would have seen.
+        no decision is due (a FIFO policy, an order-free one whose decision would be left out, one that
+        leaves out quiet decisions, which every such step is, or no event and no frame boundary). Then
+        each step gives every running request one token, and its time is the performance model's for
+        that batch: the same floats a step-by-step run computes, summed in the same order. The caller
+        bounds ``limit_s`` by the next event that reads or changes this engine (an arrival, another
+        engine's finish that routes a stage): none comes between the steps run here, so a reader sees
+        what it would have seen.
         """
         running = self.running
         if self.waiting or not running or self._aborted or len(running) > self.token_budget:
@@ -328,7 +347,7 @@ class SimEngine(EngineSnapshots):
             if left < steps:  # noqa: PLR1730 (hot path: cheaper than min())
                 steps = left
             ctx += c + 1
-        if not (self._fast or self._order_free):
+        if not (self._fast or self._order_free or self._quiet):
             if self._on_events and self.events:
                 return now_s
             frame = self._frame
@@ -383,6 +402,8 @@ class SimEngine(EngineSnapshots):
         self.step += m
         self.steps_run += m
         self.steps_coasted += m
+        if self._quiet:  # each coasted step's due decision was quiet: left out, as plan() leaves it
+            self.events = False
         self.step_start_s = start
         self.step_end_s = t
         return t
