@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import sys
 from pathlib import Path
@@ -10,7 +9,7 @@ from types import ModuleType
 from typing import Any
 
 import pytest
-from repo_paths import ROOT
+from repo_paths import ROOT, load_script
 
 from slo_core.workloads import WorkloadSpec
 
@@ -19,12 +18,7 @@ COMPARE = ROOT / "bench" / "compare"
 
 def _runner() -> ModuleType:
     sys.path.insert(0, str(COMPARE))
-    spec = importlib.util.spec_from_file_location("compare_run", COMPARE / "run.py")
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["compare_run"] = mod  # workers unpickle its functions by module name
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script(COMPARE / "run.py", "compare_run")
 
 
 def _strip(records: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import os
 import sys
@@ -13,16 +12,11 @@ from typing import Any
 
 import numpy as np
 import pytest
-from repo_paths import ROOT
+from repo_paths import ROOT, load_script
 
 
 def _sweep() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("gmax_sweep", ROOT / "bench" / "gmax_sweep.py")
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["gmax_sweep"] = mod
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script(ROOT / "bench" / "gmax_sweep.py", "gmax_sweep")
 
 
 def _args(out: Path, workers: int) -> argparse.Namespace:

@@ -5,22 +5,15 @@ point (the lightest probed rate under the target) and the light one, saved per c
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
-import sys
 from pathlib import Path
 from types import ModuleType
 
-from repo_paths import ROOT
+from repo_paths import ROOT, load_script
 
 
 def _sweep() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("gmax_sweep_points", ROOT / "bench" / "gmax_sweep.py")
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["gmax_sweep_points"] = mod
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script(ROOT / "bench" / "gmax_sweep.py", "gmax_sweep_points")
 
 
 def test_calibrate_picks_the_edge_of_overload_and_run_uses_it(tmp_path: Path) -> None:

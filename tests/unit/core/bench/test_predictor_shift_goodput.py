@@ -3,24 +3,16 @@ so a GMAX variant runs through the same scenarios as the default."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 from types import ModuleType
 
 import pydantic
 import pytest
-from repo_paths import ROOT
+from repo_paths import ROOT, load_script
 
 
 def _goodput() -> ModuleType:
-    path = ROOT / "bench" / "predictor_shift" / "goodput.py"
-    spec = importlib.util.spec_from_file_location("predictor_shift_goodput", path)
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["predictor_shift_goodput"] = mod
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script(ROOT / "bench" / "predictor_shift" / "goodput.py", "predictor_shift_goodput")
 
 
 def _setup(gp: ModuleType, tmp_path: Path) -> tuple[object, object]:

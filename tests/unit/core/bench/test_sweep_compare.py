@@ -2,23 +2,16 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
-import sys
 from pathlib import Path
 from types import ModuleType
 
-from repo_paths import ROOT
+from repo_paths import ROOT, load_script
 
 
 def _module() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("sweep_compare", ROOT / "bench" / "sweep_compare.py")
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["sweep_compare"] = mod
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script(ROOT / "bench" / "sweep_compare.py", "sweep_compare")
 
 
 def _write(folder: Path, seed: int, values: dict[str, float], objective: str = "token") -> None:
