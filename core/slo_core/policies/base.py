@@ -273,18 +273,17 @@ class BaseEnginePolicy:
     later on the snapshot it would have seen, so the decision must not read what other replicas move
     meanwhile (``program_attained_tokens``, which counts a program's calls everywhere).
 
-    ``skip_quiet_decisions`` (optional, default False): a policy sets it when a decision taken while
-    nothing waits and every running request decodes within the budget and the free KV blocks
-    (:func:`quiet_step`) would neither preempt nor
-    reject, and would set no ``token_budget`` below the running decodes (a policy that does not
-    reschedule on events: the very knobs the last decision set, since an arrival before the next frame
-    meets those): such a decision can only
-    reorder the running requests (which matters only to which one KV preemption takes) and move the
-    policy's own state. Every engine (the simulator, engine-sim, the vLLM plugin) then leaves it out
-    and keeps the last decision's orders and knobs; the policy decides again at the next frame or
-    event that is not quiet. Unlike ``order_free_decisions`` this is a change of the policy's cadence,
-    not an exact shortcut: the policy's state (a tuner's epochs, a step-time correction) moves at the
-    decisions it takes.
+    ``skip_quiet_decisions`` (optional, default False): a policy sets it when its decision at a quiet
+    step (:func:`quiet_step`: nothing waits, and every running request decodes within the budget in
+    force and the free KV blocks) would admit, preempt and reject nobody and set no ``token_budget``
+    below the running decodes (and, for a policy that does not reschedule on events, set the very
+    knobs the last decision set, since an arrival before the next frame meets those). Such a step
+    preempts nobody, so its running order decides nothing; the decision could only reorder the
+    running requests for later steps and move the policy's own state. Every engine (the simulator,
+    engine-sim, the vLLM plugin) then leaves it out and keeps the last decision's orders and knobs;
+    the policy decides again at the next frame or event that is not quiet. Unlike
+    ``order_free_decisions`` this is a change of the policy's cadence, not an exact shortcut: the
+    policy's own state (a tuner's epochs, a step-time correction) moves at the decisions it takes.
     """
 
     name = "base"
