@@ -77,6 +77,7 @@ class PolicyBridge:
         seed: int = 0,
         tag_keys: Sequence[bytes] | Callable[[], Sequence[bytes]] | None = None,
         on_unsigned: Callable[[str], None] = lambda _why: None,
+        on_quiet: Callable[[], None] = lambda: None,
         feedback: Feedback | None = None,
     ) -> None:
         self.policy = policy
@@ -91,6 +92,7 @@ class PolicyBridge:
         # mounted Secret is rotated): only tags signed by one of them count
         self.tag_keys = tag_keys
         self.on_unsigned = on_unsigned
+        self.on_quiet = on_quiet  # told of each decision left out as quiet (the plugin's metric)
         self.unsigned = 0
         self._bounds = bounds
         self._deadlines = deadlines
@@ -203,6 +205,7 @@ class PolicyBridge:
         ):
             self._events = False  # the finishes it would have seen are taken into account
             self.quiet_skipped += 1
+            self.on_quiet()
             return False
         return True
 

@@ -109,6 +109,7 @@ class SLOScheduler(Scheduler):  # type: ignore[misc]
             deadlines=self._fresh_deadlines,
             tag_keys=_load_tag_keys(self.slo_settings),
             on_unsigned=self.slo_metrics.unsigned,
+            on_quiet=self.slo_metrics.quiet,
             feedback=_feedback(self.slo_settings),
         )
         self._slo_profile = _load_profile(self.slo_settings.profile)
@@ -322,7 +323,6 @@ class SLOScheduler(Scheduler):  # type: ignore[misc]
         if self.slo_analyzer is not None and self._fresh_bounds() is None:
             self._degrade("analyzer unreachable")
             return []
-        quiet_before = bridge.quiet_skipped
         due = bridge.frame_due(
             len(self.waiting),
             self.running,
@@ -330,8 +330,6 @@ class SLOScheduler(Scheduler):  # type: ignore[misc]
             self.kv_cache_manager.block_pool.get_num_free_blocks(),
             int(self.block_size),
         )
-        if bridge.quiet_skipped != quiet_before:
-            self.slo_metrics.quiet()
         if not isinstance(self.waiting, FCFSRequestQueue):
             if due:
                 self._apply_preemptions(self._decide())

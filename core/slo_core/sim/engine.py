@@ -274,16 +274,12 @@ class SimEngine(EngineSnapshots):
         self.step += 1
         self.step_start_s = now_s
         if not self._fast and (self.step % self._frame == 0 or (self._on_events and self.events)):
-            if (
-                self._quiet
-                and not self.waiting  # (quiet_step's first test, before any pass over the running)
-                and quiet_step(
-                    0,
-                    ((r.num_tokens, r.computed) for r in self.running),
-                    self.token_budget,
-                    self.free_blocks,
-                    self.block_size,
-                )
+            if self._quiet and quiet_step(
+                len(self.waiting),
+                ((r.num_tokens, r.computed) for r in self.running),  # lazy: read only if nothing waits
+                self.token_budget,
+                self.free_blocks,
+                self.block_size,
             ):
                 self.events = False  # the finishes it would have seen are taken into account
                 self.quiet_skipped += 1
