@@ -284,6 +284,17 @@ class BaseEnginePolicy:
     the policy decides again at the next frame or event that is not quiet. Unlike
     ``order_free_decisions`` this is a change of the policy's cadence, not an exact shortcut: the
     policy's own state (a tuner's epochs, a step-time correction) moves at the decisions it takes.
+
+    ``keyed_admission`` (optional, default False): a policy sets it when its decision is exactly
+    ``Decision(admit=<the waiting ids sorted by admission_key, ties in queue order>)`` with a reason
+    and nothing else (no preemption, rejection, running order, budget or held requests, nothing
+    drawn from ``rng``, no state), and :meth:`admission_key` is a function of the request's snapshot
+    alone that does not change while the request waits. The queue a decision leaves is then sorted,
+    and it stays so if each request that joins it is placed where the next decision's stable sort
+    would put it: an arrival after every request of an equal or smaller key, a request the engine
+    preempts (requeued at the front) before every request of an equal or greater one. A simulated
+    engine may keep its queue that way instead of asking the policy (the same orders, without a
+    pass over the queue per decision).
     """
 
     name = "base"
@@ -291,6 +302,11 @@ class BaseEnginePolicy:
     reschedule_on_events = True
     order_free_decisions = False
     skip_quiet_decisions = False
+    keyed_admission = False
+
+    def admission_key(self, r: RequestView) -> Any:
+        """The sort key of ``r`` in a ``keyed_admission`` policy's admission order."""
+        raise NotImplementedError(f"{self.name} does not order admission by a key")
 
     def observe(self, finished: Sequence[FinishedView], now_s: float) -> None:
         return None

@@ -148,9 +148,13 @@ class EDF(BaseEnginePolicy):
 
     name = "edf"
     frame_steps = EVENTS_ONLY
+    keyed_admission = True  # next_due_s of a waiting request does not move
 
     def __init__(self, **params: Any) -> None:
         self.params = _NoParams.model_validate(params)
+
+    def admission_key(self, r: RequestView) -> float:
+        return next_due_s(r)
 
     def decide(
         self,
@@ -162,14 +166,23 @@ class EDF(BaseEnginePolicy):
         return Decision(admit=_ordered_admission(waiting, next_due_s), reason="edf")
 
 
+def _remaining_true_tokens(r: RequestView) -> tuple[float, ...]:
+    true_len = r.true_output_tokens if r.true_output_tokens is not None else r.max_tokens
+    return (float(max(0, true_len - r.generated_tokens)),)
+
+
 class SJFOracle(BaseEnginePolicy):
     """Shortest job first with the true output length (an oracle no real system has)."""
 
     name = "sjf-oracle"
     frame_steps = EVENTS_ONLY
+    keyed_admission = True  # a waiting request's remaining true length does not move
 
     def __init__(self, **params: Any) -> None:
         self.params = _NoParams.model_validate(params)
+
+    def admission_key(self, r: RequestView) -> tuple[float, ...]:
+        return _remaining_true_tokens(r)
 
     def decide(
         self,
@@ -178,11 +191,7 @@ class SJFOracle(BaseEnginePolicy):
         engine: EngineView,
         rng: random.Random,
     ) -> Decision:
-        def remaining(r: RequestView) -> tuple[float, ...]:
-            true_len = r.true_output_tokens if r.true_output_tokens is not None else r.max_tokens
-            return (float(max(0, true_len - r.generated_tokens)),)
-
-        return Decision(admit=_ordered_admission(waiting, remaining), reason="sjf-oracle")
+        return Decision(admit=_ordered_admission(waiting, _remaining_true_tokens), reason="sjf-oracle")
 
 
 class StrictPriorityParams(BaseModel):

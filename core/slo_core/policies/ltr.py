@@ -74,6 +74,7 @@ class LTR(BaseEnginePolicy):
 
     name = "ltr"
     frame_steps = _EVENTS_ONLY
+    keyed_admission = True  # a waiting request's predicted remaining output does not move
 
     def __init__(self, **params: Any) -> None:
         self.params = LTRParams.model_validate(params)
@@ -89,6 +90,9 @@ class LTR(BaseEnginePolicy):
 
     def predicted_remaining_tokens(self, r: RequestView) -> float:
         return max(0.0, self.predicted_tokens(r) - r.generated_tokens)
+
+    def admission_key(self, r: RequestView) -> float:
+        return self.predicted_remaining_tokens(r)
 
     def decide(
         self,

@@ -40,7 +40,9 @@ from __future__ import annotations
 
 import dataclasses
 import random
+from bisect import bisect_left, bisect_right
 from collections.abc import Callable
+from typing import Any
 
 from slo_core.perf.model import PerfProfile
 from slo_core.policies.apply import apply_decision
@@ -55,7 +57,7 @@ from slo_core.policies.base import (
 from slo_core.sim.engine_snapshots import EngineSnapshots
 from slo_core.sim.engine_types import EngineConfig, StepOutcome
 from slo_core.sim.request import ABORTED, FINISHED, REJECTED, RUNNING, WAITING, SimRequest
-from slo_core.sim.views import request_views
+from slo_core.sim.views import request_view, request_views
 
 # what the policy is told of a finished request (slo_core.sim.outcomes.finished_view, bound to the
 # objective's slo_core.policies.feedback.Feedback)
@@ -76,11 +78,17 @@ class SimEngine(EngineSnapshots):
         feedback: FeedbackFn | None = None,
         index: int = 0,
         skip_order_free: bool = False,
+        keyed_admission: bool = False,
     ) -> None:
         """``skip_order_free``: leave out the decisions of an order-free policy that cannot change what
         runs (see :meth:`_skippable`); only for a driver that reads the queues through
         :meth:`replica_view` and keeps the views' side effects out of its outcomes (the fleet does
-        unless an online-calibrated analyzer learns from them)."""
+        unless an online-calibrated analyzer learns from them). ``keyed_admission``: for a policy that
+        orders admission by a key (``BaseEnginePolicy.keyed_admission``), keep the waiting queue in
+        that order as requests join it instead of asking the policy (see :meth:`_queue`); for a driver
+        that keeps the views' side effects out of its outcomes and reads no queue order between
+        decisions (between two of the policy's decisions the orders differ: arrivals wait at the end
+        there)."""
         cfg = config or EngineConfig()
         self.engine_id = engine_id
         self.index = index
@@ -142,8 +150,17 @@ class SimEngine(EngineSnapshots):
         # then never stops for a decision: a coasted step is quiet
         self._quiet = bool(getattr(policy, "skip_quiet_decisions", False))
         self.quiet_skipped = 0  # decisions left out as quiet
-        if self._fast:
-            # a FIFO policy's decision never depends on the queues: learn its knobs once
+        self._keyed = (
+            keyed_admission
+            and not self._fast
+            and self._feedback is None
+            and bool(getattr(policy, "keyed_admission", False))
+        )
+        if self._keyed:
+            key = policy.admission_key  # type: ignore[attr-defined]
+            self._key: Callable[[SimRequest], Any] = lambda r: key(request_view(r))
+        if self._fast or self._keyed:
+            # a FIFO or keyed policy sets the same knobs at every decision: learn them once
             self._set_knobs(policy.decide([], [], self.engine_view(0.0), self.rng))
 
     # ---- queue changes ----------------------------------------------------------------------------
@@ -157,13 +174,25 @@ class SimEngine(EngineSnapshots):
         r.set_state(WAITING)
         r.waiting_since_s = now_s
         r.replica = self.index
-        self.waiting.append(r)
+        if self._keyed:
+            self._queue(r, front=False)
+        else:
+            self.waiting.append(r)
         self.prompt_left_tokens += r.prompt_tokens
         self.output_left_tokens += r.expected_tokens
         if r.program is not None:
             self.calls_held += 1
         self.events = True
         return True
+
+    def _queue(self, r: SimRequest, *, front: bool) -> None:
+        """Place ``r`` in a keyed policy's waiting queue where its next decision's stable sort would:
+        an arrival (appended there) after every request of an equal or smaller key, a request
+        preempted by the engine (requeued at the front) before every request of an equal or greater
+        one. The queue is sorted by the key, and no queued request's key moves
+        (``BaseEnginePolicy.keyed_admission``), so a decision would leave it as it is."""
+        place = bisect_left if front else bisect_right
+        self.waiting.insert(place(self.waiting, self._key(r), key=self._key), r)
 
     def _preempt(self, r: SimRequest, now_s: float) -> None:
         self.free_blocks += r.blocks
@@ -192,6 +221,10 @@ class SimEngine(EngineSnapshots):
         self.prefill_first = d.prefill_first
 
     def _decide(self, now_s: float) -> None:
+        if self._keyed:  # the queue is already in the order the decision would give it (_queue)
+            self.decisions += 1
+            self.events = False
+            return
         decision = self.policy.decide(
             request_views(self.waiting), request_views(self.running), self.engine_view(now_s), self.rng
         )
@@ -437,7 +470,10 @@ class SimEngine(EngineSnapshots):
                 while need > self.free_blocks:
                     victim = running.pop()
                     self._preempt(victim, now_s)
-                    self.waiting.insert(0, victim)
+                    if self._keyed:
+                        self._queue(victim, front=True)
+                    else:
+                        self.waiting.insert(0, victim)
                     if victim is r:
                         break
                 if r.state != RUNNING:

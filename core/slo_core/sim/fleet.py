@@ -173,6 +173,11 @@ class FleetSim:
         self.config = config or SimConfig()
         make_policy = _policy_factory(policy, policy_params, objective)
         feedback = partial(finished_view, Feedback.for_objective(objective, self.config.feedback_goodput))
+        self.router = (
+            make_router_policy(router, router_params, objective) if isinstance(router, str) else router
+        )
+        # an online-calibrated analyzer learns from the views every decision refreshes
+        views_free = analyzer is None or analyzer.calibrated is None
         self.engines = [
             SimEngine(
                 f"replica-{i}",
@@ -182,15 +187,13 @@ class FleetSim:
                 rng=random.Random(seed * 1_000_003 + i),
                 feedback=feedback,
                 index=i,
-                # an online-calibrated analyzer learns from the views every decision refreshes
-                skip_order_free=analyzer is None or analyzer.calibrated is None,
+                skip_order_free=views_free,
+                # a router that reads the queues would see them sorted before the policy's decision
+                keyed_admission=views_free and not self.router.needs_request_snapshots,
             )
             for i, spec in enumerate(replicas)
         ]
         self.by_id = {e.engine_id: e for e in self.engines}
-        self.router = (
-            make_router_policy(router, router_params, objective) if isinstance(router, str) else router
-        )
         self.router_rng = random.Random(seed * 7_919 + 17)
         self.pipeline = RoutingPipeline(self.router, admission, shuffle=shuffle_ties)
         self._router_needs_requests = self.router.needs_request_snapshots

@@ -144,7 +144,7 @@ def test_an_engine_view_equals_the_dataclass_constructors() -> None:
         view.step = 0  # type: ignore[misc]
 
 
-@pytest.mark.parametrize(("policy", "dags"), [("gmax", "tot"), ("edf", "deep-research")])
+@pytest.mark.parametrize(("policy", "dags"), [("gmax", "tot"), ("autellix", "deep-research")])
 def test_a_programs_counted_service_always_equals_a_recount(
     monkeypatch: pytest.MonkeyPatch, policy: str, dags: str
 ) -> None:
@@ -196,7 +196,7 @@ def test_a_programs_service_stays_with_it_when_a_call_of_the_running_stage_ends(
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(engine_module, "request_views", watching)
         spec = ReplicaSpec(load_profile("h100-llama3-8b-tp1"), EngineConfig(kv_cache_tokens=4_000_000))
-        result = FleetSim([spec], "edf", "round-robin", seed=1).run(jobs)
+        result = FleetSim([spec], "strict-priority", "round-robin", seed=1).run(jobs)
     assert sum(r.preemptions for r in result.requests) == 0
     assert parallel_finishes > 100  # the case arose: a sibling had left while this call was viewed
     assert dips == 0
