@@ -286,10 +286,13 @@ class BaseEnginePolicy:
     policy's own state (a tuner's epochs, a step-time correction) moves at the decisions it takes.
 
     ``keyed_admission`` (optional, default False): a policy sets it when its decision is exactly
-    ``Decision(admit=<the waiting ids sorted by admission_key, ties in queue order>)`` with a reason
-    and nothing else (no preemption, rejection, running order, budget or held requests, nothing
-    drawn from ``rng``, no state), and :meth:`admission_key` is a function of the request's snapshot
-    alone that does not change while the request waits. The queue a decision leaves is then sorted,
+    ``Decision(admit=<the waiting ids sorted by admission_key, ties in queue order>)`` with a reason,
+    knobs (``token_budget``, ``prefill_first``) that are the same at every decision, and nothing else
+    (no preemption, rejection, running order or held requests, nothing drawn from ``rng``, no state),
+    and :meth:`admission_key` is a function of the request's snapshot alone that does not change while
+    the request waits. With ``keyed_running`` also set, the decision's ``running_order`` is the
+    running requests that decode in their current order, then those in prefill sorted by
+    admission_key (ties in current order): Sarathi-Priority's. The queue a decision leaves is then sorted,
     and it stays so if each request that joins it is placed where the next decision's stable sort
     would put it: an arrival after every request of an equal or smaller key, a request the engine
     preempts (requeued at the front) before every request of an equal or greater one. A simulated
@@ -303,6 +306,7 @@ class BaseEnginePolicy:
     order_free_decisions = False
     skip_quiet_decisions = False
     keyed_admission = False
+    keyed_running = False
 
     def admission_key(self, r: RequestView) -> Any:
         """The sort key of ``r`` in a ``keyed_admission`` policy's admission order."""

@@ -213,9 +213,14 @@ class StrictPriority(BaseEnginePolicy):
 
     name = "strict-priority"
     frame_steps = EVENTS_ONLY
+    keyed_admission = True  # a waiting request's priority and arrival do not move
+    keyed_running = True  # decodes first, then prefills by the same key
 
     def __init__(self, **params: Any) -> None:
         self.params = StrictPriorityParams.model_validate(params)
+
+    def admission_key(self, r: RequestView) -> tuple[float, ...]:
+        return _priority_key(r)
 
     def decide(
         self,

@@ -156,6 +156,7 @@ class SimEngine(EngineSnapshots):
             and self._feedback is None
             and bool(getattr(policy, "keyed_admission", False))
         )
+        self._keyed_running = self._keyed and bool(getattr(policy, "keyed_running", False))
         if self._keyed:
             key = policy.admission_key  # type: ignore[attr-defined]
             self._key: Callable[[SimRequest], Any] = lambda r: key(request_view(r))
@@ -224,6 +225,15 @@ class SimEngine(EngineSnapshots):
         if self._keyed:  # the queue is already in the order the decision would give it (_queue)
             self.decisions += 1
             self.events = False
+            if self._keyed_running:  # decodes first (in order), then prefills by the key
+                # RequestView.in_prefill on the request's own counts
+                decodes = [r for r in self.running if r.computed >= r.prompt_tokens + max(0, r.generated - 1)]
+                if len(decodes) < len(self.running):
+                    prefills = [
+                        r for r in self.running if r.computed < r.prompt_tokens + max(0, r.generated - 1)
+                    ]
+                    prefills.sort(key=self._key)
+                    self.running = decodes + prefills
             return
         decision = self.policy.decide(
             request_views(self.waiting), request_views(self.running), self.engine_view(now_s), self.rng

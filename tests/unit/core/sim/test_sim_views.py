@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 
 from slo_core.perf import load_profile
 from slo_core.policies.base import EngineView, RequestView
+from slo_core.policies.baselines import EDF
 from slo_core.predict import OutputBoundEstimator, load_estimator
 from slo_core.sim import engine as engine_module
 from slo_core.sim import engine_snapshots as snapshots_module
@@ -144,9 +145,15 @@ def test_an_engine_view_equals_the_dataclass_constructors() -> None:
         view.step = 0  # type: ignore[misc]
 
 
-@pytest.mark.parametrize(("policy", "dags"), [("gmax", "tot"), ("autellix", "deep-research")])
+class DecidingEDF(EDF):
+    """EDF asked at every decision (the engine would otherwise keep its order without views)."""
+
+    keyed_admission = False
+
+
+@pytest.mark.parametrize(("policy", "dags"), [("gmax", "tot"), (DecidingEDF, "deep-research")])
 def test_a_programs_counted_service_always_equals_a_recount(
-    monkeypatch: pytest.MonkeyPatch, policy: str, dags: str
+    monkeypatch: pytest.MonkeyPatch, policy: str | type[EDF], dags: str
 ) -> None:
     """The engine keeps a program's attained service up to date as its calls decode (one token each)
     instead of recounting it every step; every view read must see what a recount gives."""
@@ -196,7 +203,7 @@ def test_a_programs_service_stays_with_it_when_a_call_of_the_running_stage_ends(
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(engine_module, "request_views", watching)
         spec = ReplicaSpec(load_profile("h100-llama3-8b-tp1"), EngineConfig(kv_cache_tokens=4_000_000))
-        result = FleetSim([spec], "strict-priority", "round-robin", seed=1).run(jobs)
+        result = FleetSim([spec], DecidingEDF, "round-robin", seed=1).run(jobs)
     assert sum(r.preemptions for r in result.requests) == 0
     assert parallel_finishes > 100  # the case arose: a sibling had left while this call was viewed
     assert dips == 0
