@@ -5,6 +5,7 @@ replica, finish time, preemptions and token times, and every replica's counters,
 from __future__ import annotations
 
 import pytest
+from sim_outcomes import outcomes
 
 from slo_core.perf import load_profile
 from slo_core.predict import load_estimator
@@ -18,13 +19,6 @@ from slo_core.workloads import WorkloadSpec, build_workload
 from slo_core.workloads.jobs import Job
 
 H100 = load_profile("h100-llama3-8b-tp1")
-
-
-def outcomes(result: SimResult) -> list[tuple[object, ...]]:
-    return [
-        (r.request_id, r.state, r.replica, r.finish_s, r.preemptions, r.generated, tuple(r.token_times))
-        for r in sorted(result.requests, key=lambda r: r.request_id)
-    ]
 
 
 def counters(result: SimResult) -> list[dict[str, float]]:

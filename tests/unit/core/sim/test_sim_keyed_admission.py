@@ -10,6 +10,7 @@ from __future__ import annotations
 import random
 
 import pytest
+from sim_outcomes import outcomes
 
 from slo_core.perf import load_profile
 from slo_core.policies.base import BaseEnginePolicy, EngineView, RequestView
@@ -19,7 +20,7 @@ from slo_core.predict.calibration import OnlineCalibrator
 from slo_core.sim.analyzer import SimAnalyzer
 from slo_core.sim.engine import SimEngine
 from slo_core.sim.engine_types import EngineConfig
-from slo_core.sim.fleet import FleetSim, ReplicaSpec, SimResult
+from slo_core.sim.fleet import FleetSim, ReplicaSpec
 from slo_core.sim.request import RUNNING, SimRequest
 from slo_core.slo import RequestKind, SLOTargets
 from slo_core.workloads import WorkloadSpec, build_workload
@@ -33,13 +34,6 @@ def _deciding(cls: type[BaseEnginePolicy]) -> type[BaseEnginePolicy]:
 
 
 KEYED = {"edf": EDF, "sjf-oracle": SJFOracle, "ltr": LTR, "strict-priority": StrictPriority}
-
-
-def outcomes(result: SimResult) -> list[tuple[object, ...]]:
-    return [
-        (r.request_id, r.state, r.replica, r.finish_s, r.preemptions, r.generated, tuple(r.token_times))
-        for r in sorted(result.requests, key=lambda r: r.request_id)
-    ]
 
 
 CASES = {

@@ -5,12 +5,13 @@ the same times, and the same running order wherever a router reads it."""
 from __future__ import annotations
 
 import pytest
+from sim_outcomes import outcomes
 
 from slo_core.perf import load_profile
 from slo_core.policies.slide_batching import SlideBatching
 from slo_core.sim.engine import SimEngine
 from slo_core.sim.engine_types import EngineConfig
-from slo_core.sim.fleet import FleetSim, ReplicaSpec, SimConfig, SimResult
+from slo_core.sim.fleet import FleetSim, ReplicaSpec, SimConfig
 from slo_core.sim.request import UNARRIVED, ProgramState, SimRequest
 from slo_core.slo import RequestKind, SLOTargets
 from slo_core.workloads import WorkloadSpec, build_workload
@@ -22,13 +23,6 @@ class EveryStep(SlideBatching):
     """SlideBatching with every decision taken (the reference the skipping engine must match)."""
 
     order_free_decisions = False
-
-
-def outcomes(result: SimResult) -> list[tuple[object, ...]]:
-    return [
-        (r.request_id, r.state, r.replica, r.finish_s, r.preemptions, r.generated, tuple(r.token_times))
-        for r in sorted(result.requests, key=lambda r: r.request_id)
-    ]
 
 
 CASES = {
