@@ -226,12 +226,14 @@ class SimEngine(EngineSnapshots):
             self.decisions += 1
             self.events = False
             if self._keyed_running:  # decodes first (in order), then prefills by the key
-                # RequestView.in_prefill on the request's own counts
-                decodes = [r for r in self.running if r.computed >= r.prompt_tokens + max(0, r.generated - 1)]
-                if len(decodes) < len(self.running):
-                    prefills = [
-                        r for r in self.running if r.computed < r.prompt_tokens + max(0, r.generated - 1)
-                    ]
+                decodes: list[SimRequest] = []
+                prefills: list[SimRequest] = []
+                for r in self.running:  # RequestView.in_prefill on the request's own counts
+                    if r.computed < r.prompt_tokens + max(0, r.generated - 1):
+                        prefills.append(r)
+                    else:
+                        decodes.append(r)
+                if prefills:
                     prefills.sort(key=self._key)
                     self.running = decodes + prefills
             return

@@ -176,6 +176,7 @@ class FleetSim:
         self.router = (
             make_router_policy(router, router_params, objective) if isinstance(router, str) else router
         )
+        self._router_needs_requests = self.router.needs_request_snapshots
         # an online-calibrated analyzer learns from the views every decision refreshes
         views_free = analyzer is None or analyzer.calibrated is None
         self.engines = [
@@ -189,14 +190,13 @@ class FleetSim:
                 index=i,
                 skip_order_free=views_free,
                 # a router that reads the queues would see them sorted before the policy's decision
-                keyed_admission=views_free and not self.router.needs_request_snapshots,
+                keyed_admission=views_free and not self._router_needs_requests,
             )
             for i, spec in enumerate(replicas)
         ]
         self.by_id = {e.engine_id: e for e in self.engines}
         self.router_rng = random.Random(seed * 7_919 + 17)
         self.pipeline = RoutingPipeline(self.router, admission, shuffle=shuffle_ties)
-        self._router_needs_requests = self.router.needs_request_snapshots
         self.autoscaler = autoscaler
 
     @classmethod
