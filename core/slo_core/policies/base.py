@@ -298,6 +298,12 @@ class BaseEnginePolicy:
     preempts (requeued at the front) before every request of an equal or greater one. A simulated
     engine may keep its queue that way instead of asking the policy (the same orders, without a
     pass over the queue per decision).
+
+    ``live_running`` (optional, default False): a policy sets it when it reads the snapshots of its
+    running requests only through a ``slo_core.policies.gmax_snapshot.SnapshotTable`` (or iterates
+    them, which builds them all) and keeps none of them past the decision unless it iterated them. A
+    simulated engine may then pass them as ``LiveSnapshots``, whose progress fields the table reads
+    from the engine's requests instead of a new snapshot of each at every step.
     """
 
     name = "base"
@@ -307,6 +313,7 @@ class BaseEnginePolicy:
     skip_quiet_decisions = False
     keyed_admission = False
     keyed_running = False
+    live_running = False
 
     def admission_key(self, r: RequestView) -> Any:
         """The sort key of ``r`` in a ``keyed_admission`` policy's admission order."""

@@ -95,6 +95,8 @@ class GMAX(BaseEnginePolicy):
     # waiting members are preempted for), rejects nobody (only waiting requests are rejected) and sets
     # a pace budget of at least the running decodes (gmax_budget._budget_of): engines leave it out
     skip_quiet_decisions = True
+    # running snapshots are read through the SnapshotTable, or (the scalar path) all iterated
+    live_running = True
     _variant: ClassVar[dict[str, Any]] = {}
 
     @classmethod
@@ -361,7 +363,8 @@ class GMAX(BaseEnginePolicy):
         if p.correct_step_time:
             speed = speed.scaled(self.correction.factor)
         scoring = self._scoring_params(now)
-        self._pending = (waiting, running, now, speed, scoring)
+        # kept past the decision: the snapshots themselves (an engine's live sequence closes)
+        self._pending = (list(waiting), list(running), now, speed, scoring)
         if self.bounds.learning:
             self.bounds.see(waiting)
             self.bounds.see(running)

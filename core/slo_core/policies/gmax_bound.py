@@ -43,10 +43,10 @@ from itertools import islice
 import numpy as np
 
 from slo_core import detmath
-from slo_core.policies.base import FinishedView, RequestView
+from slo_core.policies.base import FinishedView
 from slo_core.policies.gmax_params import GMAXParams
 from slo_core.policies.gmax_priority import z_of_quantile
-from slo_core.policies.gmax_snapshot import F64, I64, KIND_CODES
+from slo_core.policies.gmax_snapshot import F64, I64, KIND_CODES, BoundCarrier
 
 # first bounds of requests not yet finished; a request rejected or aborted never finishes here, so
 # past this many the oldest quarter is dropped
@@ -135,7 +135,7 @@ class BoundReading:
         return self._z
 
     # ---- what it learns from --------------------------------------------------------------------
-    def first_seen(self, r: RequestView) -> None:
+    def first_seen(self, r: BoundCarrier) -> None:
         """Remember ``r``'s bound if it is the first seen (capped at ``max_tokens``; a bound below one
         token, which only a malformed tag could carry, is not learned from)."""
         bound = r.output_bound
@@ -146,7 +146,7 @@ class BoundReading:
                 for rid in list(islice(first, MAX_TRACKED // 4)):
                     del first[rid]
 
-    def see(self, requests: Iterable[RequestView]) -> None:
+    def see(self, requests: Iterable[BoundCarrier]) -> None:
         first = self._first
         for r in requests:
             if r.request_id not in first:

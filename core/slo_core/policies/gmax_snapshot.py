@@ -6,15 +6,22 @@ computed tokens, bound, sub-deadline, waiting-since, program attained tokens) ar
 requests whose snapshot object changed since the last call (views are immutable: the same object
 holds the same values; the table keeps a reference to each, so an id cannot be reused meanwhile).
 The cache is rebuilt from the live requests when it grows past a few times their number.
+
+A simulated engine may pass its running requests as :class:`LiveSnapshots` instead of a list of
+snapshots: every running request changes at every step, so a snapshot of each, built only to be read
+back into six columns, was most of a deep-queue decision's cost. The table then reads their progress
+fields straight from the engine's requests (:meth:`LiveSnapshots.progress`), the values their
+snapshots would carry.
 """
 
 from __future__ import annotations
 
+from abc import abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from itertools import repeat
 from operator import attrgetter
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import numpy.typing as npt
@@ -48,7 +55,7 @@ _STATIC_F = (
     "true_output_tokens",
 )
 _STATIC_I = ("kind", "tenant", "program", "stage")
-_PROGRESS = (
+PROGRESS = (
     "generated_tokens",
     "computed_tokens",
     "output_bound",
@@ -66,6 +73,45 @@ def _column(reqs: Sequence[RequestView], name: str) -> F64:
     """One field of every request as float64 (numpy turns None into NaN); through a list, which is
     faster than ``np.fromiter`` over the same map (52 against 79 ns a request, measured here)."""
     return np.array(list(map(attrgetter(name), reqs)), dtype=np.float64)
+
+
+class BoundCarrier(Protocol):
+    """What :class:`SnapshotTable`'s ``on_fresh`` callback is given: snapshots, or the simulator's
+    live requests (the same three fields, named alike)."""
+
+    @property
+    def request_id(self) -> str: ...
+    @property
+    def output_bound(self) -> int | None: ...
+    @property
+    def max_tokens(self) -> int: ...
+
+
+class LiveSnapshots(Sequence[RequestView]):
+    """A sequence of request snapshots that an engine builds only when read (indexing, iterating),
+    and whose progress fields a :class:`SnapshotTable` reads straight from the engine's requests.
+
+    Valid while the decision it was passed to runs: the engine closes it when the decision returns,
+    after which only snapshots read before (kept) can be read again. ``len`` never builds any."""
+
+    __slots__ = ()
+
+    @abstractmethod
+    def request_ids(self) -> list[str]:
+        """Each request's id, in order."""
+
+    @abstractmethod
+    def view_at(self, i: int) -> RequestView:
+        """The snapshot of request ``i`` (built if needed)."""
+
+    @abstractmethod
+    def progress(self) -> tuple[list[Any], ...]:
+        """Each request's progress fields, one list per name of :data:`PROGRESS` in that order, the
+        values its snapshot carries (None where it carries None)."""
+
+    @abstractmethod
+    def carriers(self) -> Sequence[BoundCarrier]:
+        """The requests, as ``on_fresh`` reads them (their bound as :meth:`progress` left it)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,9 +149,10 @@ class Columns:
 class SnapshotTable:
     """Builds :class:`Columns` from request snapshots, caching each request's immutable fields."""
 
-    def __init__(self, on_fresh: Callable[[list[RequestView]], None] | None = None) -> None:
+    def __init__(self, on_fresh: Callable[[Sequence[BoundCarrier]], None] | None = None) -> None:
         """``on_fresh``: called with the snapshots each call re-reads (new ones, and those whose
-        snapshot object changed since the last call)."""
+        snapshot object changed since the last call) and with every live request read (see
+        :class:`LiveSnapshots`); it must not mind seeing an unchanged request again."""
         self._on_fresh = on_fresh
         self._reset()
 
@@ -134,7 +181,7 @@ class SnapshotTable:
             if old_i is not None:
                 col_i[: self._size] = old_i[: self._size]
             self._i[name] = col_i
-        for name in _PROGRESS:
+        for name in PROGRESS:
             old = self._f.get(name)
             col = np.full(cap, NAN)
             if old is not None:
@@ -173,7 +220,7 @@ class SnapshotTable:
         self._index[r.request_id] = row
         self._size += 1
 
-    def _rows(self, reqs: Sequence[RequestView], ids: list[str]) -> I64:
+    def _rows(self, view_at: Callable[[int], RequestView], ids: list[str]) -> I64:
         if self._size > max(4 * len(ids), 50_000):
             self._reset()
         n = len(ids)
@@ -185,16 +232,17 @@ class SnapshotTable:
         if len(missing):
             index = self._index
             for i in missing.tolist():
-                r = reqs[i]
-                row = index.get(r.request_id)
+                row = index.get(ids[i])
                 if row is None:  # not a duplicate of one added just before
-                    self._add(r)
+                    self._add(view_at(i))
                     row = self._size - 1
                 rows[i] = row
         return rows
 
     def _refresh(self, reqs: list[RequestView], rows: I64) -> None:
         """Re-read the progress fields of the requests whose snapshot object changed."""
+        if not reqs:
+            return
         view_ids = np.fromiter(map(id, reqs), dtype=np.int64, count=len(reqs))
         stale = np.flatnonzero(self._view_ids[rows] != view_ids)
         if len(stale) == 0:
@@ -202,7 +250,7 @@ class SnapshotTable:
         index = stale.tolist()
         fresh = [reqs[i] for i in index] if len(stale) < len(reqs) else reqs
         stale_rows = rows[stale]
-        for name in _PROGRESS:
+        for name in PROGRESS:
             self._f[name][stale_rows] = _column(fresh, name)
         self._view_ids[stale_rows] = view_ids[stale]
         views = self._views
@@ -211,13 +259,38 @@ class SnapshotTable:
         if self._on_fresh is not None:
             self._on_fresh(fresh)
 
+    def _read_live(self, live: LiveSnapshots, rows: I64) -> None:
+        """Read the progress fields of ``live``'s requests (rows ``rows``) from the requests."""
+        if not len(rows):
+            return
+        f = self._f
+        for name, values in zip(PROGRESS, live.progress(), strict=True):
+            f[name][rows] = np.array(values, dtype=np.float64)
+        # no snapshot holds these values: the next one seen for the row is re-read
+        self._view_ids[rows] = -1
+        if self._on_fresh is not None:
+            self._on_fresh(live.carriers())
+
     def columns(self, waiting: Sequence[RequestView], running: Sequence[RequestView]) -> Columns:
-        """Columns of ``waiting`` followed by ``running`` (request ids must be unique)."""
-        reqs = [*waiting, *running]
-        ids: list[str] = list(map(request_id_of, reqs))
-        rows = self._rows(reqs, ids)
-        self._refresh(reqs, rows)
-        is_running = np.zeros(len(reqs), dtype=np.bool_)
+        """Columns of ``waiting`` followed by ``running`` (request ids must be unique); ``running``
+        may be :class:`LiveSnapshots`."""
+        if isinstance(running, LiveSnapshots):
+            reqs = list(waiting)
+            n_wait = len(reqs)
+            ids: list[str] = [*map(request_id_of, reqs), *running.request_ids()]
+
+            def view_at(i: int) -> RequestView:
+                return reqs[i] if i < n_wait else running.view_at(i - n_wait)
+
+            rows = self._rows(view_at, ids)
+            self._refresh(reqs, rows[:n_wait])
+            self._read_live(running, rows[n_wait:])
+        else:
+            reqs = [*waiting, *running]
+            ids = list(map(request_id_of, reqs))
+            rows = self._rows(reqs.__getitem__, ids)
+            self._refresh(reqs, rows)
+        is_running = np.zeros(len(ids), dtype=np.bool_)
         is_running[len(waiting) :] = True
         f = self._f
         i = self._i

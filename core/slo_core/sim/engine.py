@@ -57,7 +57,7 @@ from slo_core.policies.base import (
 from slo_core.sim.engine_snapshots import EngineSnapshots
 from slo_core.sim.engine_types import EngineConfig, StepOutcome
 from slo_core.sim.request import ABORTED, FINISHED, REJECTED, RUNNING, WAITING, SimRequest
-from slo_core.sim.views import request_view, request_views
+from slo_core.sim.views import LiveViews, request_view, request_views
 
 # what the policy is told of a finished request (slo_core.sim.outcomes.finished_view, bound to the
 # objective's slo_core.policies.feedback.Feedback)
@@ -79,6 +79,7 @@ class SimEngine(EngineSnapshots):
         index: int = 0,
         skip_order_free: bool = False,
         keyed_admission: bool = False,
+        live_running: bool = False,
     ) -> None:
         """``skip_order_free``: leave out the decisions of an order-free policy that cannot change what
         runs (see :meth:`_skippable`); only for a driver that reads the queues through
@@ -157,6 +158,7 @@ class SimEngine(EngineSnapshots):
             and bool(getattr(policy, "keyed_admission", False))
         )
         self._keyed_running = self._keyed and bool(getattr(policy, "keyed_running", False))
+        self._live = live_running and bool(getattr(policy, "live_running", False))
         if self._keyed:
             key = policy.admission_key  # type: ignore[attr-defined]
             self._key: Callable[[SimRequest], Any] = lambda r: key(request_view(r))
@@ -237,9 +239,10 @@ class SimEngine(EngineSnapshots):
                     prefills.sort(key=self._key)
                     self.running = decodes + prefills
             return
-        decision = self.policy.decide(
-            request_views(self.waiting), request_views(self.running), self.engine_view(now_s), self.rng
-        )
+        running = LiveViews(self.running) if self._live else request_views(self.running)
+        decision = self.policy.decide(request_views(self.waiting), running, self.engine_view(now_s), self.rng)
+        if isinstance(running, LiveViews):
+            running.close()
         self.decisions += 1
         self.events = False
         applied = apply_decision(decision, self.waiting, self.running)

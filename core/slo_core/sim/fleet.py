@@ -191,6 +191,7 @@ class FleetSim:
                 skip_order_free=views_free,
                 # a router that reads the queues would see them sorted before the policy's decision
                 keyed_admission=views_free and not self._router_needs_requests,
+                live_running=views_free,
             )
             for i, spec in enumerate(replicas)
         ]

@@ -8,12 +8,20 @@ changes a field a view carries, e.g. a new sub-deadline); ``view_key`` otherwise
 attained service the view was built with (-1 outside a program), so an unchanged request is
 recognised without reading its counts. A program's attained service is memoized on the program and
 recomputed only after one of its calls made progress.
+
+:class:`LiveViews` hands a columnar policy (GMAX) the running requests without a snapshot of each:
+the values their snapshots would carry, read from the requests when the policy's table asks.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Sequence
+from operator import attrgetter
+from typing import Any, overload
+
 from slo_core.perf.model import PerfProfile
-from slo_core.policies.base import EngineView, RequestView, slots_twin
+from slo_core.policies.base import EngineView, RequestView, request_id_of, slots_twin
+from slo_core.policies.gmax_snapshot import PROGRESS, BoundCarrier, LiveSnapshots
 from slo_core.predict.estimator import BoundSchedule
 from slo_core.sim.request import WAITING, SimRequest
 
@@ -140,6 +148,13 @@ def request_view(r: SimRequest, program_attained: int | None = None) -> RequestV
     return _refresh(r, attained)
 
 
+def _hold_bound(r: SimRequest, sched: BoundSchedule, g: int) -> None:
+    """Set ``r``'s bound from its plain schedule at ``g`` generated tokens (``g`` outside the run of
+    counts the bound last held for)."""
+    r.output_bound, r.bound_until = sched.held(g)
+    r.bound_from = g
+
+
 def _refresh(r: SimRequest, attained: int) -> RequestView:
     """A new view of ``r`` (it changed since its last view, or has none)."""
     sched = r.bound_schedule
@@ -151,8 +166,7 @@ def _refresh(r: SimRequest, attained: int) -> RequestView:
         if type(sched) is not BoundSchedule:
             r.output_bound = sched.at(g)
         elif not r.bound_from <= g < r.bound_until:
-            r.output_bound, r.bound_until = sched.held(g)
-            r.bound_from = g
+            _hold_bound(r, sched, g)
     view = _new_view(r, attained)
     r.view = view
     r.view_key = attained
@@ -177,3 +191,105 @@ def request_views(requests: list[SimRequest]) -> list[RequestView]:
         else:
             append(_refresh(r, a))
     return out
+
+
+_generated_of = attrgetter("generated")
+_computed_of = attrgetter("computed")
+_bound_of = attrgetter("output_bound")
+_deadline_of = attrgetter("deadline_at_s")
+_state_of = attrgetter("state")
+
+
+class LiveViews(LiveSnapshots):
+    """An engine's running requests, for a policy that reads them through its SnapshotTable (see
+    :class:`slo_core.policies.gmax_snapshot.LiveSnapshots`): a snapshot is built only for a request
+    read by index or iteration (then for all of them, once), the table reads the progress fields from
+    the requests themselves. :meth:`close` when the decision returns."""
+
+    __slots__ = ("_n", "_open", "_reqs", "_views")
+
+    def __init__(self, requests: list[SimRequest]) -> None:
+        self._reqs = requests
+        self._n = len(requests)
+        self._views: list[RequestView] | None = None
+        self._open = True
+
+    def close(self) -> None:
+        """The decision returned: the requests move on, and only snapshots already built stay."""
+        self._open = False
+        self._reqs = []
+
+    def _built(self) -> list[RequestView]:
+        views = self._views
+        if views is None:
+            if not self._open:
+                raise RuntimeError("live snapshots read after the decision they were passed to")
+            views = self._views = request_views(self._reqs)
+        return views
+
+    def __len__(self) -> int:
+        return self._n
+
+    @overload
+    def __getitem__(self, i: int) -> RequestView: ...
+    @overload
+    def __getitem__(self, i: slice) -> list[RequestView]: ...
+    def __getitem__(self, i: int | slice) -> RequestView | list[RequestView]:
+        return self._built()[i]
+
+    def __iter__(self) -> Iterator[RequestView]:
+        return iter(self._built())
+
+    def _live(self) -> list[SimRequest]:
+        if not self._open:
+            raise RuntimeError("live snapshots read after the decision they were passed to")
+        return self._reqs
+
+    def request_ids(self) -> list[str]:
+        return list(map(request_id_of, self._live()))
+
+    def view_at(self, i: int) -> RequestView:
+        return request_view(self._live()[i])
+
+    def progress(self) -> tuple[list[Any], ...]:
+        """generated, computed, bound, deadline, waiting-since and program attained tokens, as
+        :func:`_new_view` would set them after :func:`_refresh` (a bound from a calibrated schedule,
+        which learns as it is read, through the request's view: read where a view would be)."""
+        reqs = self._live()
+        attained: list[int] = []
+        append = attained.append
+        for r in reqs:  # bring each bound up to date, and read the service attained
+            sched = r.bound_schedule
+            g = r.generated
+            if sched is not None:
+                if type(sched) is not BoundSchedule:
+                    return self._progress_through_views()
+                if not r.bound_from <= g < r.bound_until:
+                    _hold_bound(r, sched, g)
+            program = r.program
+            if program is None:
+                p = r.prompt_tokens
+                append((p if g > 0 else min(r.computed, p)) + g)
+            else:
+                a = program.attained_cache
+                append(a if a >= 0 else program.attained_tokens())
+        if all(map(WAITING.__ne__, map(_state_of, reqs))):
+            since: list[float | None] = [None] * len(reqs)
+        else:
+            since = [r.waiting_since_s if r.state == WAITING else None for r in reqs]
+        return (
+            list(map(_generated_of, reqs)),
+            list(map(_computed_of, reqs)),
+            list(map(_bound_of, reqs)),
+            list(map(_deadline_of, reqs)),
+            since,
+            attained,
+        )
+
+    def _progress_through_views(self) -> tuple[list[Any], ...]:
+        """:meth:`progress` read from the requests' views (a calibrated schedule: see there)."""
+        views = self._built()
+        return tuple(list(map(attrgetter(name), views)) for name in PROGRESS)
+
+    def carriers(self) -> Sequence[BoundCarrier]:
+        return self._live()
