@@ -59,9 +59,11 @@ def decision_ab(task: gmax_sweep.Task, policy: str, rps: float) -> dict[str, Any
     def columns(
         self: SnapshotTable, waiting: Sequence[RequestView], running: Sequence[RequestView]
     ) -> Columns:
-        if not isinstance(running, LiveViews):  # the scalar path's later read, a router's table
-            return original(self, waiting, running)
         twin = twins.setdefault(id(self), SnapshotTable())
+        if not isinstance(running, LiveViews):  # a small snapshot (GMAX passes a list), a later read
+            # the twin sees it too: tenant and program codes are numbered in the order first seen
+            original(twin, waiting, running)
+            return original(self, waiting, running)
         requests = running._live()
         calls[0] += 1
         rows[0] += len(requests)

@@ -230,8 +230,11 @@ class GMAX(BaseEnginePolicy):
         if not waiting and not running:
             self._last_clock = None
             return Decision(running_order=(), reason="idle")
-        if small.supported(p, waiting, running):
-            return self._decide_small(waiting, running, engine, rng)
+        if len(waiting) + len(running) <= small.MAX_ROWS:
+            # the scalar path reads the snapshots several times: an engine's live sequence built once
+            running = list(running)
+            if small.supported(p, waiting, running):
+                return self._decide_small(waiting, running, engine, rng)
         self._pending = None
         c = self._table.columns(waiting, running)
         speed = self._speed(engine, c)
@@ -363,8 +366,7 @@ class GMAX(BaseEnginePolicy):
         if p.correct_step_time:
             speed = speed.scaled(self.correction.factor)
         scoring = self._scoring_params(now)
-        # kept past the decision: the snapshots themselves (an engine's live sequence closes)
-        self._pending = (list(waiting), list(running), now, speed, scoring)
+        self._pending = (waiting, running, now, speed, scoring)
         if self.bounds.learning:
             self.bounds.see(waiting)
             self.bounds.see(running)
