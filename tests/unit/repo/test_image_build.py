@@ -105,9 +105,19 @@ def floors() -> dict[str, Version]:
         for line in project["optional-dependencies"][extra]:
             req = Requirement(line)
             for spec in req.specifier:
-                if spec.operator == ">=":
+                if spec.operator in (">=", "=="):  # a pin is a floor too
                     out[req.name] = Version(spec.version)
     return out
+
+
+def pinned(name: str) -> Version | None:
+    """The version ``name`` is pinned to (``==``) in the dev extra, if it is."""
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    for line in project["optional-dependencies"]["dev"]:
+        req = Requirement(line)
+        if req.name == name:
+            return next((Version(s.version) for s in req.specifier if s.operator == "=="), None)
+    return None
 
 
 def test_dependency_floors_match_the_generated_grpc_code() -> None:
@@ -117,7 +127,8 @@ def test_dependency_floors_match_the_generated_grpc_code() -> None:
         f"stubs need protobuf >= {protobuf}; pyproject allows {have['protobuf']}"
     )
     assert have["grpcio"] >= grpcio, f"stubs need grpcio >= {grpcio}; pyproject allows {have['grpcio']}"
-    assert have["grpcio-tools"] >= grpcio, "stubs regenerated with older tools would not match"
+    # the stubs carry their generator's version: only that generator reproduces them
+    assert pinned("grpcio-tools") == grpcio, "pin grpcio-tools to the version that generated the stubs"
 
 
 def lock() -> dict[str, Version]:
