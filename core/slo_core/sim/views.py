@@ -222,9 +222,7 @@ class LiveViews(LiveSnapshots):
     def _built(self) -> list[RequestView]:
         views = self._views
         if views is None:
-            if not self._open:
-                raise RuntimeError("live snapshots read after the decision they were passed to")
-            views = self._views = request_views(self._reqs)
+            views = self._views = request_views(self._live())
         return views
 
     def __len__(self) -> int:

@@ -105,7 +105,7 @@ def floors() -> dict[str, Version]:
         for line in project["optional-dependencies"][extra]:
             req = Requirement(line)
             for spec in req.specifier:
-                if spec.operator in (">=", "=="):  # a pin is a floor too
+                if spec.operator == ">=":
                     out[req.name] = Version(spec.version)
     return out
 
