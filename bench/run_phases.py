@@ -14,7 +14,10 @@ host's noise (~15–25 % between runs): read the shares.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
+import hashlib
+import json
 import math
 import time
 from pathlib import Path
@@ -81,17 +84,31 @@ class _Phases:
         gc.callbacks.remove(self._on_gc)
 
 
-def phases(task: Any) -> dict[str, Any]:
-    """Run ``task`` (a gmax_sweep Task) once and return its phases."""
+def _digest(record: dict[str, Any]) -> str:
+    """The record without its wall time, hashed: equal digests, equal runs."""
+    kept = {k: v for k, v in record.items() if k != "wall_s"}
+    return hashlib.sha256(json.dumps(kept, sort_keys=True, default=str).encode()).hexdigest()[:12]
+
+
+def phases(task: Any, collector: str = "young") -> dict[str, Any]:
+    """Run ``task`` (a gmax_sweep Task) once and return its phases. ``collector``: "young" runs the
+    simulation as shipped (slo_core.sim.collector: young collections only), "default" with CPython's
+    thresholds throughout."""
     p = _Phases()
+    paused = fleet_module.young_collections_only
+    if collector == "default":
+        fleet_module.young_collections_only = contextlib.nullcontext  # type: ignore[assignment]
     try:
         record, _ = run_one_timed(task.config(), (task.policy, task.router, task.rps))
     finally:
+        fleet_module.young_collections_only = paused  # type: ignore[assignment]
         p.close()
     at = p.at
     drain = at["cpu_s"] - at["drain_from_cpu_s"]
     return {
         "policy": task.policy,
+        "collector": collector,
+        "record": _digest(record),
         "cpu_s": at["cpu_s"],
         "drain_cpu_s": drain,
         "drain_share": drain / at["cpu_s"] if at["cpu_s"] > 0 else 0.0,
@@ -114,14 +131,15 @@ def table(rows: list[dict[str, Any]], title: str) -> str:
     lines = [
         f"# {title}",
         "",
-        "| policy | CPU s | drain CPU s | drain share | last arrival s | end s "
+        "| policy | collector | record | CPU s | drain CPU s | drain share | last arrival s | end s "
         "| queued at drain (waiting + running) | decisions | in the drain | unfinished | GC s | GC share "
         "| collections (gen 0/1/2) | objects collected |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|",
+        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|",
     ]
     for r in rows:
         lines.append(
-            f"| {r['policy']} | {r['cpu_s']:.1f} | {r['drain_cpu_s']:.1f} | {r['drain_share']:.0%} "
+            f"| {r['policy']} | {r['collector']} | {r['record']} "
+            f"| {r['cpu_s']:.1f} | {r['drain_cpu_s']:.1f} | {r['drain_share']:.0%} "
             f"| {r['last_arrival_s']:.1f} | {r['end_s']:.1f} "
             f"| {r['waiting_at_drain']} + {r['running_at_drain']} "
             f"| {r['decisions']} | {r['drain_decisions']} | {r['unfinished']} | {r['gc_s']:.2f} "
@@ -140,6 +158,14 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--objective", default="token")
     ap.add_argument("--router", default="round-robin")
+    ap.add_argument(
+        "--collector",
+        choices=("young", "default", "both"),
+        default="young",
+        help="the garbage collector as shipped (young collections only during a run), CPython's "
+        "default thresholds, or both (each policy run both ways, in alternating order; the records "
+        "must be equal)",
+    )
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args()
     rows = []
@@ -154,12 +180,20 @@ def main() -> None:
             args.duration,
             args.router,
         )
-        rows.append(phases(task))
-        print(rows[-1], flush=True)
+        modes = [args.collector] if args.collector != "both" else ["default", "young"]
+        if len(rows) // len(modes) % 2:  # alternate which way goes first
+            modes.reverse()
+        pair = []
+        for mode in modes:
+            pair.append(phases(task, mode))
+            print(pair[-1], flush=True)
+        if len({r["record"] for r in pair}) != 1:
+            raise SystemExit(f"{policy}: the records differ between collector settings")
+        rows.extend(pair)
     text = table(
         rows,
         f"Run phases: {args.family} x{args.replicas}, {args.rps:g} req/s, {args.duration:g} s, "
-        f"seed {args.seed}, {args.objective}",
+        f"seed {args.seed}, {args.objective}, collector {args.collector}",
     )
     print(text)
     if args.out is not None:

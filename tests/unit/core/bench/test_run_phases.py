@@ -34,3 +34,15 @@ def test_phases_of_an_overloaded_run_against_a_light_one(rp: ModuleType) -> None
     assert light["waiting_at_drain"] + light["running_at_drain"] < queued / 4
     text = rp.table([heavy, light], "t")
     assert text.count("| tempo |") == 2
+
+
+def test_the_collector_settings_give_the_same_record(rp: ModuleType) -> None:
+    task = rp.gmax_sweep.Task("conv", 1, 0, 12.0, "tempo", ("token",), 30.0, "round-robin")
+    young = rp.phases(task, "young")
+    default = rp.phases(task, "default")
+    assert young["record"] == default["record"]
+    assert (young["collector"], default["collector"]) == ("young", "default")
+    # the counts cover the whole task (the workload built, the record summarized: CPython's
+    # thresholds there), the simulation in between collecting far less often when paused
+    assert sum(default["collections"]) > sum(young["collections"])
+    assert rp.fleet_module.young_collections_only is not None  # put back
