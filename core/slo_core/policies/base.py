@@ -190,6 +190,32 @@ def slots_twin(cls: type, field_names: tuple[str, ...]) -> Any:
     return twin
 
 
+# RequestView's fast builder (object.__new__, plain stores, then ``__class__ = RequestView``), for the
+# snapshots the simulator and the vLLM plugin build at every decision
+RequestViewSlots = slots_twin(
+    RequestView,
+    (
+        "request_id",
+        "slo",
+        "arrival_s",
+        "prompt_tokens",
+        "max_tokens",
+        "generated_tokens",
+        "computed_tokens",
+        "deadline_at_s",
+        "first_token_s",
+        "output_bound",
+        "true_output_tokens",
+        "tenant",
+        "program_id",
+        "stage",
+        "program_arrival_s",
+        "program_deadline_at_s",
+        "program_attained_tokens",
+        "preemptions",
+        "waiting_since_s",
+    ),
+)
 _DecisionSlots = slots_twin(
     Decision,
     (

@@ -20,37 +20,14 @@ from operator import attrgetter
 from typing import Any, overload
 
 from slo_core.perf.model import PerfProfile
-from slo_core.policies.base import EngineView, RequestView, request_id_of, slots_twin
+from slo_core.policies.base import EngineView, RequestView, RequestViewSlots, request_id_of, slots_twin
 from slo_core.policies.gmax_snapshot import PROGRESS, BoundCarrier, LiveSnapshots
 from slo_core.predict.estimator import BoundSchedule
 from slo_core.sim.request import WAITING, SimRequest
 
 # the simulator builds a RequestView for every request that moved at every decision, and an
-# EngineView per decision: through slots_twin, not the frozen dataclasses' slow __init__
-_ViewSlots = slots_twin(
-    RequestView,
-    (
-        "request_id",
-        "slo",
-        "arrival_s",
-        "prompt_tokens",
-        "max_tokens",
-        "generated_tokens",
-        "computed_tokens",
-        "deadline_at_s",
-        "first_token_s",
-        "output_bound",
-        "true_output_tokens",
-        "tenant",
-        "program_id",
-        "stage",
-        "program_arrival_s",
-        "program_deadline_at_s",
-        "program_attained_tokens",
-        "preemptions",
-        "waiting_since_s",
-    ),
-)
+# EngineView per decision: through slots twins, not the frozen dataclasses' slow __init__
+_ViewSlots = RequestViewSlots
 _EngineViewSlots = slots_twin(
     EngineView,
     (

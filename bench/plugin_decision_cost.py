@@ -1,0 +1,167 @@
+"""What one GMAX decision costs inside the vLLM plugin over a deep queue: the snapshots the bridge
+builds from vLLM's requests, and the policy's own decision on them.
+
+    PYTHONPATH=core:lab:vllm_plugin .venv/bin/python bench/plugin_decision_cost.py \\
+        --out bench/results/plugin_decision_cost.md
+
+``bench/gmax_decision_latency.py`` times ``GMAX.decide`` on ready snapshots. In a pod the scheduler
+plugin first turns every waiting and running vLLM request into a snapshot (``PolicyBridge.decide``),
+on the engine's step loop, between two GPU steps. This bench times the whole call on duck-typed
+requests with the fields the bridge reads (tags of every kind, compound programs of 3 calls), 256 of
+them running, over a run of engine steps: each step every running request gets a token, and a few
+requests arrive and are admitted. Two bridges decide on the same requests at each step, in
+alternating order: one as shipped (a request whose snapshot would carry the same values as at the
+last decision keeps its snapshot object), and one whose snapshots are all built anew at each decision
+(what the bridge did before). Their decisions must be equal.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import statistics
+import time
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+from slo_core.perf import load_profile
+from slo_core.policies.base import EngineView
+from slo_core.policies.registry import make_engine_policy
+from slo_core.slo import RequestKind, SLOTargets
+from slo_core.wire.tags import EngineTags
+from slo_vllm_plugin.bridge import PolicyBridge
+
+SLOS = (
+    SLOTargets(RequestKind.LATENCY, ttft_s=1.0, tbt_s=0.05),
+    SLOTargets(RequestKind.DEADLINE, deadline_s=30.0),
+    SLOTargets(RequestKind.COMPOUND, deadline_s=60.0),
+    SLOTargets(RequestKind.BEST_EFFORT),
+)
+PROFILE = load_profile("h100-llama3-8b-tp1")
+RUNNING = 256
+
+
+def _request(rng: random.Random, i: int, now: float) -> Any:
+    slo = rng.choice(SLOS)
+    program = f"p{i // 3}" if slo.kind is RequestKind.COMPOUND else None
+    deadline = None if slo.kind is RequestKind.LATENCY else now + rng.uniform(5, 60)
+    tags = EngineTags(slo, program_id=program, stage=0 if program else None, deadline_at_s=deadline)
+    return SimpleNamespace(
+        request_id=f"r{i}",
+        sampling_params=SimpleNamespace(extra_args=tags.to_xargs()),
+        arrival_time=now - rng.uniform(0, 30),
+        num_prompt_tokens=rng.randint(50, 3000),
+        max_tokens=512,
+        num_output_tokens=0,
+        num_computed_tokens=0,
+        num_preemptions=0,
+    )
+
+
+def measure(queued: int, steps: int, seed: int = 0) -> dict[str, float]:
+    """Median ms of a decision over ``queued`` requests, shipped and with every snapshot rebuilt."""
+    rng = random.Random(seed)
+    now = [1000.0]
+    shipped = PolicyBridge(make_engine_policy("gmax", {}), clock=lambda: now[0])
+    rebuilt = PolicyBridge(make_engine_policy("gmax", {}), clock=lambda: now[0])
+    waiting = [_request(rng, i, now[0]) for i in range(queued - RUNNING)]
+    running = [_request(rng, queued + i, now[0]) for i in range(RUNNING)]
+    for r in running:
+        r.num_computed_tokens = r.num_prompt_tokens
+        r.num_output_tokens = 1
+    next_id = 2 * queued
+    times: dict[str, list[float]] = {"shipped": [], "rebuilt": [], "policy": []}
+
+    def engine(t: float) -> EngineView:
+        return EngineView(
+            now_s=t,
+            step=0,
+            max_num_seqs=RUNNING,
+            max_num_batched_tokens=8192,
+            kv_blocks_total=200_000,
+            kv_blocks_free=4_000,
+            block_size=16,
+            profile=PROFILE,
+        )
+
+    policy_time = [0.0]
+    for bridge in (shipped, rebuilt):
+        decide = bridge.guard.decide
+
+        def timed(*args: Any, _decide: Any = decide) -> Any:
+            t0 = time.process_time()
+            out = _decide(*args)
+            policy_time[0] = time.process_time() - t0
+            return out
+
+        bridge.guard.decide = timed  # type: ignore[method-assign]
+    for step in range(steps):
+        now[0] += 0.03
+        for r in running:  # a decode step
+            r.num_computed_tokens = r.num_prompt_tokens + r.num_output_tokens
+            r.num_output_tokens += 1
+        for _ in range(2):  # two finish, two are admitted, two arrive
+            done = running.pop(rng.randrange(len(running)))
+            for b in (shipped, rebuilt):
+                b.call_ended(done, "stop")
+                b.forget([done.request_id])
+            running.append(waiting.pop(0))
+            waiting.append(_request(rng, next_id, now[0]))
+            next_id += 1
+        order = (shipped, rebuilt) if step % 2 == 0 else (rebuilt, shipped)
+        decisions = {}
+        for b in order:
+            if b is rebuilt:
+                b._snapshots = {}  # every snapshot built anew: the bridge before reuse
+            t0 = time.process_time()
+            decisions[id(b)] = b.decide(waiting, running, engine)
+            took = time.process_time() - t0
+            if step >= 2:  # the first decisions fill the policies' tables
+                times["shipped" if b is shipped else "rebuilt"].append(took)
+                if b is shipped:
+                    times["policy"].append(policy_time[0])
+        a, c = decisions[id(shipped)], decisions[id(rebuilt)]
+        if (a.admit, a.preempt, a.running_order, a.token_budget) != (
+            c.admit,
+            c.preempt,
+            c.running_order,
+            c.token_budget,
+        ):
+            raise SystemExit(f"step {step}: the two bridges decided differently")
+    return {k: statistics.median(v) * 1000.0 for k, v in times.items()}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--sizes", type=int, nargs="+", default=[1000, 5000])
+    ap.add_argument("--steps", type=int, default=40)
+    ap.add_argument("--out", type=Path, default=None)
+    args = ap.parse_args()
+    load = os.getloadavg()
+    lines = [
+        "# GMAX's decision inside the vLLM plugin (bench/plugin_decision_cost.py)",
+        "",
+        f"{os.cpu_count()} CPUs, 1-min load average at start {load[0]:.2f}; medians over "
+        f"{args.steps - 2} engine steps, process CPU time; {RUNNING} requests running.",
+        "",
+        "| queued | bridge decision, snapshots rebuilt (before) ms | bridge decision, snapshots kept ms "
+        "| of which GMAX.decide ms | before / kept |",
+        "|---:|---:|---:|---:|---:|",
+    ]
+    for n in args.sizes:
+        m = measure(n, args.steps)
+        lines.append(
+            f"| {n} | {m['rebuilt']:.2f} | {m['shipped']:.2f} | {m['policy']:.2f} "
+            f"| {m['rebuilt'] / m['shipped']:.2f}x |"
+        )
+        print(lines[-1], flush=True)
+    text = "\n".join(lines) + "\n"
+    print(text)
+    if args.out is not None:
+        args.out.write_text(text, encoding="utf-8")
+
+
+if __name__ == "__main__":
+    main()
