@@ -137,6 +137,32 @@ class Task:
         return f"records-{self.family}-r{self.replicas}-s{self.seed}-{objective}.json"
 
 
+def add_task_arguments(ap: argparse.ArgumentParser, duration_s: float) -> None:
+    """The options that name one run of the grid, for the scripts that look into one
+    (``bench/profile_sweep_run.py``, ``bench/run_phases.py``): :func:`task_of` reads them."""
+    ap.add_argument("--family", default="tot", choices=sorted(FAMILIES))
+    ap.add_argument("--replicas", type=int, default=4)
+    ap.add_argument("--rps", type=float, required=True, help="total requests/s (the sweep's per-point rate)")
+    ap.add_argument("--duration", type=float, default=duration_s)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--objective", default="token")
+    ap.add_argument("--router", default="round-robin")
+
+
+def task_of(args: argparse.Namespace, policy: str) -> Task:
+    """The run :func:`add_task_arguments`'s options name, with ``policy``."""
+    return Task(
+        args.family,
+        args.replicas,
+        args.seed,
+        args.rps,
+        policy,
+        (args.objective,),
+        args.duration,
+        args.router,
+    )
+
+
 def objective_groups(policy: str, objectives: tuple[str, ...]) -> list[tuple[str, ...]]:
     """``objectives`` grouped by the parameters each sets in ``policy``: one run serves a group (the
     schedule is the same; fcfs reads no objective, slide-batching weighs tokens alike under token and

@@ -25,25 +25,10 @@ from slo_core.bench.runner import run_one_timed
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("policy")
-    ap.add_argument("--family", default="tot", choices=sorted(gmax_sweep.FAMILIES))
-    ap.add_argument("--replicas", type=int, default=4)
-    ap.add_argument("--rps", type=float, required=True, help="total requests/s (the sweep's per-point rate)")
-    ap.add_argument("--duration", type=float, default=300.0)
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--objective", default="token")
-    ap.add_argument("--router", default="round-robin")
+    gmax_sweep.add_task_arguments(ap, duration_s=300.0)
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args()
-    task = gmax_sweep.Task(
-        args.family,
-        args.replicas,
-        args.seed,
-        args.rps,
-        args.policy,
-        (args.objective,),
-        args.duration,
-        args.router,
-    )
+    task = gmax_sweep.task_of(args, args.policy)
     prof = cProfile.Profile(time.process_time)
     prof.enable()
     record, cpu = run_one_timed(task.config(), (args.policy, args.router, args.rps))

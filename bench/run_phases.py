@@ -151,13 +151,7 @@ def table(rows: list[dict[str, Any]], title: str) -> str:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("policies", help="comma-separated engine policies")
-    ap.add_argument("--family", default="tot", choices=sorted(gmax_sweep.FAMILIES))
-    ap.add_argument("--replicas", type=int, default=4)
-    ap.add_argument("--rps", type=float, required=True, help="total requests/s (the sweep's per-point rate)")
-    ap.add_argument("--duration", type=float, default=120.0)
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--objective", default="token")
-    ap.add_argument("--router", default="round-robin")
+    gmax_sweep.add_task_arguments(ap, duration_s=120.0)
     ap.add_argument(
         "--collector",
         choices=("young", "default", "both"),
@@ -170,16 +164,7 @@ def main() -> None:
     args = ap.parse_args()
     rows = []
     for policy in args.policies.split(","):
-        task = gmax_sweep.Task(
-            args.family,
-            args.replicas,
-            args.seed,
-            args.rps,
-            policy,
-            (args.objective,),
-            args.duration,
-            args.router,
-        )
+        task = gmax_sweep.task_of(args, policy)
         modes = [args.collector] if args.collector != "both" else ["default", "young"]
         if len(rows) // len(modes) % 2:  # alternate which way goes first
             modes.reverse()

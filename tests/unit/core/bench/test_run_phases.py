@@ -46,3 +46,13 @@ def test_the_collector_settings_give_the_same_record(rp: ModuleType) -> None:
     # thresholds there), the simulation in between collecting far less often when paused
     assert sum(default["collections"]) > sum(young["collections"])
     assert rp.fleet_module.young_collections_only is not None  # put back
+
+
+def test_the_task_options_name_one_run_of_the_grid(rp: ModuleType) -> None:
+    import argparse
+
+    ap = argparse.ArgumentParser()
+    rp.gmax_sweep.add_task_arguments(ap, duration_s=120.0)
+    args = ap.parse_args(["--rps", "26", "--family", "conv", "--objective", "request"])
+    task = rp.gmax_sweep.task_of(args, "gmax")
+    assert task == rp.gmax_sweep.Task("conv", 4, 0, 26.0, "gmax", ("request",), 120.0, "round-robin")
