@@ -355,11 +355,11 @@ class PolicyBridge:
         prompt = f.prompt_tokens
         generated = int(request.num_output_tokens)
         computed = int(request.num_computed_tokens)
-        # core's attained_service, inline (once per queued request per decision)
-        attained = prompt + generated if generated > 0 else min(computed, prompt)
-        program = self.program(tags, f.arrival_s) if f.program_id else None
-        if program is not None:  # as core's simulator views a call: its program's, not its own
-            live = live_service.get(f.program_id) if live_service is not None else None  # type: ignore[arg-type]
+        attained = attained_service(prompt, computed, generated)
+        pid = f.program_id
+        program = self.program(tags, f.arrival_s) if pid else None
+        if program is not None and pid:  # as core's simulator views a call: its program's, not its own
+            live = live_service.get(pid) if live_service is not None else None
             program_arrival: float | None = program.arrival_s
             program_deadline: float | None = program.deadline_at_s
             attained = program.done_tokens + (attained if live is None else live)

@@ -27,7 +27,6 @@ from slo_core.sim.request import WAITING, SimRequest
 
 # the simulator builds a RequestView for every request that moved at every decision, and an
 # EngineView per decision: through slots twins, not the frozen dataclasses' slow __init__
-_ViewSlots = RequestViewSlots
 _EngineViewSlots = slots_twin(
     EngineView,
     (
@@ -49,7 +48,7 @@ def _new_view(r: SimRequest, program_attained: int) -> RequestView:
     """``RequestView(...)`` of ``r``'s current state (``program_attained``: its program's attained
     tokens, when it is a program's call)."""
     program = r.program
-    v = _object_new(_ViewSlots)
+    v = _object_new(RequestViewSlots)
     v.request_id = r.request_id
     v.slo = r.slo
     v.arrival_s = r.arrival_s
