@@ -3,6 +3,7 @@ garbage collector's time, and leaves FleetSim as it found it."""
 
 from __future__ import annotations
 
+import argparse
 from types import ModuleType
 
 import pytest
@@ -49,8 +50,6 @@ def test_the_collector_settings_give_the_same_record(rp: ModuleType) -> None:
 
 
 def test_the_task_options_name_one_run_of_the_grid(rp: ModuleType) -> None:
-    import argparse
-
     ap = argparse.ArgumentParser()
     rp.gmax_sweep.add_task_arguments(ap, duration_s=120.0)
     args = ap.parse_args(["--rps", "26", "--family", "conv", "--objective", "request"])
