@@ -92,12 +92,38 @@ def _latency_deadlines(d: Delivery, n: int) -> np.ndarray:
     return d.slo.ttft_s + np.arange(n) * d.slo.tbt_s
 
 
+# from this many tokens numpy's fixed cost per call is repaid (a plain loop: ~70 ns a token; numpy:
+# ~4.5 µs a call, then ~15 ns a token; the crossover measured here is ~90 tokens)
+_ON_TIME_NUMPY_FROM = 96
+
+
+def _on_time_tokens(d: Delivery) -> int:
+    """How many of a latency request's tokens met their deadline TTFT + i·TBT: the same IEEE
+    operations, in the same order, on either path (``t − arrival ≤ (TTFT + i·TBT) + ε``)."""
+    slo = d.slo
+    ttft, tbt = slo.ttft_s, slo.tbt_s
+    assert ttft is not None and tbt is not None
+    times, arrival = d.token_times_s, d.arrival_s
+    n = len(times)
+    if n < _ON_TIME_NUMPY_FROM:
+        count = 0
+        for i, t in enumerate(times):
+            if t - arrival <= ttft + i * tbt + _EPS_S:
+                count += 1
+        return count
+    rel = np.array(times, dtype=float)
+    rel -= arrival
+    deadlines = np.arange(n, dtype=float)
+    deadlines *= tbt
+    deadlines += ttft
+    deadlines += _EPS_S
+    return int(np.count_nonzero(rel <= deadlines))
+
+
 def token_goodput(d: Delivery, params: GainParams = _DEFAULT_PARAMS) -> float:
     """JITServe §3 token-level goodput."""
     if d.slo.kind is RequestKind.LATENCY:
-        rel = d.relative_times_s()
-        on_time = int(np.count_nonzero(rel <= _latency_deadlines(d, len(rel)) + _EPS_S))
-        return d.slo.priority_weight * on_time
+        return d.slo.priority_weight * _on_time_tokens(d)
     if _met_deadline(d):
         return d.slo.priority_weight * (d.input_tokens + d.output_tokens)
     return 0.0
@@ -110,16 +136,15 @@ def latency_token_outcome(d: Delivery, output_tokens: int) -> tuple[float, float
     slo = d.slo
     assert slo.kind is RequestKind.LATENCY and slo.ttft_s is not None and slo.tbt_s is not None
     w = slo.priority_weight
-    rel = d.relative_times_s()
-    on = rel <= _latency_deadlines(d, len(rel)) + _EPS_S
-    gain = w * int(np.count_nonzero(on))
+    on_time = _on_time_tokens(d)
     # instantly delivered tokens sit at 0 s, never after ttft + i·tbt ≥ 0
     if slo.ttft_s >= 0 and slo.tbt_s >= 0:
         ideal = w * output_tokens
     else:
         ideal = ideal_gain(d, "token", output_tokens=output_tokens)
-    met = d.completed and len(rel) > 0 and bool(np.all(on))
-    return gain, ideal, w if met else 0.0
+    n = len(d.token_times_s)
+    met = d.completed and n > 0 and on_time == n
+    return w * on_time, ideal, w if met else 0.0
 
 
 def request_goodput(d: Delivery, params: GainParams = _DEFAULT_PARAMS) -> float:
@@ -127,8 +152,7 @@ def request_goodput(d: Delivery, params: GainParams = _DEFAULT_PARAMS) -> float:
     if not d.completed or d.output_tokens == 0:
         return 0.0
     if d.slo.kind is RequestKind.LATENCY:
-        rel = d.relative_times_s()
-        met = bool(np.all(rel <= _latency_deadlines(d, len(rel)) + _EPS_S))
+        met = _on_time_tokens(d) == len(d.token_times_s)
     else:
         met = _met_deadline(d)
     return d.slo.priority_weight if met else 0.0

@@ -4,15 +4,18 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from slo_core.gain import (
+    _ON_TIME_NUMPY_FROM,
     GOODPUT_FUNCTIONS,
     Delivery,
     GainParams,
     SLOWatch,
+    _on_time_tokens,
     goodput_function,
     ideal_gain,
     latency_token_outcome,
@@ -201,6 +204,42 @@ def test_latency_token_outcome_equals_the_three_functions(
     n = len(times) + extra
     expected = (token_goodput(d), ideal_gain(d, "token", output_tokens=n), request_goodput(d))
     assert latency_token_outcome(d, n) == expected
+
+
+def _on_time_reference(d: Delivery) -> int:
+    """The on-time count as numpy wrote it before the plain-loop path: rel <= TTFT + i·TBT + ε."""
+    assert d.slo.ttft_s is not None and d.slo.tbt_s is not None
+    rel = np.asarray(d.token_times_s, dtype=float) - d.arrival_s
+    return int(np.count_nonzero(rel <= d.slo.ttft_s + np.arange(len(rel)) * d.slo.tbt_s + 1e-9))
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    n=st.integers(0, 2 * _ON_TIME_NUMPY_FROM),
+    arrival=st.floats(0.0, 5_000.0),
+    ttft=st.floats(0.01, 5.0),
+    tbt=st.floats(0.001, 0.5),
+    jitter=st.lists(st.sampled_from([-1e-9, -5e-10, 0.0, 5e-10, 1e-9, 2e-9, -0.01, 0.01]), min_size=1),
+    completed=st.booleans(),
+)
+def test_on_time_count_is_the_numpy_rule_on_both_paths_at_the_deadlines_edge(
+    n: int, arrival: float, ttft: float, tbt: float, jitter: list[float], completed: bool
+) -> None:
+    """Tokens placed on, just inside and just past their deadlines (where ε and rounding decide),
+    below and above the length where the count switches from a plain loop to numpy."""
+    times = [arrival + (ttft + i * tbt) + jitter[i % len(jitter)] for i in range(n)]
+    times = list(np.maximum.accumulate(times)) if times else []  # delivery times never go back
+    slo = SLOTargets(RequestKind.LATENCY, ttft_s=ttft, tbt_s=tbt, priority_weight=2.0)
+    d = Delivery(slo, arrival, 10, [float(t) for t in times], completed)
+    expected = _on_time_reference(d)
+    assert _on_time_tokens(d) == expected
+    assert token_goodput(d) == 2.0 * expected
+    assert latency_token_outcome(d, n) == (
+        2.0 * expected,
+        2.0 * n,
+        2.0 if completed and n > 0 and expected == n else 0.0,
+    )
+    assert request_goodput(d) == (2.0 if completed and n > 0 and expected == n else 0.0)
 
 
 @settings(max_examples=300, deadline=None)
