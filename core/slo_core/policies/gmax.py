@@ -71,9 +71,6 @@ from slo_core.policies.gmax_snapshot import (
     SnapshotTable,
 )
 from slo_core.policies.gmax_tuning import CutoffTuner
-from slo_core.slo import RequestKind
-
-_LATENCY = RequestKind.LATENCY
 
 
 def _pick(ids: list[str], index: list[int]) -> tuple[str, ...]:
@@ -402,7 +399,7 @@ class GMAX(BaseEnginePolicy):
         need: list[float] = []
         batch = 0
         if pool:
-            ctx = [float(r.prompt_tokens + r.generated_tokens) for r in rows]
+            ctx = [x + y for x, y in zip(sc.prompt, sc.generated, strict=True)]  # integers: exact
             block = max(1, engine.block_size)
             need = [float(math.ceil((x + 1.0) / block)) for x in ctx]
             if preempting:
@@ -483,18 +480,10 @@ class GMAX(BaseEnginePolicy):
             return None, admit, run_order
         now = engine.now_s
         deadline, bound = sc.deadline_s, sc.bound_tokens
-        g: list[float] = []
-        prompt: list[float] = []
-        computed: list[float] = []
-        is_lat: list[bool] = []
-        in_prefill: list[bool] = []
-        for r in rows:
-            y, x, c = float(r.generated_tokens), float(r.prompt_tokens), float(r.computed_tokens)
-            g.append(y)
-            prompt.append(x)
-            computed.append(c)
-            is_lat.append(r.slo.kind is _LATENCY)
-            in_prefill.append(c < x + (y - 1.0 if y > 1.0 else 0.0))  # computed < prompt + max(0, g - 1)
+        g, prompt, computed, is_lat = sc.generated, sc.prompt, sc.computed, sc.is_latency
+        in_prefill = [  # computed < prompt + max(0, g - 1)
+            c < x + (y - 1.0 if y > 1.0 else 0.0) for c, x, y in zip(computed, prompt, g, strict=True)
+        ]
         pending: list[float] | None = None
         start_by: list[float] | None = None
         if demand_floor_applies(p) and not all(is_lat):  # latency prompts are never pending

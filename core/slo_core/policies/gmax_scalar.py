@@ -130,6 +130,11 @@ class Scores:
     reject: list[bool]
     deadline_s: list[float]  # NaN for latency rows
     bound_tokens: list[float]
+    # the rows' fields as the scores read them (floats), for the selection and the step budget
+    generated: list[float]
+    prompt: list[float]
+    computed: list[float]
+    is_latency: list[bool]
 
 
 def scores(
@@ -156,6 +161,10 @@ def scores(
     reject: list[bool] = []
     deadline_l: list[float] = []
     bound_l: list[float] = []
+    g_l: list[float] = []
+    prompt_l: list[float] = []
+    computed_l: list[float] = []
+    is_lat_l: list[bool] = []
     prob_rows: list[int] = []  # deadline rows whose P(fit) goes through numpy
     prob_g: list[float] = []
     prob_b: list[float] = []
@@ -177,6 +186,10 @@ def scores(
         t_gen = t_pre + len_rem * v
         waiting_row = i < n_wait
         deadline = math.nan
+        g_l.append(g)
+        prompt_l.append(prompt)
+        computed_l.append(computed)
+        is_lat_l.append(kind is _LATENCY)
         if kind is _LATENCY:
             n_on = _on_time_tokens(r, now_s, t_pre, bound, v)
             gain = n_on if token else float(n_on >= len_rem)
@@ -235,7 +248,7 @@ def scores(
         (r.slo.priority_weight * gain + bonus) / max(t_gen, _MIN_T_S)
         for r, gain, bonus, t_gen in zip(rows, gain_l, bonus_l, t_gen_l, strict=True)
     ]
-    return Scores(score, t_gen_l, len_rem_l, reject, deadline_l, bound_l)
+    return Scores(score, t_gen_l, len_rem_l, reject, deadline_l, bound_l, g_l, prompt_l, computed_l, is_lat_l)
 
 
 def batch_capacity(need: list[float], order: Sequence[int], max_num_seqs: int, budget: float) -> int:
