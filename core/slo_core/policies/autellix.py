@@ -15,11 +15,19 @@ from __future__ import annotations
 import math
 import random
 from collections.abc import Sequence
+from operator import itemgetter
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from slo_core.policies.base import BaseEnginePolicy, Decision, EngineView, RequestView
+from slo_core.policies.base import (
+    BaseEnginePolicy,
+    Decision,
+    EngineView,
+    RequestView,
+    new_decision,
+    request_id_of,
+)
 
 
 class AutellixPLASParams(BaseModel):
@@ -98,17 +106,24 @@ class AutellixPLAS(BaseEnginePolicy):
         # waiting calls by (key, position): a stable sort on the key alone
         worder = sorted(range(len(waiting)), key=wkeys.__getitem__)
         victims = self._victims(waiting, wkeys, worder, running, rkeys, engine)
-        # admission order (key, waiting before a preempted call, position): the preempted calls, by
-        # position, after the waiting ones, merged in by one stable sort on the key
-        pool = [(wkeys[i], waiting[i].request_id) for i in worder]
-        pool += [(rkeys[i], running[i].request_id) for i in sorted(victims)]
-        pool.sort(key=_first)
-        left = set(victims)
-        run_order = sorted((i for i in range(len(running)) if i not in left), key=rkeys.__getitem__)
-        return Decision(
-            admit=tuple(rid for _, rid in pool),
-            preempt=tuple(running[i].request_id for i in victims),
-            running_order=tuple(running[i].request_id for i in run_order),
+        wids = list(map(request_id_of, waiting))
+        rids = list(map(request_id_of, running))
+        if victims:
+            # admission order (key, waiting before a preempted call, position): the preempted calls,
+            # by position, after the waiting ones, merged in by one stable sort on the key
+            pool = [(wkeys[i], wids[i]) for i in worder]
+            pool += [(rkeys[i], rids[i]) for i in sorted(victims)]
+            pool.sort(key=_first)
+            admit = tuple(map(_second, pool))
+            left = set(victims)
+            run_order = sorted((i for i in range(len(running)) if i not in left), key=rkeys.__getitem__)
+        else:  # the waiting order is the admission order; every running call stays
+            admit = tuple(map(wids.__getitem__, worder))
+            run_order = sorted(range(len(running)), key=rkeys.__getitem__)
+        return new_decision(
+            admit=admit,
+            preempt=tuple(map(rids.__getitem__, victims)),
+            running_order=tuple(map(rids.__getitem__, run_order)),
             reason=f"plas preempt={len(victims)}",
         )
 
@@ -147,5 +162,5 @@ class AutellixPLAS(BaseEnginePolicy):
         return victims
 
 
-def _first(item: tuple[tuple[int, float, float], str]) -> tuple[int, float, float]:
-    return item[0]
+_first = itemgetter(0)
+_second = itemgetter(1)
