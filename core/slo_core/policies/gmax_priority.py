@@ -33,6 +33,7 @@ import numpy as np
 
 from slo_core import detmath
 from slo_core.perf.model import PerfProfile
+from slo_core.policies.base import slots_twin
 from slo_core.policies.gmax_params import GMAXParams
 from slo_core.policies.gmax_snapshot import B8, BEST_EFFORT, COMPOUND, F64, I64, LATENCY, Columns
 
@@ -64,15 +65,15 @@ class SpeedModel:
             + max(profile.floor_ms, profile.a_ms_per_token * max(1, n_seqs))
             + profile.d_ms_per_kv_token * sum_kv_tokens
         )
-        return cls(
-            step_s=step_ms / 1000.0,
-            prefill_s_per_token=profile.a_ms_per_token / 1000.0,
-            prefill_s_per_token_ctx=profile.b_ms_per_token_ctx / 1000.0,
-            budget_tokens=max(1, budget_tokens),
+        return _speed_model(
+            step_ms / 1000.0,
+            profile.a_ms_per_token / 1000.0,
+            profile.b_ms_per_token_ctx / 1000.0,
+            max(1, budget_tokens),
         )
 
     def scaled(self, factor: float) -> SpeedModel:
-        return SpeedModel(
+        return _speed_model(
             self.step_s * factor,
             self.prefill_s_per_token * factor,
             self.prefill_s_per_token_ctx * factor,
@@ -87,6 +88,25 @@ class SpeedModel:
         )
         out: F64 = np.where(tokens > 0, chunks * self.step_s + work, 0.0)
         return out
+
+
+# built twice a GMAX decision (~19,000 decisions on the hour): through slots_twin, not the frozen
+# dataclass's __init__
+_SpeedModelSlots = slots_twin(
+    SpeedModel, ("step_s", "prefill_s_per_token", "prefill_s_per_token_ctx", "budget_tokens")
+)
+
+
+def _speed_model(step_s: float, per_token: float, per_token_ctx: float, budget_tokens: int) -> SpeedModel:
+    """``SpeedModel(step_s, per_token, per_token_ctx, budget_tokens)`` (equal to it), built fast."""
+    m = object.__new__(_SpeedModelSlots)
+    m.step_s = step_s
+    m.prefill_s_per_token = per_token
+    m.prefill_s_per_token_ctx = per_token_ctx
+    m.budget_tokens = budget_tokens
+    m.__class__ = SpeedModel
+    out: SpeedModel = m
+    return out
 
 
 @dataclass(frozen=True, slots=True)
