@@ -24,10 +24,11 @@ while its snapshot object is unchanged: a request that merely waits costs a dict
 
 from __future__ import annotations
 
+import math
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass
-from operator import attrgetter
+from operator import attrgetter, itemgetter
 from typing import Literal
 
 import numpy as np
@@ -35,7 +36,14 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from slo_core.objective import Objective
 from slo_core.perf.model import OnlineCorrection, PerfProfile
-from slo_core.policies.base import BaseEnginePolicy, Decision, EngineView, RequestView, request_id_of
+from slo_core.policies.base import (
+    BaseEnginePolicy,
+    Decision,
+    EngineView,
+    RequestView,
+    new_decision,
+    request_id_of,
+)
 from slo_core.policies.float_sum import numpy_sum
 from slo_core.policies.seed_estimates import (
     decode_core_s,
@@ -52,7 +60,7 @@ from slo_core.slo import RequestKind
 def _fill_batch(  # noqa: PLR0917 - the plan's state, shared by the scalar and numpy paths
     queue: Sequence[RequestView],
     order: Sequence[int],
-    exec_s: Sequence[float],
+    exec_s: list[float] | np.ndarray,
     waiting: Sequence[bool],
     t_c: float,
     t_budget: float,
@@ -208,8 +216,10 @@ def canonical_queue(
 
 
 _ARRIVAL_ID = attrgetter("arrival_s", "request_id")
-# from this many queued requests the plan's two sorts run in numpy (below, plain lists are cheaper)
-_SORT_IN_NUMPY_FROM = 256
+# from this many queued requests the plan's arithmetic and its two sorts run in numpy (below, plain
+# lists are cheaper)
+_NUMPY_FROM = 256
+_CORE, _DUE, _GAIN = itemgetter(1), itemgetter(2), itemgetter(3)
 
 # per request id: (the snapshot the terms were computed from, T̃ before β, next-token due time, gain)
 _Terms = tuple[RequestView, float, float, float]
@@ -234,6 +244,35 @@ def _terms(r: RequestView, profile: PerfProfile, params: SlideBatchingParams) ->
         due = r.arrival_s + slo.effective_deadline_s
     w = params.first_token_weight if gen == 0 else params.decode_token_weight
     return (r, core, due, w * slo.priority_weight)
+
+
+_Floats = list[float] | np.ndarray
+
+
+def term_metrics(
+    terms: Sequence[_Terms], beta: float, now_s: float, *, in_numpy: bool
+) -> tuple[_Floats, _Floats, _Floats, float, float]:
+    """(exec, remain, density, min remain, Σexec) of the queue's terms at β and ``now_s``, as
+    :func:`queue_metrics` computes them: exec = max(T̃·β, 1e-6), remain = due − now, density = gain /
+    exec, Σ numpy's pairwise sum. ``in_numpy``: as float64 arrays (a deep queue), else as lists; the
+    same IEEE operations on every element either way, so the same bits (tested)."""
+    if not in_numpy:
+        exec_l = [max(t[1] * beta, 1e-6) for t in terms]  # np.maximum(exec, 1e-6)
+        remain = [t[2] - now_s for t in terms]
+        density = [t[3] / e for t, e in zip(terms, exec_l, strict=True)]
+        return exec_l, remain, density, min(remain), numpy_sum(exec_l)
+    n = len(terms)
+    exec_a = np.fromiter(map(_CORE, terms), np.float64, n)
+    exec_a *= beta
+    np.maximum(exec_a, 1e-6, out=exec_a)
+    rem = np.fromiter(map(_DUE, terms), np.float64, n)
+    rem -= now_s
+    den = np.fromiter(map(_GAIN, terms), np.float64, n)
+    den /= exec_a
+    t_min = float(rem.min())
+    if math.isnan(t_min):  # min() of a list skips what np.min propagates
+        t_min = min(rem.tolist())
+    return exec_a, rem, den, t_min, float(exec_a.sum())  # numpy_sum is this sum on lists
 
 
 class SlideBatching(BaseEnginePolicy):
@@ -281,43 +320,47 @@ class SlideBatching(BaseEnginePolicy):
             self._terms = {}
             self._terms_profile = profile
         old = self._terms
-        cache: dict[str, _Terms] = {}
-        n = len(queue)
-        exec_s = [0.0] * n
-        remain = [0.0] * n
-        density = [0.0] * n
-        for i, r in enumerate(queue):
-            t = old.get(r.request_id)
+        ids = list(map(request_id_of, queue))
+        terms: list[_Terms] = []
+        append = terms.append
+        for r, rid in zip(queue, ids, strict=True):
+            t = old.get(rid)
             if t is None or t[0] is not r:
                 t = _terms(r, profile, p)
-            cache[r.request_id] = t
-            e = t[1] * beta
-            e = max(e, 1e-6)  # np.maximum(exec, 1e-6)
-            exec_s[i] = e
-            remain[i] = t[2] - now
-            density[i] = t[3] / e
-        self._terms = cache  # requests that left the queue drop out
+            append(t)
+        self._terms = dict(zip(ids, terms, strict=True))  # requests that left the queue drop out
+        n = len(queue)
         t_c = overhead_s(profile) * beta
-        t_budget = max(min(remain), p.eta_s, t_c + 1e-3)
+        deep = n >= _NUMPY_FROM
+        exec_s, remain_s, density_s, t_min, total_exec = term_metrics(terms, beta, now, in_numpy=deep)
+        t_budget = max(t_min, p.eta_s, t_c + 1e-3)
         scale = t_budget / (t_budget - t_c)
         if p.load_judgment == "aggressive":
-            bar = p.gamma * (scale * numpy_sum(exec_s))
-            urgent = [remain[i] < bar for i in range(n)]
+            bar = p.gamma * (scale * total_exec)
+            if deep:
+                mask = np.asarray(remain_s) < bar
+            else:
+                urgent = [x < bar for x in remain_s]
         else:
+            remain = remain_s.tolist() if isinstance(remain_s, np.ndarray) else remain_s
+            exec_l = exec_s.tolist() if isinstance(exec_s, np.ndarray) else exec_s
             by_remain = sorted(range(n), key=remain.__getitem__)
             urgent = [False] * n
             cum = 0.0
             for i in by_remain:
-                cum += exec_s[i]
+                cum += exec_l[i]
                 urgent[i] = remain[i] < p.gamma * (scale * cum)
-        if n >= _SORT_IN_NUMPY_FROM:  # the same stable sorts (a deep queue at overload: 2.5x faster)
-            rem, den, mask = np.array(remain), np.array(density), np.array(urgent, dtype=bool)
+            if deep:
+                mask = np.array(urgent, dtype=bool)
+        if deep:  # the same stable sorts (a deep queue at overload: 2.5x faster)
+            rem, den = np.asarray(remain_s), np.asarray(density_s)
             idx = np.arange(n)
             u = idx[mask]
             v = idx[~mask]
             urg = u[np.lexsort((rem[u], -den[u]))].tolist()
             nor = v[np.argsort(rem[v], kind="stable")].tolist()
         else:
+            density, remain = density_s, remain_s
             urg = [i for i in range(n) if urgent[i]]
             urg.sort(key=lambda i: (-density[i], remain[i]))
             nor = [i for i in range(n) if not urgent[i]]
@@ -327,12 +370,12 @@ class SlideBatching(BaseEnginePolicy):
             queue, order, exec_s, is_waiting, t_c, t_budget, engine, profile, beta
         )
         return SlidePlan(
-            order=tuple(queue[i].request_id for i in order),
-            urgent=frozenset(queue[i].request_id for i in urg),
+            order=tuple(map(ids.__getitem__, order)),
+            urgent=frozenset(map(ids.__getitem__, urg)),
             batch=tuple(batch),
             chunks=chunks,
             t_budget_s=t_budget,
-            t_batch_s=t_batch,
+            t_batch_s=float(t_batch),  # a numpy float where exec_s is an array
         )
 
     def plan_reference(
@@ -377,11 +420,11 @@ class SlideBatching(BaseEnginePolicy):
     ) -> Decision:
         plan = self.plan(waiting, running, engine)
         in_batch = set(plan.batch)
-        running_ids = {r.request_id for r in running}
-        run_order = [rid for rid in plan.order if rid in running_ids]
+        running_ids = set(map(request_id_of, running))
+        run_order = list(filter(running_ids.__contains__, plan.order))  # one C-level pass
         run_order.sort(key=lambda rid: rid not in in_batch)
         admit = tuple(rid for rid in plan.batch if rid not in running_ids)
-        return Decision(
+        return new_decision(
             admit=admit,
             running_order=tuple(run_order),
             hold_unlisted=True,
