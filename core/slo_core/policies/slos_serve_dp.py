@@ -169,18 +169,25 @@ def plan_admission(
     states: dict[Key, list[Entry]] = {zero: [(0.0, 0.0, ())]}
     baseline_pb, t_prev, forced_ok = 0.0, now_s, True
 
-    def rate_of(key: Key, forced_decoders: _Decoders) -> float:
-        d = forced_decoders
-        for k, t in enumerate(tiers):
-            for _ in range(key[k]):
-                d = d.plus(t, tier_mean_kv[t])
-        return d.rate(cap)
-
     forced_dec = base
+    # a key's rate is a function of the key and the forced decoders, which change only at a forced
+    # event: each is computed once between two (the same floats, from the same operations)
+    known: dict[Key, float] = {}
+
+    def rate_of(key: Key) -> float:
+        rate = known.get(key)
+        if rate is None:
+            d = forced_dec
+            for k, t in enumerate(tiers):
+                for _ in range(key[k]):
+                    d = d.plus(t, tier_mean_kv[t])
+            rate = known[key] = d.rate(cap)
+        return rate
+
     for ev in events:
         dt = max(0.0, ev.pddl_s - t_prev)
         t_prev = max(t_prev, ev.pddl_s)
-        rates = {key: rate_of(key, forced_dec) for key in states}
+        rates = {key: rate_of(key) for key in states}
         baseline_pb += forced_dec.rate(cap) * dt
         states = {
             key: [(v, pb + rates[key] * dt, ids) for v, pb, ids in entries] for key, entries in states.items()
@@ -200,6 +207,7 @@ def plan_admission(
                     nxt[key] = kept
             states = nxt
             forced_dec = forced_dec.plus(ev.tpot_s, ev.decode_kv_tokens)
+            known.clear()
             continue
         new_states: dict[Key, list[Entry]] = {k: list(v) for k, v in states.items()}
         for key, entries in states.items():
@@ -214,7 +222,7 @@ def plan_admission(
                 nk[tiers.index(ev.tpot_s)] += 1
             nk[-1] = mem
             new_key: Key = tuple(nk)
-            if rate_of(new_key, forced_dec) < -_EPS:
+            if rate_of(new_key) < -_EPS:
                 continue  # its decode demand cannot be met together with the others'
             grown = [
                 (v + ev.value, pb - ev.prefill_tokens, (*ids, ev.request_id))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import math
 
 from builders import profile
 from hypothesis import HealthCheck, assume, given, settings
@@ -123,3 +124,20 @@ def test_dp_admits_only_feasible_sets_and_matches_brute_force(
 
 def _fields(x: DPItem) -> dict[str, object]:
     return {f: getattr(x, f) for f in x.__slots__}  # type: ignore[attr-defined]
+
+
+def test_a_forced_decoder_lowers_the_prefill_rate_for_every_later_candidate() -> None:
+    """The DP keeps each key's prefill rate between forced events; a forced request that starts
+    decoding at 0.1 s must slow the budget a candidate due at 1 s sees (a rate kept from before it
+    would admit a prompt that no longer fits)."""
+    before = prefill_rate(CAP, math.inf, 0.0, 0.0)
+    after = prefill_rate(CAP, 0.01, 1.0 / 0.01, 0.0)
+    assert after < before
+    forced = item("f", 0.1, 10, tpot=0.01, forced=True)
+    budget = before * 0.1 - 10 + after * 0.9  # what the candidate's prefill may take
+    stale = before * 1.0 - 10
+    assert budget + 2 < stale
+    fits = item("c", 1.0, int(budget) - 1, tpot=None)
+    too_big = item("c", 1.0, int((budget + stale) / 2), tpot=None)
+    assert plan_admission([forced], [fits], 0.0, CAP).admitted == ("c",)
+    assert plan_admission([forced], [too_big], 0.0, CAP).admitted == ()
