@@ -32,7 +32,7 @@ from slo_core.policies.seed_estimates import (
     remaining_output_tokens,
     remaining_prompt_tokens,
 )
-from slo_core.policies.slos_serve_dp import Capacity, DPItem, batch_tokens, plan_admission
+from slo_core.policies.slos_serve_dp import Capacity, DPItem, batch_tokens, dp_item, plan_admission
 from slo_core.slo import RequestKind
 
 
@@ -83,19 +83,18 @@ def to_item(
     else:
         deadline = next_token_due_s(r)
         slack = deadline - now_s
-        tpot = max(
-            min_iteration_s(profile), (1.0 - p.deadline_prefill_share) * slack / remaining_output_tokens(r)
-        )
-        pddl = deadline - tpot * remaining_output_tokens(r)
-    return DPItem(
+        rem = remaining_output_tokens(r)
+        tpot = max(min_iteration_s(profile), (1.0 - p.deadline_prefill_share) * slack / rem)
+        pddl = deadline - tpot * rem
+    return dp_item(
         r.request_id,
-        pddl_s=pddl,
-        prefill_tokens=remaining_prompt_tokens(r),
-        memory_units=mem,
-        tpot_s=tpot,
-        value=value,
-        decode_kv_tokens=r.prompt_tokens + r.generated_tokens,
-        forced=forced,
+        pddl,
+        remaining_prompt_tokens(r),
+        mem,
+        tpot,
+        value,
+        r.prompt_tokens + r.generated_tokens,
+        forced,
     )
 
 
@@ -114,7 +113,7 @@ def dp_view(
     items, decoders, dec_mem = [], [], 0
     for r in forced_reqs:
         it = to_item(r, now_s, profile, p, unit, forced=True)
-        if remaining_prompt_tokens(r) > 0:
+        if it.prefill_tokens > 0:  # remaining_prompt_tokens(r)
             items.append(it)
         else:
             assert it.tpot_s is not None

@@ -26,6 +26,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from slo_core.perf.model import PerfProfile
+from slo_core.policies.base import slots_twin
 from slo_core.policies.seed_estimates import tokens_within_s
 
 _EPS = 1e-6
@@ -43,6 +44,47 @@ class DPItem:
     value: float
     decode_kv_tokens: int = 0
     forced: bool = False
+
+
+# built for every queued request at every decision: through slots_twin, not the frozen __init__
+_DPItemSlots = slots_twin(
+    DPItem,
+    (
+        "request_id",
+        "pddl_s",
+        "prefill_tokens",
+        "memory_units",
+        "tpot_s",
+        "value",
+        "decode_kv_tokens",
+        "forced",
+    ),
+)
+
+
+def dp_item(  # noqa: PLR0917 - DPItem's fields, in its order
+    request_id: str,
+    pddl_s: float,
+    prefill_tokens: int,
+    memory_units: int,
+    tpot_s: float | None,
+    value: float,
+    decode_kv_tokens: int,
+    forced: bool,
+) -> DPItem:
+    """``DPItem(...)`` with every field given (equal to it), built fast."""
+    it = object.__new__(_DPItemSlots)
+    it.request_id = request_id
+    it.pddl_s = pddl_s
+    it.prefill_tokens = prefill_tokens
+    it.memory_units = memory_units
+    it.tpot_s = tpot_s
+    it.value = value
+    it.decode_kv_tokens = decode_kv_tokens
+    it.forced = forced
+    it.__class__ = DPItem
+    out: DPItem = it
+    return out
 
 
 @dataclass(frozen=True, slots=True)

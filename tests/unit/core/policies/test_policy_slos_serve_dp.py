@@ -13,6 +13,7 @@ from slo_core.policies.slos_serve_dp import (
     Capacity,
     DPItem,
     batch_tokens,
+    dp_item,
     form_batches,
     plan_admission,
     prefill_rate,
@@ -141,3 +142,13 @@ def test_a_forced_decoder_lowers_the_prefill_rate_for_every_later_candidate() ->
     too_big = item("c", 1.0, int((budget + stale) / 2), tpot=None)
     assert plan_admission([forced], [fits], 0.0, CAP).admitted == ("c",)
     assert plan_admission([forced], [too_big], 0.0, CAP).admitted == ()
+
+
+@given(items)
+@settings(max_examples=30, deadline=None)
+def test_the_fast_item_builder_builds_the_dataclass(it: DPItem) -> None:
+    fields = _fields(it)
+    built = dp_item(*fields.values())  # type: ignore[arg-type]
+    assert type(built) is DPItem
+    assert built == it == DPItem(**fields)  # type: ignore[arg-type]
+    assert hash(built) == hash(it)
