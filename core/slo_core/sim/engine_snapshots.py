@@ -3,10 +3,30 @@
 from __future__ import annotations
 
 from slo_core.perf.model import PerfProfile
-from slo_core.policies.base import EnginePolicy, EngineView, ReplicaCapabilities, ReplicaView
+from slo_core.policies.base import EnginePolicy, EngineView, ReplicaCapabilities, ReplicaView, slots_twin
 from slo_core.sim.engine_types import EngineConfig
 from slo_core.sim.request import SimRequest
 from slo_core.sim.views import new_engine_view, request_views
+
+_ReplicaViewSlots = slots_twin(
+    ReplicaView,
+    (
+        "replica_id",
+        "snapshot_s",
+        "waiting",
+        "running",
+        "kv_blocks_total",
+        "kv_blocks_free",
+        "max_num_seqs",
+        "max_num_batched_tokens",
+        "block_size",
+        "profile",
+        "engine_policy",
+        "healthy",
+        "capabilities",
+        "reported_outstanding_tokens",
+    ),
+)
 
 
 class EngineSnapshots:
@@ -49,21 +69,26 @@ class EngineSnapshots:
         cfg = self.config
         if with_requests:
             self._apply_deferred()
-        return ReplicaView(
-            replica_id=self.engine_id,
-            snapshot_s=now_s,
-            waiting=tuple(request_views(self.waiting)) if with_requests else (),
-            running=tuple(request_views(self.running)) if with_requests else (),
-            kv_blocks_total=self.kv_blocks_total,
-            kv_blocks_free=self.free_blocks,
-            max_num_seqs=cfg.max_num_seqs,
-            max_num_batched_tokens=cfg.max_num_batched_tokens,
-            block_size=self.block_size,
-            profile=self.profile,
-            engine_policy=str(getattr(self.policy, "name", "")),
-            capabilities=self.capabilities,
-            reported_outstanding_tokens=self.outstanding_tokens,
-        )
+        # the fleet takes one per replica at every arrival: through the slots twin (what
+        # ReplicaView(...) builds, without the frozen __init__'s per-field object.__setattr__)
+        v = object.__new__(_ReplicaViewSlots)
+        v.replica_id = self.engine_id
+        v.snapshot_s = now_s
+        v.waiting = tuple(request_views(self.waiting)) if with_requests else ()
+        v.running = tuple(request_views(self.running)) if with_requests else ()
+        v.kv_blocks_total = self.kv_blocks_total
+        v.kv_blocks_free = self.free_blocks
+        v.max_num_seqs = cfg.max_num_seqs
+        v.max_num_batched_tokens = cfg.max_num_batched_tokens
+        v.block_size = self.block_size
+        v.profile = self.profile
+        v.engine_policy = str(getattr(self.policy, "name", ""))
+        v.healthy = True
+        v.capabilities = self.capabilities
+        v.reported_outstanding_tokens = self.outstanding_tokens
+        v.__class__ = ReplicaView
+        out: ReplicaView = v
+        return out
 
     @property
     def outstanding_tokens(self) -> int:

@@ -8,11 +8,13 @@ import pytest
 from sim_outcomes import outcomes
 
 from slo_core.perf import load_profile
+from slo_core.policies.base import ReplicaView
 from slo_core.policies.slide_batching import SlideBatching
 from slo_core.sim.engine import SimEngine
 from slo_core.sim.engine_types import EngineConfig
 from slo_core.sim.fleet import FleetSim, ReplicaSpec, SimConfig
 from slo_core.sim.request import UNARRIVED, ProgramState, SimRequest
+from slo_core.sim.views import request_views
 from slo_core.slo import RequestKind, SLOTargets
 from slo_core.workloads import WorkloadSpec, build_workload
 
@@ -165,3 +167,40 @@ def test_with_every_sequence_slot_taken_the_waiting_queue_decides_nothing(
     reference = FleetSim([spec] * 2, EveryStep, "go-routing", seed=2, config=config).run(jobs)
     assert outcomes(skipping) == outcomes(reference)
     assert left_out_while_waiting > 100
+
+
+def test_the_replica_view_is_the_dataclass_a_router_would_build() -> None:
+    """replica_view builds its ReplicaView through the slots twin: the same object ReplicaView(...)
+    gives for the engine's state, with and without the queues, mid-run."""
+    e = SimEngine("e", H100, SlideBatching(), ENGINES["kv-pressure"])
+    now = 0.0
+    checked = 0
+    for step in range(40):
+        for r in _requests() if step == 0 else ():
+            e.accept(r, now)
+        end = e.plan(now)
+        if end is None:
+            break
+        for with_requests in (True, False):
+            view = e.replica_view(now, with_requests=with_requests)
+            expected = ReplicaView(
+                replica_id="e",
+                snapshot_s=now,
+                waiting=tuple(request_views(e.waiting)) if with_requests else (),
+                running=tuple(request_views(e.running)) if with_requests else (),
+                kv_blocks_total=e.kv_blocks_total,
+                kv_blocks_free=e.free_blocks,
+                max_num_seqs=e.config.max_num_seqs,
+                max_num_batched_tokens=e.config.max_num_batched_tokens,
+                block_size=e.block_size,
+                profile=H100,
+                engine_policy="slide-batching",
+                capabilities=e.capabilities,
+                reported_outstanding_tokens=e.outstanding_tokens,
+            )
+            assert type(view) is ReplicaView
+            assert view == expected and hash(view) == hash(expected)
+            checked += 1
+        e.complete()
+        now = end
+    assert checked >= 20
