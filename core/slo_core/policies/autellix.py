@@ -108,6 +108,7 @@ class AutellixPLAS(BaseEnginePolicy):
         victims = self._victims(waiting, wkeys, worder, running, rkeys, engine)
         wids = list(map(request_id_of, waiting))
         rids = list(map(request_id_of, running))
+        run_order = sorted(range(len(running)), key=rkeys.__getitem__)
         if victims:
             # admission order (key, waiting before a preempted call, position): the preempted calls,
             # by position, after the waiting ones, merged in by one stable sort on the key
@@ -116,10 +117,9 @@ class AutellixPLAS(BaseEnginePolicy):
             pool.sort(key=_first)
             admit = tuple(map(_second, pool))
             left = set(victims)
-            run_order = sorted((i for i in range(len(running)) if i not in left), key=rkeys.__getitem__)
-        else:  # the waiting order is the admission order; every running call stays
+            run_order = [i for i in run_order if i not in left]  # a stable sort's order, filtered
+        else:  # the waiting order is the admission order
             admit = tuple(map(wids.__getitem__, worder))
-            run_order = sorted(range(len(running)), key=rkeys.__getitem__)
         return new_decision(
             admit=admit,
             preempt=tuple(map(rids.__getitem__, victims)),

@@ -360,11 +360,10 @@ class SlideBatching(BaseEnginePolicy):
             urg = u[np.lexsort((rem[u], -den[u]))].tolist()
             nor = v[np.argsort(rem[v], kind="stable")].tolist()
         else:
-            density, remain = density_s, remain_s
             urg = [i for i in range(n) if urgent[i]]
-            urg.sort(key=lambda i: (-density[i], remain[i]))
+            urg.sort(key=lambda i: (-density_s[i], remain_s[i]))
             nor = [i for i in range(n) if not urgent[i]]
-            nor.sort(key=remain.__getitem__)
+            nor.sort(key=remain_s.__getitem__)
         order = urg + nor
         batch, chunks, t_batch = _fill_batch(
             queue, order, exec_s, is_waiting, t_c, t_budget, engine, profile, beta
