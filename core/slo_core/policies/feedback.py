@@ -25,17 +25,21 @@ from slo_core.policies.base import FinishedView, RequestView
 from slo_core.slo import RequestKind, SLOTargets
 
 
-def call_delivery(view: RequestView, token_times_s: Sequence[float], *, completed: bool = True) -> Delivery:
-    """``view``'s delivery; a compound call's against its stage sub-deadline."""
+def call_delivery(
+    view: RequestView, token_times_s: Sequence[float], *, completed: bool = True, times_in_order: bool = False
+) -> Delivery:
+    """``view``'s delivery; a compound call's against its stage sub-deadline (``times_in_order``:
+    see :class:`~slo_core.gain.Delivery`)."""
     if view.program_id is None or view.deadline_at_s is None:
-        return Delivery(view.slo, view.arrival_s, view.prompt_tokens, token_times_s, completed)
-    slo = SLOTargets(
-        kind=RequestKind.DEADLINE,
-        deadline_s=max(1e-6, view.deadline_at_s - view.arrival_s),
-        priority_class=view.slo.priority_class,
-        priority_weight=view.slo.priority_weight,
-    )
-    return Delivery(slo, view.arrival_s, view.prompt_tokens, token_times_s, completed)
+        slo = view.slo
+    else:
+        slo = SLOTargets(
+            kind=RequestKind.DEADLINE,
+            deadline_s=max(1e-6, view.deadline_at_s - view.arrival_s),
+            priority_class=view.slo.priority_class,
+            priority_weight=view.slo.priority_weight,
+        )
+    return Delivery(slo, view.arrival_s, view.prompt_tokens, token_times_s, completed, times_in_order)
 
 
 class Feedback:
@@ -54,10 +58,17 @@ class Feedback:
         return cls(objective.goodput, objective.gain)
 
     def __call__(
-        self, view: RequestView, token_times_s: Sequence[float], *, finish_s: float, output_tokens: int
+        self,
+        view: RequestView,
+        token_times_s: Sequence[float],
+        *,
+        finish_s: float,
+        output_tokens: int,
+        times_in_order: bool = False,
     ) -> FinishedView:
-        """``view``: the request's last snapshot; ``output_tokens``: its whole output (it finished)."""
-        d = call_delivery(view, token_times_s)
+        """``view``: the request's last snapshot; ``output_tokens``: its whole output (it finished);
+        ``times_in_order``: the times never decrease (see :class:`~slo_core.gain.Delivery`)."""
+        d = call_delivery(view, token_times_s, times_in_order=times_in_order)
         if self.name == "token" and d.slo.kind is RequestKind.LATENCY:
             gain, ideal, met = latency_token_outcome(d, output_tokens)
         else:

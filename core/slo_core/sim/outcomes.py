@@ -18,6 +18,7 @@ def request_delivery(r: SimRequest) -> Delivery:
         input_tokens=r.prompt_tokens,
         token_times_s=r.token_times,
         completed=r.state == FINISHED,
+        times_in_order=True,  # the engine appends each token at its step's end: its clock never goes back
     )
 
 
@@ -33,6 +34,7 @@ def program_delivery(p: ProgramState) -> Delivery:
         input_tokens=sum(i for stage in p.stages for i, _ in stage),
         token_times_s=times,
         completed=p.finish_s is not None and not p.failed,
+        times_in_order=True,  # sorted above
     )
 
 
@@ -47,4 +49,5 @@ def finished_view(feedback: Feedback, r: SimRequest) -> FinishedView:
         r.token_times,
         finish_s=r.finish_s if r.finish_s is not None else r.arrival_s,
         output_tokens=r.target_tokens,
+        times_in_order=True,
     )

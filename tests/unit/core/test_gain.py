@@ -281,3 +281,58 @@ def test_the_watch_takes_a_gap_early_tokens_made_up_for_and_an_absolute_deadline
     tagged.tokens(3, 106.0)
     assert not tagged.met(True)
     assert not SLOWatch(DL, 100.0).met(True), "no token: not met"
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    n=st.integers(0, 400),
+    arrival=st.floats(0.0, 5_000.0),
+    ttft=st.sampled_from([0.25, 2.0]) | st.floats(0.001, 5.0),
+    tbt=st.sampled_from([0.001, 0.1]) | st.floats(0.001, 0.5),
+    start=st.floats(-1.0, 6.0),
+    steps=st.lists(st.sampled_from([0.0, 1e-12, 0.02, 0.05, 0.1, 0.3, 1.5]), min_size=1, max_size=40),
+    snap=st.lists(st.sampled_from([None, -2e-9, -1e-9, 0.0, 5e-10, 1e-9, 2e-9]), min_size=1, max_size=40),
+    completed=st.booleans(),
+)
+def test_in_order_times_are_counted_from_a_few_as_from_every_one(
+    n: int,
+    arrival: float,
+    ttft: float,
+    tbt: float,
+    start: float,
+    steps: list[float],
+    snap: list[float | None],
+    completed: bool,
+) -> None:
+    """Times that never decrease (``times_in_order``: counted by halving blocks) give the count of the
+    comparison of every token with its deadline: slack that grows, shrinks or wobbles, runs of equal
+    times (a prefill's tokens, one step), and tokens placed on, just inside and just past their
+    deadlines, where ε and rounding decide."""
+    times: list[float] = []
+    t = arrival + start
+    for i in range(n):
+        t += steps[i % len(steps)]
+        s = snap[i % len(snap)]
+        if s is not None:  # pull this token onto its deadline (±), never before the last one
+            t = max(t, arrival + (ttft + i * tbt) + s)
+        times.append(t)
+    slo = SLOTargets(RequestKind.LATENCY, ttft_s=ttft, tbt_s=tbt, priority_weight=2.0)
+    every = Delivery(slo, arrival, 10, times, completed)
+    in_order = Delivery(slo, arrival, 10, times, completed, times_in_order=True)
+    expected = _on_time_reference(every)
+    assert _on_time_tokens(every) == expected
+    assert _on_time_tokens(in_order) == expected
+    assert latency_token_outcome(in_order, n) == latency_token_outcome(every, n)
+    assert request_goodput(in_order) == request_goodput(every)
+    assert token_goodput(in_order) == token_goodput(every)
+
+
+def test_times_out_of_order_are_counted_one_by_one_unless_promised_in_order() -> None:
+    """Without the promise a late token before an early one counts as it is: the block shortcut is
+    only taken for times the caller guarantees in order (here it would see the last token on time
+    and count the whole block)."""
+    slo = SLOTargets(RequestKind.LATENCY, ttft_s=1.0, tbt_s=0.1)
+    times = [100.0 + (5.0 if i == 3 else 0.5) for i in range(20)]  # token 3 late, the rest early
+    d = Delivery(slo, 100.0, 10, times, True)
+    assert _on_time_tokens(d) == 19
+    assert _on_time_tokens(Delivery(slo, 100.0, 10, times, True, times_in_order=True)) == 20
