@@ -63,6 +63,7 @@ PROGRESS = (
     "waiting_since_s",
     "program_attained_tokens",
 )
+_FLOAT_FIELDS = _STATIC_F + PROGRESS  # the table's float rows, in the order columns() unpacks them
 
 
 def _nan_if_none(value: float | int | None) -> float:
@@ -160,6 +161,10 @@ class SnapshotTable:
         self._index: dict[str, int] = {}
         self._size = 0
         self._cap = 0
+        # one row per field (_FLOAT_FIELDS, _STATIC_I), one column per request: a decision gathers
+        # its requests' columns of every field in one call per dtype; _f and _i name the rows
+        self._fa: F64 = np.zeros((len(_FLOAT_FIELDS), 0))
+        self._ia: I64 = np.zeros((len(_STATIC_I), 0), dtype=np.int64)
         self._f: dict[str, F64] = {}
         self._i: dict[str, I64] = {}
         self._tenants: dict[str, int] = {}
@@ -169,24 +174,13 @@ class SnapshotTable:
         self._grow(1024)
 
     def _grow(self, cap: int) -> None:
-        for name in _STATIC_F:
-            old = self._f.get(name)
-            col = np.full(cap, NAN)
-            if old is not None:
-                col[: self._size] = old[: self._size]
-            self._f[name] = col
-        for name in _STATIC_I:
-            old_i = self._i.get(name)
-            col_i = np.full(cap, -1, dtype=np.int64)
-            if old_i is not None:
-                col_i[: self._size] = old_i[: self._size]
-            self._i[name] = col_i
-        for name in PROGRESS:
-            old = self._f.get(name)
-            col = np.full(cap, NAN)
-            if old is not None:
-                col[: self._size] = old[: self._size]
-            self._f[name] = col
+        fa = np.full((len(_FLOAT_FIELDS), cap), NAN)
+        fa[:, : self._size] = self._fa[:, : self._size]
+        ia = np.full((len(_STATIC_I), cap), -1, dtype=np.int64)
+        ia[:, : self._size] = self._ia[:, : self._size]
+        self._fa, self._ia = fa, ia
+        self._f = dict(zip(_FLOAT_FIELDS, fa, strict=True))
+        self._i = dict(zip(_STATIC_I, ia, strict=True))
         view_ids = np.full(cap, -1, dtype=np.int64)
         view_ids[: self._size] = self._view_ids[: self._size]
         self._view_ids = view_ids
@@ -292,31 +286,50 @@ class SnapshotTable:
             self._refresh(reqs, rows)
         is_running = np.zeros(len(ids), dtype=np.bool_)
         is_running[len(waiting) :] = True
-        f = self._f
-        i = self._i
+        # every field's column of these requests in one gather per dtype (rows of the result: each
+        # field's own contiguous array, the values the per-field gathers gave)
+        (
+            arrival_s,
+            prompt_tokens,
+            max_tokens,
+            ttft_s,
+            tbt_s,
+            slo_deadline_s,
+            weight,
+            program_arrival_s,
+            program_deadline_at_s,
+            true_output_tokens,
+            generated_tokens,
+            computed_tokens,
+            output_bound,
+            deadline_at_s,
+            waiting_since_s,
+            program_attained_tokens,
+        ) = self._fa.take(rows, axis=1)
+        kind, tenant, program, stage = self._ia.take(rows, axis=1)
         names = sorted(self._tenants, key=self._tenants.__getitem__)
         return Columns(
             ids=ids,
             running=is_running,
-            arrival_s=f["arrival_s"][rows],
-            prompt_tokens=f["prompt_tokens"][rows],
-            max_tokens=f["max_tokens"][rows],
-            ttft_s=f["ttft_s"][rows],
-            tbt_s=f["tbt_s"][rows],
-            slo_deadline_s=f["slo_deadline_s"][rows],
-            weight=f["weight"][rows],
-            program_arrival_s=f["program_arrival_s"][rows],
-            program_deadline_at_s=f["program_deadline_at_s"][rows],
-            true_output_tokens=f["true_output_tokens"][rows],
-            kind=i["kind"][rows],
-            tenant=i["tenant"][rows],
-            program=i["program"][rows],
-            stage=i["stage"][rows],
-            generated_tokens=f["generated_tokens"][rows],
-            computed_tokens=f["computed_tokens"][rows],
-            output_bound=f["output_bound"][rows],
-            deadline_at_s=f["deadline_at_s"][rows],
-            waiting_since_s=f["waiting_since_s"][rows],
-            program_attained_tokens=f["program_attained_tokens"][rows],
+            arrival_s=arrival_s,
+            prompt_tokens=prompt_tokens,
+            max_tokens=max_tokens,
+            ttft_s=ttft_s,
+            tbt_s=tbt_s,
+            slo_deadline_s=slo_deadline_s,
+            weight=weight,
+            program_arrival_s=program_arrival_s,
+            program_deadline_at_s=program_deadline_at_s,
+            true_output_tokens=true_output_tokens,
+            kind=kind,
+            tenant=tenant,
+            program=program,
+            stage=stage,
+            generated_tokens=generated_tokens,
+            computed_tokens=computed_tokens,
+            output_bound=output_bound,
+            deadline_at_s=deadline_at_s,
+            waiting_since_s=waiting_since_s,
+            program_attained_tokens=program_attained_tokens,
             tenant_names=tuple(names),
         )

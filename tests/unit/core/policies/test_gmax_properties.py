@@ -16,7 +16,7 @@ from slo_core.policies.gmax import GMAX
 from slo_core.policies.gmax_params import GMAXParams
 from slo_core.policies.gmax_priority import SpeedModel, estimate
 from slo_core.policies.gmax_select import best_window, cutoff_mask
-from slo_core.policies.gmax_snapshot import SnapshotTable
+from slo_core.policies.gmax_snapshot import KIND_CODES, SnapshotTable
 from slo_core.slo import RequestKind, SLOTargets
 
 SLOS = [
@@ -190,3 +190,58 @@ def test_a_reused_table_reads_what_a_fresh_one_reads(
             "deadline_at_s",
         ):
             assert np.array_equal(getattr(reused, name), getattr(fresh, name), equal_nan=True), name
+
+
+def _field(r: RequestView, name: str) -> float:
+    """What the table holds of ``r`` for a column: the snapshot's value (None as NaN), an SLO's target."""
+    slo = r.slo
+    value: Any = {
+        "ttft_s": slo.ttft_s,
+        "tbt_s": slo.tbt_s,
+        "slo_deadline_s": slo.deadline_s,
+        "weight": slo.priority_weight,
+    }.get(name, getattr(r, name, None))
+    return float("nan") if value is None else float(value)
+
+
+@settings(max_examples=60, deadline=None)
+@given(waiting=requests("w", running=False), running=requests("r", running=True))
+def test_every_column_holds_each_snapshots_own_value(
+    waiting: list[RequestView], running: list[RequestView]
+) -> None:
+    """Each column, gathered with all the others in one call per dtype, is its own field of each
+    request in order (a mix-up of two fields of the same dtype fails here)."""
+    c = SnapshotTable().columns(waiting, running)
+    rows = [*waiting, *running]
+    assert c.ids == [r.request_id for r in rows]
+    floats = (
+        "arrival_s",
+        "prompt_tokens",
+        "max_tokens",
+        "ttft_s",
+        "tbt_s",
+        "slo_deadline_s",
+        "weight",
+        "program_arrival_s",
+        "program_deadline_at_s",
+        "true_output_tokens",
+        "generated_tokens",
+        "computed_tokens",
+        "output_bound",
+        "deadline_at_s",
+        "program_attained_tokens",
+    )
+    for name in floats:
+        want = np.array([_field(r, name) for r in rows])
+        assert np.array_equal(getattr(c, name), want, equal_nan=True), name
+    want_since = [np.nan if r.waiting_since_s is None else r.waiting_since_s for r in rows]
+    assert np.array_equal(c.waiting_since_s, np.array(want_since, dtype=float), equal_nan=True)
+    assert c.running.tolist() == [False] * len(waiting) + [True] * len(running)
+    assert c.stage.tolist() == [-1 if r.stage is None else r.stage for r in rows]
+    assert c.kind.tolist() == [KIND_CODES[r.slo.kind] for r in rows]
+    assert [c.tenant_names[t] for t in c.tenant] == [r.tenant for r in rows]
+    # programs as codes: -1 outside one, one code per program id
+    codes = dict(zip(c.program.tolist(), (r.program_id for r in rows), strict=True))
+    assert [code < 0 for code in c.program.tolist()] == [r.program_id is None for r in rows]
+    assert len({code for code in codes if code >= 0}) == len({r.program_id for r in rows} - {None})
+    assert all(codes[code] == r.program_id for code, r in zip(c.program.tolist(), rows, strict=True))
