@@ -137,12 +137,15 @@ class Task:
         return f"records-{self.family}-r{self.replicas}-s{self.seed}-{objective}.json"
 
 
-def add_task_arguments(ap: argparse.ArgumentParser, duration_s: float) -> None:
+def add_task_arguments(ap: argparse.ArgumentParser, duration_s: float, *, rps_required: bool = True) -> None:
     """The options that name one run of the grid, for the scripts that look into one
-    (``bench/profile_sweep_run.py``, ``bench/run_phases.py``): :func:`task_of` reads them."""
+    (``bench/profile_sweep_run.py``, ``bench/run_phases.py``, ``bench/time_in_run.py``): :func:`task_of`
+    reads them (``rps_required=False``: a script that also runs something else checks it)."""
     ap.add_argument("--family", default="tot", choices=sorted(FAMILIES))
     ap.add_argument("--replicas", type=int, default=4)
-    ap.add_argument("--rps", type=float, required=True, help="total requests/s (the sweep's per-point rate)")
+    ap.add_argument(
+        "--rps", type=float, required=rps_required, help="total requests/s (the sweep's per-point rate)"
+    )
     ap.add_argument("--duration", type=float, default=duration_s)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--objective", default="token")
