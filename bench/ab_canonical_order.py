@@ -28,7 +28,7 @@ import time
 from bisect import bisect_right
 from collections.abc import Callable, Sequence
 from itertools import islice
-from operator import lt
+from operator import attrgetter, lt
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +39,7 @@ from slo_core.policies import slide_batching as sb
 from slo_core.policies.base import RequestView, request_id_of
 
 Queue = tuple[list[RequestView], list[bool]]
+_ARRIVAL_ID = attrgetter("arrival_s", "request_id")  # the canonical order's key
 
 
 class IncrementalOrder:
@@ -51,7 +52,7 @@ class IncrementalOrder:
         items = [*running, *waiting]
         by_id = dict(zip(map(request_id_of, items), items, strict=True))
         merged = self._merged(by_id) if len(by_id) == len(items) else None
-        queue = merged if merged is not None else sorted(items, key=sb._ARRIVAL_ID)
+        queue = merged if merged is not None else sorted(items, key=_ARRIVAL_ID)
         self.ids = list(map(request_id_of, queue))
         if not running:
             return queue, [True] * len(queue)
@@ -61,15 +62,15 @@ class IncrementalOrder:
     def _merged(self, by_id: dict[str, RequestView]) -> list[RequestView] | None:
         kept_ids = list(filter(by_id.__contains__, self.ids))
         kept = list(map(by_id.__getitem__, kept_ids))
-        keys = list(map(sb._ARRIVAL_ID, kept))
+        keys = list(map(_ARRIVAL_ID, kept))
         if not all(map(lt, keys, islice(keys, 1, None))):  # a key moved: sort it all
             return None
         n_new = len(by_id) - len(kept)
         if n_new > 64 and n_new * 4 > len(kept):
             return None
         lo = 0
-        for r in sorted(map(by_id.__getitem__, by_id.keys() - set(kept_ids)), key=sb._ARRIVAL_ID):
-            k = sb._ARRIVAL_ID(r)
+        for r in sorted(map(by_id.__getitem__, by_id.keys() - set(kept_ids)), key=_ARRIVAL_ID):
+            k = _ARRIVAL_ID(r)
             lo = bisect_right(keys, k, lo)
             keys.insert(lo, k)
             kept.insert(lo, r)

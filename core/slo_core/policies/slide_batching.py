@@ -208,14 +208,17 @@ def canonical_queue(
     order, so a plan is a function of the queue's contents, not of the order the engine lists them in
     (``SlideBatching.order_free_decisions``).
     """
-    queue = sorted([*running, *waiting], key=_ARRIVAL_ID)
+    # by id, then (stable) by arrival: the order of the (arrival, id) pairs, ids being unique, with
+    # no key tuple built per request and float compares wherever arrivals differ
+    queue = sorted([*running, *waiting], key=_ID)
+    queue.sort(key=_ARRIVAL)
     if not running:
         return queue, [True] * len(queue)
     running_ids = set(map(request_id_of, running))
     return queue, [r.request_id not in running_ids for r in queue]
 
 
-_ARRIVAL_ID = attrgetter("arrival_s", "request_id")
+_ARRIVAL, _ID = attrgetter("arrival_s"), attrgetter("request_id")
 # from this many queued requests the plan's arithmetic and its two sorts run in numpy (below, plain
 # lists are cheaper)
 _NUMPY_FROM = 256

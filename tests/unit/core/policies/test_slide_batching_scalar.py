@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from slo_core.perf import load_profile
 from slo_core.policies.base import EngineView, RequestView
 from slo_core.policies.float_sum import numpy_sum
-from slo_core.policies.slide_batching import SlideBatching, term_metrics
+from slo_core.policies.slide_batching import SlideBatching, canonical_queue, term_metrics
 from slo_core.slo import RequestKind, SLOTargets
 
 PROFILE = load_profile("h100-llama3-8b-tp1")
@@ -161,3 +161,19 @@ def test_term_metrics_give_the_same_bits_as_lists_and_as_arrays(
     for a, b in zip(short[:3], deep[:3], strict=True):
         assert _bits(a) == _bits(b)
     assert short[3:] == deep[3:]
+
+
+@given(seed=st.integers(0, 10_000), n=st.integers(0, 400), arrivals=st.integers(1, 50))
+@settings(max_examples=200, deadline=None)
+def test_the_canonical_queue_is_ordered_by_arrival_then_id(seed: int, n: int, arrivals: int) -> None:
+    """Whatever order the engine lists them in, with many requests arriving at the same instant (a
+    compound stage's calls): arrival first, then id, each request once, with its waiting flag."""
+    rng = random.Random(seed)
+    times = [rng.uniform(0.0, 100.0) for _ in range(arrivals)]
+    queue = [replace(_view(rng, i), arrival_s=rng.choice(times)) for i in range(n)]
+    rng.shuffle(queue)
+    cut = rng.randint(0, len(queue))
+    running, waiting = queue[:cut], queue[cut:]
+    ordered, is_waiting = canonical_queue(waiting, running)
+    assert ordered == sorted(queue, key=lambda r: (r.arrival_s, r.request_id))
+    assert is_waiting == [any(r is w for w in waiting) for r in ordered]
