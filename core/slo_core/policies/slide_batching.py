@@ -209,7 +209,9 @@ def canonical_queue(
     (``SlideBatching.order_free_decisions``).
     """
     # by id, then (stable) by arrival: the order of the (arrival, id) pairs, ids being unique, with
-    # no key tuple built per request and float compares wherever arrivals differ
+    # no key tuple built per request and float compares wherever arrivals differ. It pays here, where
+    # the engine lists the queue in the last plan's order; on a list already in arrival order one
+    # sort on (arrival, id) is a single linear pass and cheaper (SLOs-Serve's best-effort queue)
     queue = sorted([*running, *waiting], key=_ID)
     queue.sort(key=_ARRIVAL)
     if not running:
