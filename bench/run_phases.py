@@ -84,8 +84,8 @@ class _Phases:
         gc.callbacks.remove(self._on_gc)
 
 
-def _digest(record: dict[str, Any]) -> str:
-    """The record without its wall time, hashed: equal digests, equal runs."""
+def record_digest(record: dict[str, Any]) -> str:
+    """The record (or summary) without its wall time, hashed: equal digests, equal runs."""
     kept = {k: v for k, v in record.items() if k != "wall_s"}
     return hashlib.sha256(json.dumps(kept, sort_keys=True, default=str).encode()).hexdigest()[:12]
 
@@ -108,7 +108,7 @@ def phases(task: Any, collector: str = "young") -> dict[str, Any]:
     return {
         "policy": task.policy,
         "collector": collector,
-        "record": _digest(record),
+        "record": record_digest(record),
         "cpu_s": at["cpu_s"],
         "drain_cpu_s": drain,
         "drain_share": drain / at["cpu_s"] if at["cpu_s"] > 0 else 0.0,

@@ -16,15 +16,14 @@ hour: this measures a change where it acts.
 from __future__ import annotations
 
 import argparse
-import hashlib
 import importlib
-import json
 import time
 from collections.abc import Callable
 from typing import Any
 
 import gmax_sweep  # bench/ is the script's own folder, first on sys.path
 import sim_speed
+from run_phases import record_digest
 
 from slo_core.bench.runner import run_one_timed
 from slo_core.metrics import summarize
@@ -81,19 +80,13 @@ def hour_run(policy: str) -> tuple[float, str]:
     sim = FleetSim(replicas, policy, "round-robin", config=SimConfig())
     c0 = time.process_time()
     summary = summarize(sim.run(jobs))
-    cpu = time.process_time() - c0
-    summary.pop("wall_s", None)
-    return cpu, _digest(summary)
+    return time.process_time() - c0, record_digest(summary)
 
 
 def task_run(task: Any) -> tuple[float, str]:
     """One gmax_sweep task: (CPU s, digest of its record without wall_s)."""
     record, cpu = run_one_timed(task.config(), (task.policy, task.router, task.rps))
-    return cpu, _digest({k: v for k, v in record.items() if k != "wall_s"})
-
-
-def _digest(value: object) -> str:
-    return hashlib.sha256(json.dumps(value, sort_keys=True, default=str).encode()).hexdigest()[:12]
+    return cpu, record_digest(record)
 
 
 def main() -> None:

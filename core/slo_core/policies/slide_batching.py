@@ -212,7 +212,7 @@ def canonical_queue(
     # no key tuple built per request and float compares wherever arrivals differ. It pays here, where
     # the engine lists the queue in the last plan's order; on a list already in arrival order one
     # sort on (arrival, id) is a single linear pass and cheaper (SLOs-Serve's best-effort queue)
-    queue = sorted([*running, *waiting], key=_ID)
+    queue = sorted([*running, *waiting], key=request_id_of)
     queue.sort(key=_ARRIVAL)
     if not running:
         return queue, [True] * len(queue)
@@ -220,7 +220,7 @@ def canonical_queue(
     return queue, [r.request_id not in running_ids for r in queue]
 
 
-_ARRIVAL, _ID = attrgetter("arrival_s"), attrgetter("request_id")
+_ARRIVAL = attrgetter("arrival_s")
 # from this many queued requests the plan's arithmetic and its two sorts run in numpy (below, plain
 # lists are cheaper)
 _NUMPY_FROM = 256

@@ -16,6 +16,7 @@ from slo_core.policies.gmax_snapshot import SnapshotTable
 def tir() -> ModuleType:
     load_script(ROOT / "bench" / "gmax_sweep.py", "gmax_sweep")  # the script imports it by name
     load_script(ROOT / "bench" / "sim_speed.py", "sim_speed")
+    load_script(ROOT / "bench" / "run_phases.py", "run_phases")
     return load_script(ROOT / "bench" / "time_in_run.py", "time_in_run")
 
 
