@@ -28,8 +28,9 @@ import math
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass
+from itertools import filterfalse, repeat
 from operator import attrgetter, itemgetter
-from typing import Literal
+from typing import Any, ClassVar, Literal
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
@@ -67,9 +68,17 @@ def _fill_batch(  # noqa: PLR0917 - the plan's state, shared by the scalar and n
     engine: EngineView,
     profile: PerfProfile,
     beta: float,
-) -> tuple[list[str], dict[str, int], float]:
+    watch: int = -1,
+    unlisted: tuple[bool, float] = (True, 0.0),
+) -> tuple[list[str], dict[str, int], float, bool]:
     """The step's batch in ``order`` until the time or token budget is spent: decodes cost their
-    execution time, prefills the largest chunk that fits; returns (batch, chunks, batch time)."""
+    execution time, prefills the largest chunk that fits; returns (batch, chunks, batch time, opened).
+
+    ``opened`` says whether the walk reached position ``watch`` of ``order`` (``len(order)``: its
+    end) in a state where a waiting request that ``order`` leaves out, listed there, could have
+    joined the batch; the batch is then cut short there (the caller lists more and walks again).
+    ``unlisted``: whether any request left out is past its prompt (it would join as a decode), and
+    the fewest tokens any of them has computed (the prefill chunk that fits shrinks with them)."""
     t_batch = t_c
     kv_free = engine.kv_tokens_free
     seqs = len(waiting) - sum(waiting)  # running sequences
@@ -77,9 +86,15 @@ def _fill_batch(  # noqa: PLR0917 - the plan's state, shared by the scalar and n
     tokens_left = engine.max_num_batched_tokens
     batch: list[str] = []
     chunks: dict[str, int] = {}
-    for i in order:
+    at_end = watch == len(order)
+    for pos, i in enumerate(order):
         if t_batch >= t_budget or tokens_left <= 0:
+            at_end = False
             break
+        if pos == watch and _could_join(
+            unlisted, seqs < max_seqs, kv_free, t_budget - t_batch, profile, beta
+        ):
+            return batch, chunks, t_batch, True  # the caller walks a longer order instead
         r = queue[i]
         is_waiting = waiting[i]
         if is_waiting and seqs >= max_seqs:
@@ -99,7 +114,31 @@ def _fill_batch(  # noqa: PLR0917 - the plan's state, shared by the scalar and n
         seqs += int(is_waiting)
         batch.append(r.request_id)
         chunks[r.request_id] = chunk
-    return batch, chunks, t_batch
+    # the walk ran off the end of ``order``: would a request listed after it have been looked at
+    opened = (
+        at_end
+        and t_batch < t_budget
+        and tokens_left > 0
+        and _could_join(unlisted, seqs < max_seqs, kv_free, t_budget - t_batch, profile, beta)
+    )
+    return batch, chunks, t_batch, opened
+
+
+def _could_join(  # noqa: PLR0917 - the walk's state
+    unlisted: tuple[bool, float],
+    seat: bool,
+    kv_free: int,
+    time_left_s: float,
+    profile: PerfProfile,
+    beta: float,
+) -> bool:
+    """Whether a waiting request left out of a walk could join its batch at this point: a seat is
+    free, and it decodes, or a chunk of its prompt fits the KV and time left (no chunk fits once
+    none fits the fewest computed tokens: the chunk shrinks as the context grows)."""
+    decodes, min_computed = unlisted
+    if not seat:
+        return False
+    return decodes or (kv_free > 0 and max_prefill_chunk(profile, time_left_s / beta, min_computed) > 0)
 
 
 class SlideBatchingParams(BaseModel):
@@ -280,6 +319,119 @@ def term_metrics(
     return exec_a, rem, den, t_min, float(exec_a.sum())  # numpy_sum is this sum on lists
 
 
+class _WaitingTerms:
+    """The static terms (T̃ before β, due time, gain weight) of an engine's waiting requests, kept
+    between decisions in arrays, one slot per request (the first ``size`` slots are the queue, in no
+    particular order). A decision re-reads only the requests that joined the queue or whose snapshot
+    object changed, and finds the others with a few C-level passes over the queue's ids."""
+
+    def __init__(self) -> None:
+        self._reset(None)
+
+    def _reset(self, profile: PerfProfile | None) -> None:
+        self.profile = profile
+        self.slot: dict[str, int] = {}
+        self.views: list[RequestView | None] = []
+        self.size = 0
+        self.view_id = np.zeros(0, dtype=np.int64)
+        self.core = np.zeros(0)
+        self.due = np.zeros(0)
+        self.gain = np.zeros(0)
+        self.left = np.zeros(0)  # remaining_prompt_tokens: ≤ 0, a decode
+        self.computed = np.zeros(0)
+
+    def sync(self, waiting: Sequence[RequestView], profile: PerfProfile, params: SlideBatchingParams) -> None:
+        """Make the slots hold exactly ``waiting`` (ids unique), each with its terms under ``profile``."""
+        if profile is not self.profile:
+            self._reset(profile)
+        n = len(waiting)
+        slots = np.fromiter(map(self.slot.get, map(request_id_of, waiting), repeat(-1, n)), np.int64, n)
+        view_ids = np.fromiter(map(id, waiting), np.int64, n)  # the store holds each view: ids stay unique
+        known = slots >= 0
+        changed = ~known
+        changed[known] = self.view_id[slots[known]] != view_ids[known]
+        present = np.zeros(self.size, dtype=np.bool_)
+        present[slots[known]] = True
+        for s in np.flatnonzero(~present)[::-1].tolist():  # from the end: the moved ones stay
+            self._drop(s)
+        for i in np.flatnonzero(changed).tolist():
+            r = waiting[i]
+            s = self.slot.get(r.request_id)
+            if s is None:
+                s = self._append(r.request_id)
+            _, self.core[s], self.due[s], self.gain[s] = _terms(r, profile, params)
+            self.left[s] = remaining_prompt_tokens(r)
+            self.computed[s] = r.computed_tokens
+            self.views[s] = r
+            self.view_id[s] = view_ids[i]
+
+    def _append(self, rid: str) -> int:
+        s = self.size
+        if s == len(self.core):
+            cap = max(64, 2 * s)
+            for name in ("view_id", "core", "due", "gain", "left", "computed"):
+                old = getattr(self, name)
+                new = np.zeros(cap, dtype=old.dtype)
+                new[:s] = old
+                setattr(self, name, new)
+            self.views.extend([None] * (cap - len(self.views)))
+        self.slot[rid] = s
+        self.size = s + 1
+        return s
+
+    def _drop(self, s: int) -> None:
+        """Free slot ``s``: the last slot's request moves into it."""
+        last = self.size - 1
+        views = self.views
+        del self.slot[_view_at(views, s).request_id]
+        if s != last:
+            moved = _view_at(views, last)
+            self.slot[moved.request_id] = s
+            views[s] = moved
+            for a in (self.view_id, self.core, self.due, self.gain, self.left, self.computed):
+                a[s] = a[last]
+        views[last] = None
+        self.size = last
+
+
+def _view_at(views: list[RequestView | None], s: int) -> RequestView:
+    v = views[s]
+    if v is None:
+        raise AssertionError(f"slot {s} of the waiting terms is empty")
+    return v
+
+
+def _waiting_key(
+    store: _WaitingTerms, s: int, urgent: np.ndarray, density: np.ndarray, remain: np.ndarray
+) -> tuple[Any, ...]:
+    """Slot ``s``'s place in the plan's order (URGENT by density, then by remain; NORMAL by remain;
+    ties by arrival, then id), comparable with the running requests' keys."""
+    r = _view_at(store.views, s)
+    if urgent[s]:
+        return (0, -float(density[s]), float(remain[s]), r.arrival_s, r.request_id)
+    return (1, float(remain[s]), r.arrival_s, r.request_id)
+
+
+def _waiting_prefix(
+    k: int, store: _WaitingTerms, urgent: np.ndarray, density: np.ndarray, remain: np.ndarray
+) -> list[int]:
+    """The slots of the first ``k`` or more waiting requests in the plan's order (every request tied
+    with the k-th on its first key included, so the list is a prefix of that order), unsorted."""
+    if k <= 0:
+        return []
+    first = np.flatnonzero(urgent)
+    if len(first) > k:
+        key = -density[first]
+        first = first[key <= np.partition(key, k - 1)[k - 1]]
+    left = k - len(first)  # below 0 where the k-th URGENT one has ties
+    rest = np.flatnonzero(~urgent) if left > 0 else first[:0]
+    if 0 < left < len(rest):
+        key = remain[rest]
+        rest = rest[key <= np.partition(key, left - 1)[left - 1]]
+    out: list[int] = [*first.tolist(), *rest.tolist()]
+    return out
+
+
 class SlideBatching(BaseEnginePolicy):
     """PROSERVE's local scheduler (see the module docstring)."""
 
@@ -287,6 +439,11 @@ class SlideBatching(BaseEnginePolicy):
     frame_steps = 1
     reschedule_on_events = True
     order_free_decisions = True  # canonical_queue; β moves only through observe_batch; never preempts
+    # from this many waiting requests (and under the aggressive load judgment) decide() takes
+    # _decide_deep, which does not order the whole queue
+    deep_from: ClassVar[int] = 512
+    # the waiting requests a deep decision lists at first (a walk at a deep queue looks at a handful)
+    deep_prefix: ClassVar[int] = 16
 
     @classmethod
     def objective_params(cls, objective: Objective) -> dict[str, object]:
@@ -304,6 +461,7 @@ class SlideBatching(BaseEnginePolicy):
         self.correction = OnlineCorrection(momentum=self.params.correction_momentum)
         self._terms: dict[str, _Terms] = {}
         self._terms_profile: PerfProfile | None = None
+        self._waiting = _WaitingTerms()
 
     def observe_batch(self, estimated_s: float, measured_s: float) -> float:
         """Fold one measured batch time into the correction factor β (PROSERVE §4.1)."""
@@ -370,7 +528,7 @@ class SlideBatching(BaseEnginePolicy):
             nor = [i for i in range(n) if not urgent[i]]
             nor.sort(key=remain_s.__getitem__)
         order = urg + nor
-        batch, chunks, t_batch = _fill_batch(
+        batch, chunks, t_batch, _ = _fill_batch(
             queue, order, exec_s, is_waiting, t_c, t_budget, engine, profile, beta
         )
         return SlidePlan(
@@ -380,6 +538,99 @@ class SlideBatching(BaseEnginePolicy):
             chunks=chunks,
             t_budget_s=t_budget,
             t_batch_s=float(t_batch),  # a numpy float where exec_s is an array
+        )
+
+    def _decide_deep(
+        self, waiting: Sequence[RequestView], running: Sequence[RequestView], engine: EngineView
+    ) -> Decision | None:
+        """:meth:`decide` over a deep waiting queue without ordering it: the same Decision, or None
+        where this path cannot vouch for it (a NaN term, or a request's remain within the rounding of
+        Σexec from the URGENT bar), and :meth:`plan` decides.
+
+        The batch is walked in the plan's order, of which it needs every running request and only
+        the first waiting ones: from a free sequence slot on, a walk looks at waiting requests in
+        that order until its time, token or KV budget is spent (a handful at a deep queue). So the
+        waiting requests' terms are kept between decisions (:class:`_WaitingTerms`), the URGENT bar
+        and the budget come from C-level reductions over them (Σexec in any order, checked against
+        every remain for the rounding the plan's pairwise order could change), and the walk gets
+        the first ``k`` waiting requests of the order (a partition, then a sort of those), ``k``
+        growing until the walk ends before it needs the next one. Ties go as in the plan: by
+        arrival, then id."""
+        p = self.params
+        profile = profile_or_fallback(engine.profile)
+        store = self._waiting
+        store.sync(waiting, profile, p)
+        m = store.size
+        if m == 0:
+            return None
+        beta = self.correction.factor
+        now = engine.now_s
+        t_c = overhead_s(profile) * beta
+        exec_w = store.core[:m] * beta
+        np.maximum(exec_w, 1e-6, out=exec_w)
+        rem_w = store.due[:m] - now
+        den_w = store.gain[:m] / exec_w
+        run_terms = [_terms(r, profile, p) for r in running]
+        exec_r = [max(t[1] * beta, 1e-6) for t in run_terms]
+        rem_r = [t[2] - now for t in run_terms]
+        den_r = [t[3] / e for t, e in zip(run_terms, exec_r, strict=True)]
+        if np.isnan(rem_w).any() or np.isnan(den_w).any() or any(map(math.isnan, [*rem_r, *den_r])):
+            return None  # the plan's min and sorts place a NaN by position
+        n = m + len(running)
+        t_min = min([float(rem_w.min()), *rem_r])
+        t_budget = max(t_min, p.eta_s, t_c + 1e-3)
+        scale = t_budget / (t_budget - t_c)
+        total = float(exec_w.sum()) + math.fsum(exec_r)
+        # the plan sums the same terms pairwise in its canonical order: within 8·n·2⁻⁵³ of this
+        # total (all terms positive), and the bar is monotone in the total: a remain between the
+        # bars of the two ends of that interval is the one membership rounding could change
+        slack = 8.0 * n * 2.0**-53 * total
+        lo = p.gamma * (scale * (total - slack))
+        hi = p.gamma * (scale * (total + slack))
+        if bool(((rem_w >= lo) & (rem_w < hi)).any()) or any(lo <= x < hi for x in rem_r):
+            return None
+        bar = p.gamma * (scale * total)
+        urgent_w = rem_w < bar
+        urgent_r = [x < bar for x in rem_r]
+        n_urgent = int(urgent_w.sum()) + sum(urgent_r)
+
+        def run_key(j: int) -> tuple[Any, ...]:
+            r = running[j]
+            if urgent_r[j]:
+                return (0, -den_r[j], rem_r[j], r.arrival_s, r.request_id)
+            return (1, rem_r[j], r.arrival_s, r.request_id)
+
+        run_keys = list(map(run_key, range(len(running))))
+        run_order = sorted(range(len(running)), key=run_keys.__getitem__)
+        # what any waiting request can do in the walk (the unlisted ones are among them)
+        unlisted = (bool((store.left[:m] <= 0).any()), float(store.computed[:m].min()))
+        # a full engine skips every waiting request (no slot frees up within a step)
+        k = 0 if len(running) >= engine.max_num_seqs else self.deep_prefix
+        while True:
+            first = _waiting_prefix(k, store, urgent_w, den_w, rem_w)
+            entries = [(run_keys[j], j, True) for j in run_order]
+            entries += [(_waiting_key(store, s, urgent_w, den_w, rem_w), s, False) for s in first]
+            entries.sort()  # two sorted runs: one merge
+            queue = [running[i] if is_run else _view_at(store.views, i) for _, i, is_run in entries]
+            exec_m = [exec_r[i] if is_run else float(exec_w[i]) for _, i, is_run in entries]
+            flags = [not is_run for _, _, is_run in entries]
+            watch = -1
+            if len(first) < m:  # the walk must end before the first waiting request not listed
+                watch = max(pos for pos, e in enumerate(entries) if not e[2]) + 1 if first else 0
+            batch, _, _, opened = _fill_batch(
+                queue, range(len(queue)), exec_m, flags, t_c, t_budget, engine, profile, beta, watch, unlisted
+            )
+            if not opened:
+                break
+            k = 4 * k + 1
+        in_batch = set(batch)
+        ids = [running[j].request_id for j in run_order]
+        running_ids = set(ids)
+        return new_decision(
+            admit=tuple(rid for rid in batch if rid not in running_ids),
+            running_order=(*filter(in_batch.__contains__, ids), *filterfalse(in_batch.__contains__, ids)),
+            hold_unlisted=True,
+            reason=f"budget={t_budget * 1000:.1f}ms urgent={n_urgent}/{n}",
         )
 
     def plan_reference(
@@ -394,7 +645,7 @@ class SlideBatching(BaseEnginePolicy):
         m = queue_metrics(queue, engine.now_s, profile, self.params, beta)
         urgent = urgent_mask(m, self.params)
         order = slide_order(m, urgent)
-        batch, chunks, t_batch = _fill_batch(
+        batch, chunks, t_batch, _ = _fill_batch(
             queue,
             order.tolist(),
             m.exec_s.tolist(),
@@ -422,6 +673,10 @@ class SlideBatching(BaseEnginePolicy):
         engine: EngineView,
         rng: random.Random,
     ) -> Decision:
+        if len(waiting) >= self.deep_from and self.params.load_judgment == "aggressive":
+            deep = self._decide_deep(waiting, running, engine)
+            if deep is not None:
+                return deep
         plan = self.plan(waiting, running, engine)
         in_batch = set(plan.batch)
         running_ids = set(map(request_id_of, running))

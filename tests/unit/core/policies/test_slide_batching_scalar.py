@@ -3,17 +3,18 @@ chunks, budget), across sequences of decisions that reuse snapshots (its per-req
 
 from __future__ import annotations
 
+import math
 import random
 from dataclasses import replace
 
 import numpy as np
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from slo_core.perf import load_profile
 from slo_core.policies.base import EngineView, RequestView
 from slo_core.policies.float_sum import numpy_sum
-from slo_core.policies.slide_batching import SlideBatching, canonical_queue, term_metrics
+from slo_core.policies.slide_batching import SlideBatching, canonical_queue, queue_metrics, term_metrics
 from slo_core.slo import RequestKind, SLOTargets
 
 PROFILE = load_profile("h100-llama3-8b-tp1")
@@ -177,3 +178,123 @@ def test_the_canonical_queue_is_ordered_by_arrival_then_id(seed: int, n: int, ar
     ordered, is_waiting = canonical_queue(waiting, running)
     assert ordered == sorted(queue, key=lambda r: (r.arrival_s, r.request_id))
     assert is_waiting == [any(r is w for w in waiting) for r in ordered]
+
+
+def _engine(rng: random.Random, step: int, running: int, seqs: int) -> EngineView:
+    return EngineView(
+        now_s=20.0 + step * 0.03,
+        step=step,
+        max_num_seqs=max(seqs, running),
+        max_num_batched_tokens=rng.choice([512, 8192]),
+        kv_blocks_total=30_000,
+        kv_blocks_free=rng.choice([0, 3, rng.randint(0, 30_000)]),
+        block_size=16,
+        profile=PROFILE,
+    )
+
+
+@given(
+    seed=st.integers(0, 10_000),
+    n=st.integers(1, 400),
+    gamma=st.sampled_from([0.0, 0.25, 1.0, 4.0]),
+    seqs=st.sampled_from([2, 16, 64, 256]),
+    eta=st.sampled_from([0.025, 0.5, 5.0]),
+    nan=st.booleans(),
+    fresh=st.booleans(),
+)
+@settings(max_examples=200, deadline=None)
+def test_the_deep_decision_equals_the_planned_one(
+    seed: int, n: int, gamma: float, seqs: int, eta: float, nan: bool, fresh: bool
+) -> None:
+    """decide() over a deep queue (_decide_deep: kept terms, no order of the whole queue) gives the
+    Decision the plan gives, across decisions where requests join, leave, change and move between
+    the queues, β moves, twins tie on every term, a due time is NaN, and the engine is full, or
+    short of KV or tokens. ``fresh``: every request is yet to start, as a waiting one in an engine
+    (none decodes, so where a walk may stop hangs on the prefill chunk that fits)."""
+    rng = random.Random(seed)
+
+    def make(i: int) -> RequestView:
+        r = _view(rng, i)
+        return replace(r, computed_tokens=0, generated_tokens=0) if fresh else r
+
+    queue = [make(i) for i in range(n)]
+    queue += [replace(r, request_id=f"{r.request_id}-twin") for r in rng.sample(queue, k=n // 4)]
+    if nan:
+        queue[0] = replace(queue[0], slo=SLOS[2], deadline_at_s=math.nan)
+    deep = SlideBatching(gamma=gamma, eta_s=eta)
+    deep.deep_from = 1  # type: ignore[misc]
+    ref = SlideBatching(gamma=gamma, eta_s=eta)
+    ref.deep_from = 1 << 30  # type: ignore[misc]
+    new = n + 1
+    for step in range(6):
+        if step:
+            for i in rng.sample(range(len(queue)), k=min(len(queue), 5)):
+                queue[i] = replace(make(0), request_id=queue[i].request_id)  # a new snapshot
+            queue = queue[: max(1, len(queue) - rng.randint(0, 3))]
+            queue += [make(new + j) for j in range(rng.randint(0, 3))]
+            new += 3
+            deep.observe_batch(0.02, rng.uniform(0.01, 0.04))
+            ref.correction = deep.correction
+        rng.shuffle(queue)
+        cut = rng.randint(0, len(queue) // 2)
+        running, waiting = queue[:cut], queue[cut:]
+        view = _engine(rng, step, len(running), seqs)
+        assert _outcome(deep, waiting, running, view) == _outcome(ref, waiting, running, view)
+
+
+def _outcome(
+    policy: SlideBatching, waiting: list[RequestView], running: list[RequestView], view: EngineView
+) -> object:
+    """The Decision, or the error's type (a NaN due time can make the plan fail: the deep path must
+    fail alike, not decide otherwise)."""
+    try:
+        return policy.decide(waiting, running, view, random.Random(0))
+    except ValueError as exc:
+        return type(exc)
+
+
+@given(
+    seed=st.integers(0, 10_000),
+    gamma=st.sampled_from([0.25, 1.0, 4.0]),
+    ulps=st.integers(-2, 2),
+)
+@settings(max_examples=60, deadline=None)
+def test_a_remain_at_the_urgent_bar_is_left_to_the_plan(seed: int, gamma: float, ulps: int) -> None:
+    """The deep path sums exec in its own order, not the plan's pairwise canonical one, so its URGENT
+    bar may differ from the plan's in the last bits: a request whose remain lies within that
+    rounding of the bar is left to the plan (None), and decide() gives the plan's Decision."""
+    rng = random.Random(seed)
+    waiting = [_view(rng, i) for i in range(300)]
+    running = [_view(rng, i) for i in range(300, 340)]
+    view = EngineView(
+        now_s=0.0,  # remain = due - 0: exact, so a due on the bar is a remain on it
+        step=0,
+        max_num_seqs=512,
+        max_num_batched_tokens=8192,
+        kv_blocks_total=30_000,
+        kv_blocks_free=20_000,
+        block_size=16,
+        profile=PROFILE,
+    )
+    policy = SlideBatching(gamma=gamma)
+    policy.deep_from = 1  # type: ignore[misc]
+
+    def plan_bar(queue: list[RequestView]) -> float:
+        canonical, _ = canonical_queue(queue, running)
+        m = queue_metrics(canonical, 0.0, PROFILE, policy.params, policy.correction.factor)
+        return gamma * (m.t_budget_s / (m.t_budget_s - m.t_c_s) * float(m.exec_s.sum()))
+
+    pick = rng.randrange(len(waiting))
+    far = replace(waiting[pick], slo=SLOS[2], deadline_at_s=1e9)  # a deadline request: due = deadline
+    bar = plan_bar([*waiting[:pick], far, *waiting[pick + 1 :]])
+    due = bar
+    for _ in range(abs(ulps)):
+        due = math.nextafter(due, math.copysign(math.inf, ulps))
+    waiting[pick] = replace(far, deadline_at_s=due)
+    assume(plan_bar(waiting) == bar)  # its remain did not become the queue's least (the budget)
+    assert policy._decide_deep(waiting, running, view) is None
+    ref = SlideBatching(gamma=gamma)
+    ref.deep_from = 1 << 30  # type: ignore[misc]
+    assert policy.decide(waiting, running, view, random.Random(0)) == ref.decide(
+        waiting, running, view, random.Random(0)
+    )
