@@ -63,6 +63,8 @@ def ordered(items: Sequence[T], order: Sequence[str]) -> tuple[list[T], list[T]]
     if n <= len(items) and ids[:n] == list(order):
         # the common case of a policy that keeps the order: a prefix already in place
         return list(items[:n]), list(items[n:])
+    if n * _SHORT < len(items):
+        return _ordered_short(items, ids, order)
     by_id = dict(zip(ids, items, strict=True))
     if n == len(by_id) == len(items) and by_id.keys() == set(order):
         # a whole new order of the queue (what most policies return): every id once, nothing left
@@ -76,6 +78,29 @@ def ordered(items: Sequence[T], order: Sequence[str]) -> tuple[list[T], list[T]]
             seen.add(rid)
     rest = [r for r in items if r.request_id not in seen]
     return listed, rest
+
+
+# an order of fewer than 1/_SHORT of the items (a policy that lists only what it admits, holding the
+# rest) finds each of its ids by a scan of the ids instead of a dict of all the items
+_SHORT = 16
+
+
+def _ordered_short(items: Sequence[T], ids: list[str], order: Sequence[str]) -> tuple[list[T], list[T]]:
+    """:func:`ordered` for a short ``order`` (ids unique among ``items``, as in an engine's queue)."""
+    at: list[int] = []
+    seen: set[str] = set()
+    for rid in order:
+        if rid in seen:
+            continue
+        seen.add(rid)
+        try:
+            at.append(ids.index(rid))
+        except ValueError:
+            continue
+    rest = list(items)
+    for i in sorted(at, reverse=True):
+        del rest[i]
+    return [items[i] for i in at], rest
 
 
 def _taken_out(items: Sequence[T], ids: Sequence[str]) -> tuple[list[T], list[T]]:

@@ -28,7 +28,7 @@ import math
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass
-from itertools import filterfalse, repeat
+from itertools import filterfalse
 from operator import attrgetter, itemgetter
 from typing import Any, ClassVar, Literal
 
@@ -345,24 +345,42 @@ class _WaitingTerms:
         if profile is not self.profile:
             self._reset(profile)
         n = len(waiting)
-        slots = np.fromiter(map(self.slot.get, map(request_id_of, waiting), repeat(-1, n)), np.int64, n)
-        view_ids = np.fromiter(map(id, waiting), np.int64, n)  # the store holds each view: ids stay unique
-        known = slots >= 0
-        changed = ~known
-        changed[known] = self.view_id[slots[known]] != view_ids[known]
-        present = np.zeros(self.size, dtype=np.bool_)
-        present[slots[known]] = True
+        m = self.size
+        # a snapshot object the store holds is that request, unchanged (a live object's id() is its
+        # own): matched by identity in C, sorted ids against sorted ids
+        view_ids = np.fromiter(map(id, waiting), np.int64, n)
+        if m:
+            by_id = np.argsort(self.view_id[:m])
+            held = self.view_id[by_id]
+            at = np.minimum(np.searchsorted(held, view_ids), m - 1)
+            same = held[at] == view_ids
+            present = np.zeros(m, dtype=np.bool_)
+            present[by_id[at[same]]] = True
+        else:
+            same = np.zeros(n, dtype=np.bool_)
+            present = np.zeros(0, dtype=np.bool_)
+        fresh = np.flatnonzero(~same).tolist()  # joined, or a new snapshot of a request held
+        slot = self.slot
+        for i in fresh:
+            s = slot.get(waiting[i].request_id)
+            if s is not None:
+                present[s] = True
         for s in np.flatnonzero(~present)[::-1].tolist():  # from the end: the moved ones stay
             self._drop(s)
-        for i in np.flatnonzero(changed).tolist():
+        views = self.views
+        for i in fresh:
             r = waiting[i]
-            s = self.slot.get(r.request_id)
+            s = slot.get(r.request_id)
             if s is None:
                 s = self._append(r.request_id)
-            _, self.core[s], self.due[s], self.gain[s] = _terms(r, profile, params)
-            self.left[s] = remaining_prompt_tokens(r)
-            self.computed[s] = r.computed_tokens
-            self.views[s] = r
+                reread = True
+            else:
+                reread = not _same_terms(_view_at(views, s), r)
+            if reread:
+                _, self.core[s], self.due[s], self.gain[s] = _terms(r, profile, params)
+                self.left[s] = remaining_prompt_tokens(r)
+                self.computed[s] = r.computed_tokens
+            views[s] = r
             self.view_id[s] = view_ids[i]
 
     def _append(self, rid: str) -> int:
@@ -392,6 +410,20 @@ class _WaitingTerms:
                 a[s] = a[last]
         views[last] = None
         self.size = last
+
+
+def _same_terms(old: RequestView, new: RequestView) -> bool:
+    """Whether two snapshots of one request give the same terms (the fields :func:`_terms` reads: a
+    waiting request's snapshot is renewed when its program's attained service moves, which they do
+    not carry)."""
+    return (
+        old.computed_tokens == new.computed_tokens
+        and old.generated_tokens == new.generated_tokens
+        and old.deadline_at_s == new.deadline_at_s
+        and old.slo is new.slo
+        and old.arrival_s == new.arrival_s
+        and old.prompt_tokens == new.prompt_tokens
+    )
 
 
 def _view_at(views: list[RequestView | None], s: int) -> RequestView:

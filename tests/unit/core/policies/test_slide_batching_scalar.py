@@ -228,8 +228,17 @@ def test_the_deep_decision_equals_the_planned_one(
     new = n + 1
     for step in range(6):
         if step:
-            for i in rng.sample(range(len(queue)), k=min(len(queue), 5)):
-                queue[i] = replace(make(0), request_id=queue[i].request_id)  # a new snapshot
+            for i in rng.sample(range(len(queue)), k=min(len(queue), 8)):
+                r = queue[i]
+                queue[i] = rng.choice(  # a new snapshot: of another state, or of the same terms
+                    [
+                        replace(make(0), request_id=r.request_id),
+                        replace(r, program_attained_tokens=r.program_attained_tokens + 7),
+                        replace(r, deadline_at_s=(r.deadline_at_s or 30.0) + 1.0),
+                        replace(r, computed_tokens=r.computed_tokens + 1),
+                        replace(r, generated_tokens=r.generated_tokens + 1),
+                    ]
+                )
             queue = queue[: max(1, len(queue) - rng.randint(0, 3))]
             queue += [make(new + j) for j in range(rng.randint(0, 3))]
             new += 3
