@@ -171,6 +171,12 @@ class SnapshotTable:
         self._programs: dict[str, int] = {}
         self._views: list[RequestView | None] = []
         self._view_ids = np.zeros(0, dtype=np.int64)
+        # the last call's waiting snapshots: their id()s sorted, and each one's row. Every one of
+        # them is held in _views until the next call (each was re-read into its row, or already
+        # was its row's snapshot), so an object of the next call with one of these ids is that
+        # snapshot: its row is known without looking its request id up
+        self._last_ids = np.zeros(0, dtype=np.int64)
+        self._last_rows = np.zeros(0, dtype=np.int64)
         self._grow(1024)
 
     def _grow(self, cap: int) -> None:
@@ -217,6 +223,9 @@ class SnapshotTable:
     def _rows(self, view_at: Callable[[int], RequestView], ids: list[str]) -> I64:
         if self._size > max(4 * len(ids), 50_000):
             self._reset()
+        return self._rows_of(view_at, ids)
+
+    def _rows_of(self, view_at: Callable[[int], RequestView], ids: Sequence[str]) -> I64:
         n = len(ids)
         # one C-level pass; a request not seen before reads -1 and is added alone (under a stream of
         # arrivals most decisions see one, and a Python pass over the whole queue for it cost a
@@ -233,11 +242,36 @@ class SnapshotTable:
                 rows[i] = row
         return rows
 
-    def _refresh(self, reqs: list[RequestView], rows: I64) -> None:
-        """Re-read the progress fields of the requests whose snapshot object changed."""
+    def _waiting_rows(self, reqs: list[RequestView], n_ids: int) -> tuple[I64, I64]:
+        """(rows, id()s) of the waiting snapshots ``reqs``: a snapshot the last call saw (by identity,
+        in C) keeps its row, the others are looked up by request id (and added if new)."""
+        if self._size > max(4 * n_ids, 50_000):
+            self._reset()
+        n = len(reqs)
+        view_ids = np.fromiter(map(id, reqs), dtype=np.int64, count=n)
+        last = self._last_ids
+        if len(last) and n:
+            at = np.minimum(np.searchsorted(last, view_ids), len(last) - 1)
+            seen = last[at] == view_ids
+            rows = np.where(seen, self._last_rows[at], -1)
+            missing = np.flatnonzero(~seen)
+            if len(missing):
+                index = missing.tolist()
+                rows[missing] = self._rows_of(lambda j: reqs[index[j]], [reqs[i].request_id for i in index])
+        else:
+            rows = self._rows_of(reqs.__getitem__, list(map(request_id_of, reqs)))
+        order = np.argsort(view_ids)
+        self._last_ids = view_ids[order]
+        self._last_rows = rows[order]
+        return rows, view_ids
+
+    def _refresh(self, reqs: list[RequestView], rows: I64, view_ids: I64 | None = None) -> None:
+        """Re-read the progress fields of the requests whose snapshot object changed (``view_ids``:
+        their id()s, when the caller has them)."""
         if not reqs:
             return
-        view_ids = np.fromiter(map(id, reqs), dtype=np.int64, count=len(reqs))
+        if view_ids is None:
+            view_ids = np.fromiter(map(id, reqs), dtype=np.int64, count=len(reqs))
         stale = np.flatnonzero(self._view_ids[rows] != view_ids)
         if len(stale) == 0:
             return
@@ -271,19 +305,19 @@ class SnapshotTable:
         if isinstance(running, LiveSnapshots):
             reqs = list(waiting)
             n_wait = len(reqs)
-            ids: list[str] = [*map(request_id_of, reqs), *running.request_ids()]
-
-            def view_at(i: int) -> RequestView:
-                return reqs[i] if i < n_wait else running.view_at(i - n_wait)
-
-            rows = self._rows(view_at, ids)
-            self._refresh(reqs, rows[:n_wait])
+            run_ids = running.request_ids()
+            ids: list[str] = [*map(request_id_of, reqs), *run_ids]
+            wait_rows, view_ids = self._waiting_rows(reqs, len(ids))
+            rows = np.concatenate((wait_rows, self._rows_of(running.view_at, run_ids)))
+            self._refresh(reqs, wait_rows, view_ids)
             self._read_live(running, rows[n_wait:])
         else:
             reqs = [*waiting, *running]
             ids = list(map(request_id_of, reqs))
             rows = self._rows(reqs.__getitem__, ids)
             self._refresh(reqs, rows)
+            # this call's snapshots may have replaced the last call's in _views: none is known now
+            self._last_ids = self._last_ids[:0]
         is_running = np.zeros(len(ids), dtype=np.bool_)
         is_running[len(waiting) :] = True
         # every field's column of these requests in one gather per dtype (rows of the result: each

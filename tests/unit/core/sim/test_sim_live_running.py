@@ -218,3 +218,43 @@ def test_live_snapshots_are_not_read_after_their_decision() -> None:
         unread[0]
     with pytest.raises(RuntimeError):
         unread.progress()
+
+
+def test_a_live_table_follows_requests_between_the_queues_across_calls() -> None:
+    """A table kept across calls (it finds a waiting snapshot it saw last call by identity) gives the
+    columns a snapshot-only table gives, while requests start, are preempted, leave, arrive, and get
+    new snapshots or keep theirs."""
+    rng = random.Random(11)
+    reqs = _requests(rng, 90, SimAnalyzer(load_estimator()), None)
+    pool, reqs = reqs[60:], reqs[:60]
+    waiting, running = reqs[:30], reqs[30:]
+    live_table, view_table = SnapshotTable(), SnapshotTable()
+    for _ in range(10):
+        for r in waiting:
+            if r.state != WAITING:
+                r.set_state(WAITING)
+        for r in running:
+            if r.state != RUNNING:
+                r.set_state(RUNNING)
+        live = LiveViews(running)
+        c_live = live_table.columns(request_views(waiting), live)
+        live.close()
+        _columns_equal(c_live, view_table.columns(request_views(waiting), request_views(running)))
+        rng.shuffle(waiting)
+        started = [waiting.pop() for _ in range(min(3, len(waiting)))]
+        preempted = [running.pop(rng.randrange(len(running))) for _ in range(min(3, len(running)))]
+        for r in preempted:
+            r.computed = 0
+        gone = [waiting.pop() for _ in range(min(2, len(waiting)))]
+        del gone
+        arrived = [pool.pop() for _ in range(min(3, len(pool)))]
+        waiting += preempted + arrived
+        running += started
+        for r in rng.sample(waiting, k=min(5, len(waiting))):
+            r.view_key = None  # a new snapshot, of the same counts
+        for r in running:
+            r.generated += 1
+            r.computed = r.prompt_tokens + r.generated - 1
+            r.view_key = None
+            if r.program is not None:
+                r.program.attained_cache = -1
