@@ -109,6 +109,10 @@ def phases(task: Any, collector: str = "young") -> dict[str, Any]:
         "policy": task.policy,
         "collector": collector,
         "record": record_digest(record),
+        # what the run did, whichever policy's name it ran under
+        "outcome": record_digest(
+            {k: v for k, v in record.items() if k not in ("policy", "sweep_fingerprint")}
+        ),
         "cpu_s": at["cpu_s"],
         "drain_cpu_s": drain,
         "drain_share": drain / at["cpu_s"] if at["cpu_s"] > 0 else 0.0,
