@@ -55,6 +55,7 @@ from slo_core.policies.seed_estimates import (
     profile_or_fallback,
     remaining_prompt_tokens,
 )
+from slo_core.policies.snapshot_slots import SnapshotSlots
 from slo_core.slo import RequestKind
 
 
@@ -319,97 +320,9 @@ def term_metrics(
     return exec_a, rem, den, t_min, float(exec_a.sum())  # numpy_sum is this sum on lists
 
 
-class _WaitingTerms:
-    """The static terms (T̃ before β, due time, gain weight) of an engine's waiting requests, kept
-    between decisions in arrays, one slot per request (the first ``size`` slots are the queue, in no
-    particular order). A decision re-reads only the requests that joined the queue or whose snapshot
-    object changed, and finds the others with a few C-level passes over the queue's ids."""
-
-    def __init__(self) -> None:
-        self._reset(None)
-
-    def _reset(self, profile: PerfProfile | None) -> None:
-        self.profile = profile
-        self.slot: dict[str, int] = {}
-        self.views: list[RequestView | None] = []
-        self.size = 0
-        self.view_id = np.zeros(0, dtype=np.int64)
-        self.core = np.zeros(0)
-        self.due = np.zeros(0)
-        self.gain = np.zeros(0)
-        self.left = np.zeros(0)  # remaining_prompt_tokens: ≤ 0, a decode
-        self.computed = np.zeros(0)
-
-    def sync(self, waiting: Sequence[RequestView], profile: PerfProfile, params: SlideBatchingParams) -> None:
-        """Make the slots hold exactly ``waiting`` (ids unique), each with its terms under ``profile``."""
-        if profile is not self.profile:
-            self._reset(profile)
-        n = len(waiting)
-        m = self.size
-        # a snapshot object the store holds is that request, unchanged (a live object's id() is its
-        # own): matched by identity in C, sorted ids against sorted ids
-        view_ids = np.fromiter(map(id, waiting), np.int64, n)
-        if m:
-            by_id = np.argsort(self.view_id[:m])
-            held = self.view_id[by_id]
-            at = np.minimum(np.searchsorted(held, view_ids), m - 1)
-            same = held[at] == view_ids
-            present = np.zeros(m, dtype=np.bool_)
-            present[by_id[at[same]]] = True
-        else:
-            same = np.zeros(n, dtype=np.bool_)
-            present = np.zeros(0, dtype=np.bool_)
-        fresh = np.flatnonzero(~same).tolist()  # joined, or a new snapshot of a request held
-        slot = self.slot
-        for i in fresh:
-            s = slot.get(waiting[i].request_id)
-            if s is not None:
-                present[s] = True
-        for s in np.flatnonzero(~present)[::-1].tolist():  # from the end: the moved ones stay
-            self._drop(s)
-        views = self.views
-        for i in fresh:
-            r = waiting[i]
-            s = slot.get(r.request_id)
-            if s is None:
-                s = self._append(r.request_id)
-                reread = True
-            else:
-                reread = not _same_terms(_view_at(views, s), r)
-            if reread:
-                _, self.core[s], self.due[s], self.gain[s] = _terms(r, profile, params)
-                self.left[s] = remaining_prompt_tokens(r)
-                self.computed[s] = r.computed_tokens
-            views[s] = r
-            self.view_id[s] = view_ids[i]
-
-    def _append(self, rid: str) -> int:
-        s = self.size
-        if s == len(self.core):
-            cap = max(64, 2 * s)
-            for name in ("view_id", "core", "due", "gain", "left", "computed"):
-                old = getattr(self, name)
-                new = np.zeros(cap, dtype=old.dtype)
-                new[:s] = old
-                setattr(self, name, new)
-            self.views.extend([None] * (cap - len(self.views)))
-        self.slot[rid] = s
-        self.size = s + 1
-        return s
-
-    def _drop(self, s: int) -> None:
-        """Free slot ``s``: the last slot's request moves into it."""
-        last = self.size - 1
-        views = self.views
-        del self.slot[_view_at(views, s).request_id]
-        if s != last:
-            moved = _view_at(views, last)
-            self.slot[moved.request_id] = s
-            views[s] = moved
-            for a in (self.view_id, self.core, self.due, self.gain, self.left, self.computed):
-                a[s] = a[last]
-        views[last] = None
-        self.size = last
+# the deep path's per-request values: T̃ before β, due time, gain weight, prompt tokens left (≤ 0: a
+# decode), tokens computed
+_WAITING_FIELDS = ("core", "due", "gain", "left", "computed")
 
 
 def _same_terms(old: RequestView, new: RequestView) -> bool:
@@ -426,27 +339,18 @@ def _same_terms(old: RequestView, new: RequestView) -> bool:
     )
 
 
-def _view_at(views: list[RequestView | None], s: int) -> RequestView:
-    v = views[s]
-    if v is None:
-        raise AssertionError(f"slot {s} of the waiting terms is empty")
-    return v
-
-
 def _waiting_key(
-    store: _WaitingTerms, s: int, urgent: np.ndarray, density: np.ndarray, remain: np.ndarray
+    store: SnapshotSlots, s: int, urgent: np.ndarray, density: np.ndarray, remain: np.ndarray
 ) -> tuple[Any, ...]:
     """Slot ``s``'s place in the plan's order (URGENT by density, then by remain; NORMAL by remain;
     ties by arrival, then id), comparable with the running requests' keys."""
-    r = _view_at(store.views, s)
+    r = store.view(s)
     if urgent[s]:
         return (0, -float(density[s]), float(remain[s]), r.arrival_s, r.request_id)
     return (1, float(remain[s]), r.arrival_s, r.request_id)
 
 
-def _waiting_prefix(
-    k: int, store: _WaitingTerms, urgent: np.ndarray, density: np.ndarray, remain: np.ndarray
-) -> list[int]:
+def _waiting_prefix(k: int, urgent: np.ndarray, density: np.ndarray, remain: np.ndarray) -> list[int]:
     """The slots of the first ``k`` or more waiting requests in the plan's order (every request tied
     with the k-th on its first key included, so the list is a prefix of that order), unsorted."""
     if k <= 0:
@@ -493,7 +397,14 @@ class SlideBatching(BaseEnginePolicy):
         self.correction = OnlineCorrection(momentum=self.params.correction_momentum)
         self._terms: dict[str, _Terms] = {}
         self._terms_profile: PerfProfile | None = None
-        self._waiting = _WaitingTerms()
+        # the deep path's waiting requests, with their terms under _waiting_profile
+        self._waiting = SnapshotSlots(_WAITING_FIELDS, self._waiting_terms, _same_terms)
+        self._waiting_profile: PerfProfile = profile_or_fallback(None)
+
+    def _waiting_terms(self, r: RequestView) -> tuple[float, ...]:
+        """A waiting request's values in the deep path's slots (_WAITING_FIELDS)."""
+        _, core, due, gain = _terms(r, self._waiting_profile, self.params)
+        return core, due, gain, float(remaining_prompt_tokens(r)), float(r.computed_tokens)
 
     def observe_batch(self, estimated_s: float, measured_s: float) -> float:
         """Fold one measured batch time into the correction factor β (PROSERVE §4.1)."""
@@ -591,17 +502,21 @@ class SlideBatching(BaseEnginePolicy):
         p = self.params
         profile = profile_or_fallback(engine.profile)
         store = self._waiting
-        store.sync(waiting, profile, p)
+        if profile is not self._waiting_profile:
+            store.reset()
+            self._waiting_profile = profile
+        store.sync(waiting)
         m = store.size
         if m == 0:
             return None
+        col = store.col
         beta = self.correction.factor
         now = engine.now_s
         t_c = overhead_s(profile) * beta
-        exec_w = store.core[:m] * beta
+        exec_w = col["core"][:m] * beta
         np.maximum(exec_w, 1e-6, out=exec_w)
-        rem_w = store.due[:m] - now
-        den_w = store.gain[:m] / exec_w
+        rem_w = col["due"][:m] - now
+        den_w = col["gain"][:m] / exec_w
         run_terms = [_terms(r, profile, p) for r in running]
         exec_r = [max(t[1] * beta, 1e-6) for t in run_terms]
         rem_r = [t[2] - now for t in run_terms]
@@ -635,15 +550,15 @@ class SlideBatching(BaseEnginePolicy):
         run_keys = list(map(run_key, range(len(running))))
         run_order = sorted(range(len(running)), key=run_keys.__getitem__)
         # what any waiting request can do in the walk (the unlisted ones are among them)
-        unlisted = (bool((store.left[:m] <= 0).any()), float(store.computed[:m].min()))
+        unlisted = (bool((col["left"][:m] <= 0).any()), float(col["computed"][:m].min()))
         # a full engine skips every waiting request (no slot frees up within a step)
         k = 0 if len(running) >= engine.max_num_seqs else self.deep_prefix
         while True:
-            first = _waiting_prefix(k, store, urgent_w, den_w, rem_w)
+            first = _waiting_prefix(k, urgent_w, den_w, rem_w)
             entries = [(run_keys[j], j, True) for j in run_order]
             entries += [(_waiting_key(store, s, urgent_w, den_w, rem_w), s, False) for s in first]
             entries.sort()  # two sorted runs: one merge
-            queue = [running[i] if is_run else _view_at(store.views, i) for _, i, is_run in entries]
+            queue = [running[i] if is_run else store.view(i) for _, i, is_run in entries]
             exec_m = [exec_r[i] if is_run else float(exec_w[i]) for _, i, is_run in entries]
             flags = [not is_run for _, _, is_run in entries]
             watch = -1
