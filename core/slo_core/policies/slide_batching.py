@@ -20,6 +20,9 @@ The policy decides every engine step, so :meth:`SlideBatching.plan` runs on plai
 functions below are the reference: ``tests/unit/core/policies/test_slide_batching_scalar.py`` checks
 the two agree bit for bit) and keeps each request's static terms (its T̃, due time and gain weight)
 while its snapshot object is unchanged: a request that merely waits costs a dict lookup per step.
+Over a deep waiting queue (:attr:`SlideBatching.deep_from`) :meth:`SlideBatching.decide` does not
+order the queue at all: its walk needs every running request but only the first few waiting ones, so
+it keeps their terms between decisions and sorts only that prefix (``_decide_deep``, the same Decision).
 """
 
 from __future__ import annotations
@@ -493,7 +496,7 @@ class SlideBatching(BaseEnginePolicy):
         The batch is walked in the plan's order, of which it needs every running request and only
         the first waiting ones: from a free sequence slot on, a walk looks at waiting requests in
         that order until its time, token or KV budget is spent (a handful at a deep queue). So the
-        waiting requests' terms are kept between decisions (:class:`_WaitingTerms`), the URGENT bar
+        waiting requests' terms are kept between decisions (:class:`SnapshotSlots`), the URGENT bar
         and the budget come from C-level reductions over them (Σexec in any order, checked against
         every remain for the rounding the plan's pairwise order could change), and the walk gets
         the first ``k`` waiting requests of the order (a partition, then a sort of those), ``k``
