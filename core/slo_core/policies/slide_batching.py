@@ -305,22 +305,48 @@ def term_metrics(
     exec, Σ numpy's pairwise sum. ``in_numpy``: as float64 arrays (a deep queue), else as lists; the
     same IEEE operations on every element either way, so the same bits (tested)."""
     if not in_numpy:
-        exec_l = [max(t[1] * beta, 1e-6) for t in terms]  # np.maximum(exec, 1e-6)
-        remain = [t[2] - now_s for t in terms]
-        density = [t[3] / e for t, e in zip(terms, exec_l, strict=True)]
+        exec_l, remain, density = _list_terms(terms, beta, now_s)
         return exec_l, remain, density, min(remain), numpy_sum(exec_l)
     n = len(terms)
-    exec_a = np.fromiter(map(_CORE, terms), np.float64, n)
-    exec_a *= beta
-    np.maximum(exec_a, 1e-6, out=exec_a)
-    rem = np.fromiter(map(_DUE, terms), np.float64, n)
-    rem -= now_s
-    den = np.fromiter(map(_GAIN, terms), np.float64, n)
-    den /= exec_a
+    exec_a, rem, den = _array_terms(
+        np.fromiter(map(_CORE, terms), np.float64, n),
+        np.fromiter(map(_DUE, terms), np.float64, n),
+        np.fromiter(map(_GAIN, terms), np.float64, n),
+        beta,
+        now_s,
+    )
     t_min = float(rem.min())
     if math.isnan(t_min):  # min() of a list skips what np.min propagates
         t_min = min(rem.tolist())
     return exec_a, rem, den, t_min, float(exec_a.sum())  # numpy_sum is this sum on lists
+
+
+def _list_terms(
+    terms: Sequence[_Terms], beta: float, now_s: float
+) -> tuple[list[float], list[float], list[float]]:
+    """(exec, remain, density) of ``terms`` as lists (see :func:`term_metrics`)."""
+    exec_l = [max(t[1] * beta, 1e-6) for t in terms]  # np.maximum(exec, 1e-6)
+    remain = [t[2] - now_s for t in terms]
+    density = [t[3] / e for t, e in zip(terms, exec_l, strict=True)]
+    return exec_l, remain, density
+
+
+def _array_terms(
+    core: np.ndarray, due: np.ndarray, gain: np.ndarray, beta: float, now_s: float
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(exec, remain, density) from arrays of T̃, due time and gain: :func:`_list_terms`'s operations
+    on every element (new arrays; the inputs are left as they are)."""
+    exec_a = core * beta
+    np.maximum(exec_a, 1e-6, out=exec_a)
+    return exec_a, due - now_s, gain / exec_a
+
+
+def _plan_key(urgent: bool, density: float, remain: float, r: RequestView) -> tuple[Any, ...]:
+    """A request's place in the plan's order (URGENT by density, then by remain; NORMAL by remain;
+    ties by arrival, then id): the deep path sorts and merges running and waiting requests by it."""
+    if urgent:
+        return (0, -density, remain, r.arrival_s, r.request_id)
+    return (1, remain, r.arrival_s, r.request_id)
 
 
 # the deep path's per-request values: T̃ before β, due time, gain weight, prompt tokens left (≤ 0: a
@@ -340,17 +366,6 @@ def _same_terms(old: RequestView, new: RequestView) -> bool:
         and old.arrival_s == new.arrival_s
         and old.prompt_tokens == new.prompt_tokens
     )
-
-
-def _waiting_key(
-    store: SnapshotSlots, s: int, urgent: np.ndarray, density: np.ndarray, remain: np.ndarray
-) -> tuple[Any, ...]:
-    """Slot ``s``'s place in the plan's order (URGENT by density, then by remain; NORMAL by remain;
-    ties by arrival, then id), comparable with the running requests' keys."""
-    r = store.view(s)
-    if urgent[s]:
-        return (0, -float(density[s]), float(remain[s]), r.arrival_s, r.request_id)
-    return (1, float(remain[s]), r.arrival_s, r.request_id)
 
 
 def _waiting_prefix(k: int, urgent: np.ndarray, density: np.ndarray, remain: np.ndarray) -> list[int]:
@@ -516,14 +531,8 @@ class SlideBatching(BaseEnginePolicy):
         beta = self.correction.factor
         now = engine.now_s
         t_c = overhead_s(profile) * beta
-        exec_w = col["core"][:m] * beta
-        np.maximum(exec_w, 1e-6, out=exec_w)
-        rem_w = col["due"][:m] - now
-        den_w = col["gain"][:m] / exec_w
-        run_terms = [_terms(r, profile, p) for r in running]
-        exec_r = [max(t[1] * beta, 1e-6) for t in run_terms]
-        rem_r = [t[2] - now for t in run_terms]
-        den_r = [t[3] / e for t, e in zip(run_terms, exec_r, strict=True)]
+        exec_w, rem_w, den_w = _array_terms(col["core"][:m], col["due"][:m], col["gain"][:m], beta, now)
+        exec_r, rem_r, den_r = _list_terms([_terms(r, profile, p) for r in running], beta, now)
         if np.isnan(rem_w).any() or np.isnan(den_w).any() or any(map(math.isnan, [*rem_r, *den_r])):
             return None  # the plan's min and sorts place a NaN by position
         n = m + len(running)
@@ -543,14 +552,7 @@ class SlideBatching(BaseEnginePolicy):
         urgent_w = rem_w < bar
         urgent_r = [x < bar for x in rem_r]
         n_urgent = int(urgent_w.sum()) + sum(urgent_r)
-
-        def run_key(j: int) -> tuple[Any, ...]:
-            r = running[j]
-            if urgent_r[j]:
-                return (0, -den_r[j], rem_r[j], r.arrival_s, r.request_id)
-            return (1, rem_r[j], r.arrival_s, r.request_id)
-
-        run_keys = list(map(run_key, range(len(running))))
+        run_keys = list(map(_plan_key, urgent_r, den_r, rem_r, running))
         run_order = sorted(range(len(running)), key=run_keys.__getitem__)
         # what any waiting request can do in the walk (the unlisted ones are among them)
         unlisted = (bool((col["left"][:m] <= 0).any()), float(col["computed"][:m].min()))
@@ -559,7 +561,10 @@ class SlideBatching(BaseEnginePolicy):
         while True:
             first = _waiting_prefix(k, urgent_w, den_w, rem_w)
             entries = [(run_keys[j], j, True) for j in run_order]
-            entries += [(_waiting_key(store, s, urgent_w, den_w, rem_w), s, False) for s in first]
+            entries += [
+                (_plan_key(bool(urgent_w[s]), float(den_w[s]), float(rem_w[s]), store.view(s)), s, False)
+                for s in first
+            ]
             entries.sort()  # two sorted runs: one merge
             queue = [running[i] if is_run else store.view(i) for _, i, is_run in entries]
             exec_m = [exec_r[i] if is_run else float(exec_w[i]) for _, i, is_run in entries]
