@@ -27,6 +27,7 @@ import numpy as np
 import numpy.typing as npt
 
 from slo_core.policies.base import RequestView, request_id_of
+from slo_core.policies.snapshot_slots import find_sorted
 from slo_core.slo import RequestKind
 
 F64 = npt.NDArray[np.float64]
@@ -220,9 +221,13 @@ class SnapshotTable:
         self._index[r.request_id] = row
         self._size += 1
 
-    def _rows(self, view_at: Callable[[int], RequestView], ids: list[str]) -> I64:
-        if self._size > max(4 * len(ids), 50_000):
+    def _reset_if_outgrown(self, n_ids: int) -> None:
+        """Start over once the table holds far more requests than a call asks for (those that left)."""
+        if self._size > max(4 * n_ids, 50_000):
             self._reset()
+
+    def _rows(self, view_at: Callable[[int], RequestView], ids: list[str]) -> I64:
+        self._reset_if_outgrown(len(ids))
         return self._rows_of(view_at, ids)
 
     def _rows_of(self, view_at: Callable[[int], RequestView], ids: Sequence[str]) -> I64:
@@ -245,21 +250,13 @@ class SnapshotTable:
     def _waiting_rows(self, reqs: list[RequestView], n_ids: int) -> tuple[I64, I64]:
         """(rows, id()s) of the waiting snapshots ``reqs``: a snapshot the last call saw (by identity,
         in C) keeps its row, the others are looked up by request id (and added if new)."""
-        if self._size > max(4 * n_ids, 50_000):
-            self._reset()
-        n = len(reqs)
-        view_ids = np.fromiter(map(id, reqs), dtype=np.int64, count=n)
-        last = self._last_ids
-        if len(last) and n:
-            at = np.minimum(np.searchsorted(last, view_ids), len(last) - 1)
-            seen = last[at] == view_ids
-            rows = np.where(seen, self._last_rows[at], -1)
-            missing = np.flatnonzero(~seen)
-            if len(missing):
-                index = missing.tolist()
-                rows[missing] = self._rows_of(lambda j: reqs[index[j]], [reqs[i].request_id for i in index])
-        else:
-            rows = self._rows_of(reqs.__getitem__, list(map(request_id_of, reqs)))
+        self._reset_if_outgrown(n_ids)
+        view_ids = np.fromiter(map(id, reqs), dtype=np.int64, count=len(reqs))
+        rows = find_sorted(self._last_ids, self._last_rows, view_ids)
+        missing = np.flatnonzero(rows < 0)
+        if len(missing):
+            index = missing.tolist()
+            rows[missing] = self._rows_of(lambda j: reqs[index[j]], [reqs[i].request_id for i in index])
         order = np.argsort(view_ids)
         self._last_ids = view_ids[order]
         self._last_rows = rows[order]

@@ -52,15 +52,9 @@ class SnapshotSlots:
         n = len(snapshots)
         m = self.size
         view_ids = np.fromiter(map(id, snapshots), np.int64, n)
-        if m:
-            by_id = np.argsort(self._view_id[:m])
-            held = self._view_id[by_id]
-            at = np.minimum(np.searchsorted(held, view_ids), m - 1)
-            same = held[at] == view_ids
-            slots = np.where(same, by_id[at], -1)
-        else:
-            same = np.zeros(n, dtype=np.bool_)
-            slots = np.full(n, -1, dtype=np.int64)
+        by_id = np.argsort(self._view_id[:m])
+        slots = find_sorted(self._view_id[by_id], by_id, view_ids)
+        same = slots >= 0
         fresh = np.flatnonzero(~same).tolist()  # joined, or a new snapshot of a request held
         slot = self.slot
         present = np.zeros(m, dtype=np.bool_)
@@ -132,6 +126,16 @@ class SnapshotSlots:
     def view(self, s: int) -> RequestView:
         """The snapshot slot ``s`` holds."""
         return _held(self.views, s)
+
+
+def find_sorted(keys: I64, values: I64, queries: I64) -> I64:
+    """For each query, the value beside its key in ``keys`` (sorted ascending, unique), or -1 where
+    the key is not there: a lookup of many keys at once, in C."""
+    if len(keys) == 0:
+        return np.full(len(queries), -1, dtype=np.int64)
+    at = np.minimum(np.searchsorted(keys, queries), len(keys) - 1)
+    found: I64 = np.where(keys[at] == queries, values[at], -1)
+    return found
 
 
 def _held(views: list[RequestView | None], s: int) -> RequestView:
