@@ -11,6 +11,9 @@ Decision the same way:
   that order; the unlisted ones follow, policy-preempted first (vLLM requeues a preempted request
   at the front), then the rest in their current order. With ``hold_unlisted`` the unlisted ones are
   held: they stay queued but are not offered for admission until a later decision lists them.
+  An ``admit`` that is a :class:`~slo_core.policies.base.PositionalOrder` of the admission pool as
+  it was given to the policy (the preempted, then the waiting) is placed by position when nothing is
+  rejected: the same queues; positions that cannot be that pool's fall back to the ids.
 * ``running_order`` orders running requests for the token budget: listed ones first in that order,
   then the unlisted in their current order. None keeps the current order.
 """
@@ -19,9 +22,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from operator import itemgetter
 from typing import Generic, Protocol, TypeVar
 
-from slo_core.policies.base import Decision, request_id_of, slots_twin
+from slo_core.policies.base import Decision, PositionalOrder, request_id_of, slots_twin
 
 
 class HasRequestId(Protocol):
@@ -40,7 +44,7 @@ class AppliedDecision(Generic[T]):
     running: list[T]
     preempted: list[T]
     rejected: list[T]
-    listed: frozenset[str]
+    listed: frozenset[str]  # with hold_unlisted, the ids admission may take; empty otherwise
     hold_unlisted: bool
 
     def offered(self) -> list[T]:
@@ -49,6 +53,8 @@ class AppliedDecision(Generic[T]):
             return list(self.waiting)
         return [r for r in self.waiting if r.request_id in self.listed]
 
+
+_NOTHING: frozenset[str] = frozenset()
 
 # built once per decision: through slots_twin, not the frozen dataclass's slow __init__
 _AppliedSlots = slots_twin(
@@ -78,6 +84,28 @@ def ordered(items: Sequence[T], order: Sequence[str]) -> tuple[list[T], list[T]]
             seen.add(rid)
     rest = [r for r in items if r.request_id not in seen]
     return listed, rest
+
+
+def by_position(items: Sequence[T], at: Sequence[int]) -> tuple[list[T], list[T]] | None:
+    """:func:`ordered` for an order given by position (``items[i] for i in at``, then the rest in
+    current order), or None when ``at`` is not a list of distinct indices into ``items`` (the caller
+    then reads the order's ids). The same lists as :func:`ordered` on those items' ids when the ids
+    are distinct, as in an engine's queue, without looking any of them up (C-level passes only, for
+    a whole new order)."""
+    n = len(items)
+    k = len(at)
+    if k == 0 or k > n:
+        return None
+    try:
+        taken = set(at)
+        if len(taken) != k or min(taken) < 0 or max(taken) >= n:
+            return None
+        listed = [items[at[0]]] if k == 1 else list(itemgetter(*at)(items))
+    except TypeError:  # not integers
+        return None
+    if k == n:
+        return listed, []
+    return listed, [r for i, r in enumerate(items) if i not in taken]
 
 
 # an order of fewer than 1/_SHORT of the items (a policy that lists only what it admits, holding the
@@ -117,7 +145,11 @@ def apply_decision(decision: Decision, waiting: Sequence[T], running: Sequence[T
     # most decisions preempt and reject nothing: no pass over the queues then
     preempted, still_running = _taken_out(running, decision.preempt)
     rejected, queued = _taken_out(waiting, decision.reject)
-    listed, rest = ordered([*preempted, *queued], decision.admit)
+    admit = decision.admit
+    placed = None
+    if type(admit) is PositionalOrder and not rejected and admit.n == len(preempted) + len(waiting):
+        placed = by_position([*preempted, *waiting] if preempted else waiting, admit.at)
+    listed, rest = placed if placed is not None else ordered([*preempted, *queued], admit)
     if decision.running_order is not None:
         first, later = ordered(still_running, decision.running_order)
         still_running = first + later
@@ -126,7 +158,8 @@ def apply_decision(decision: Decision, waiting: Sequence[T], running: Sequence[T
     a.running = still_running
     a.preempted = preempted
     a.rejected = rejected
-    a.listed = frozenset(map(request_id_of, listed))
+    # read only to hold the unlisted (a set of a whole new order's ids was ~half of applying it)
+    a.listed = frozenset(map(request_id_of, listed)) if decision.hold_unlisted else _NOTHING
     a.hold_unlisted = decision.hold_unlisted
     a.__class__ = AppliedDecision
     out: AppliedDecision[T] = a

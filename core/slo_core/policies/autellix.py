@@ -26,6 +26,7 @@ from slo_core.policies.base import (
     EngineView,
     RequestView,
     new_decision,
+    positional,
     request_id_of,
 )
 
@@ -111,15 +112,19 @@ class AutellixPLAS(BaseEnginePolicy):
         run_order = sorted(range(len(running)), key=rkeys.__getitem__)
         if victims:
             # admission order (key, waiting before a preempted call, position): the preempted calls,
-            # by position, after the waiting ones, merged in by one stable sort on the key
-            pool = [(wkeys[i], wids[i]) for i in worder]
-            pool += [(rkeys[i], rids[i]) for i in sorted(victims)]
+            # by position, after the waiting ones, merged in by one stable sort on the key; placed by
+            # position in the admission pool (the preempted in running order, then the waiting)
+            preempted = sorted(victims)
+            k = len(preempted)
+            pool = [(wkeys[i], k + i) for i in worder]
+            pool += [(rkeys[v], j) for j, v in enumerate(preempted)]
             pool.sort(key=_first)
-            admit = tuple(map(_second, pool))
+            pool_ids = [*map(rids.__getitem__, preempted), *wids]
+            admit = positional(pool_ids, list(map(_second, pool)), len(pool_ids))
             left = set(victims)
             run_order = [i for i in run_order if i not in left]  # a stable sort's order, filtered
-        else:  # the waiting order is the admission order
-            admit = tuple(map(wids.__getitem__, worder))
+        else:  # the waiting order is the admission order, placed by position
+            admit = positional(wids, worder, len(waiting))
         return new_decision(
             admit=admit,
             preempt=tuple(map(rids.__getitem__, victims)),

@@ -34,7 +34,7 @@ import random
 import types
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, fields
-from operator import attrgetter
+from operator import attrgetter, itemgetter
 from typing import Any, Protocol, runtime_checkable
 
 from slo_core.perf.model import PerfProfile
@@ -229,6 +229,41 @@ _DecisionSlots = slots_twin(
         "prefill_first",
     ),
 )
+
+
+class PositionalOrder(tuple[str, ...]):
+    """An order of request ids (a plain tuple of them to every reader) that also carries each id's
+    position in the admission pool the policy was given: the running requests its decision preempts,
+    in the order it was given them, then the ``waiting`` ones. ``at[k]`` is the index of ``self[k]``
+    there, and ``n`` the pool's length (``len(waiting)`` when nothing is preempted).
+
+    A policy returns one as ``Decision.admit`` when it ordered that pool; an engine that applies the
+    decision to the very queues those snapshots were taken of, in the same order, can then place its
+    requests by position instead of looking every id up (:func:`slo_core.policies.apply.apply_decision`,
+    which checks ``n`` and the positions and otherwise reads the ids). The ids must be the pool's
+    ``[at[k]]`` ids: :func:`positional` builds both from one list of indices."""
+
+    at: Sequence[int]
+    n: int
+
+    def __new__(cls, ids: Iterable[str], at: Sequence[int], n: int) -> PositionalOrder:
+        out = super().__new__(cls, ids)
+        out.at = at
+        out.n = n
+        return out
+
+    def __reduce__(self) -> tuple[Any, ...]:  # copy and pickle as the tuple of ids every reader sees
+        return (tuple, (tuple(self),))
+
+
+def positional(ids: Sequence[str], at: list[int], n: int) -> tuple[str, ...]:
+    """The ids ``ids[i] for i in at`` (``ids``: those of the admission pool, see
+    :class:`PositionalOrder`, or a list that starts with them; ``at``: indices into the pool; ``n``:
+    its length), as a :class:`PositionalOrder`."""
+    if not at:
+        return ()
+    picked = (ids[at[0]],) if len(at) == 1 else itemgetter(*at)(ids)
+    return PositionalOrder(picked, at, n)
 
 
 def new_decision(

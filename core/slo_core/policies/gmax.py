@@ -38,6 +38,7 @@ from slo_core.policies.base import (
     FinishedView,
     RequestView,
     new_decision,
+    positional,
 )
 from slo_core.policies.gmax_bound import BoundReading
 from slo_core.policies.gmax_budget import (
@@ -339,7 +340,8 @@ class GMAX(BaseEnginePolicy):
             budget = min(budget + lane.extra_tokens, engine.max_num_batched_tokens)
         ids = c.ids
         return Decision(
-            admit=_pick(ids, admit.tolist()),
+            # by position in the waiting queue, the admission pool when nothing is preempted
+            admit=_pick(ids, admit.tolist()) if preempt else positional(ids, admit.tolist(), len(waiting)),
             preempt=_pick(ids, preempt),
             running_order=_pick(ids, run_order.tolist()),
             reject=_pick(ids, np.flatnonzero(reject).tolist()),

@@ -32,7 +32,14 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 from slo_core.objective import Objective
-from slo_core.policies.base import BaseEnginePolicy, Decision, EngineView, RequestView
+from slo_core.policies.base import (
+    BaseEnginePolicy,
+    Decision,
+    EngineView,
+    RequestView,
+    positional,
+    request_id_of,
+)
 from slo_core.policies.float_sum import numpy_sum
 from slo_core.policies.seed_estimates import (
     expected_output_tokens,
@@ -380,9 +387,12 @@ class Tempo(BaseEnginePolicy):
             run_ids = [reqs[i].request_id for i in order if i < n_running and i not in gone]
         else:
             run_ids = [reqs[i].request_id for i in order if i < n_running]
-        admit = [reqs[i].request_id for i in order if i >= n_running]
+        # the waiting requests' order, by position in ``waiting`` (reqs lists the running ones first),
+        # the admission pool when nothing is preempted
+        at = [i - n_running for i in order if i >= n_running]
+        wids = list(map(request_id_of, waiting))
         return Decision(
-            admit=tuple(admit),
+            admit=tuple(map(wids.__getitem__, at)) if victims else positional(wids, at, len(waiting)),
             preempt=tuple(reqs[i].request_id for i in victims),
             running_order=tuple(run_ids),
             reason=f"lsdf n={len(reqs)} preempt={len(victims)}",

@@ -80,7 +80,7 @@ def test_apply_decision_builds_what_the_constructor_builds(
         running=still,
         preempted=preempted,
         rejected=rejected,
-        listed=frozenset(r.request_id for r in listed),
+        listed=frozenset(r.request_id for r in listed) if hold else frozenset(),  # only held by it
         hold_unlisted=hold,
     )
     assert got == want
