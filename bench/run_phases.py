@@ -128,6 +128,9 @@ def phases(task: Any, collector: str = "young") -> dict[str, Any]:
         "collections": tuple(p.collections),
         "collected": p.collected,
         "goodput_token_ratio": record.get("goodput_token_ratio"),
+        "goodput_request_ratio": record.get("goodput_request_ratio"),
+        "attainment": record.get("attainment"),
+        "latency_attainment": gmax_sweep.latency_attainment(record),
     }
 
 

@@ -1,0 +1,123 @@
+"""What GMAX's decisions at every arrival and finish buy and cost: the same runs with decisions at frame
+boundaries only.
+
+GMAX decides at every frame boundary (``frame_steps`` = 50 engine steps) and, as shipped, at every
+engine step where a request arrived or finished (``reschedule_on_events``); at overload that is nearly
+every step, each over the whole queue, and it is most of a deep-queue run's CPU. Two probes decide at
+frame boundaries only: ``gmax-frames-50`` (GMAX's own frame) and ``gmax-frames-10``; between frames
+the engine keeps the last decision's orders and knobs, and arrivals wait behind the ordered requests
+(base.py's protocol). The table gives each run's CPU and its goodput, so the price of cheaper
+decisions is read beside the saving, per workload family and objective. A probe, not a policy: it
+changes what GMAX decides, so nothing here replaces a committed record.
+
+    PYTHONPATH=core:lab .venv/bin/python bench/event_decisions.py --points tot:26,conv:20.5 \\
+        --replicas 4 --duration 120 --objectives request,token \\
+        --out bench/results/sim_speed/event_decisions_r4_overload_120s.md
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any, ClassVar
+
+import gmax_sweep  # bench/ is the script's own folder, first on sys.path
+import run_phases
+
+from slo_core.policies import registry
+from slo_core.policies.gmax import GMAX
+
+
+class GMAXFrames50(GMAX):
+    """GMAX deciding at its frame boundaries only (every 50 engine steps)."""
+
+    name = "gmax-frames-50"
+    reschedule_on_events = False
+
+
+class GMAXFrames10(GMAXFrames50):
+    """GMAX deciding at frame boundaries only, every 10 engine steps."""
+
+    name = "gmax-frames-10"
+    _variant: ClassVar[dict[str, Any]] = {"frame_steps": 10}
+
+
+PROBES = {"gmax-frames-50": GMAXFrames50, "gmax-frames-10": GMAXFrames10}
+for _name, _cls in PROBES.items():  # sweep tasks build policies by name, through the registry
+    registry.ENGINE_POLICIES.setdefault(_name, f"{__name__}:{_cls.__name__}")
+
+
+def one(family: str, rps: float, objective: str, policy: str, args: argparse.Namespace) -> dict[str, Any]:
+    """One run (run_phases counts its decisions), keyed by its point."""
+    task = gmax_sweep.Task(
+        family, args.replicas, args.seed, rps, policy, (objective,), args.duration, args.router
+    )
+    row = run_phases.phases(task)
+    return {
+        **row,
+        "family": family,
+        "rps": rps,
+        "objective": objective,
+        "goodput": row[f"goodput_{objective}_ratio"],
+    }
+
+
+def compare(args: argparse.Namespace) -> list[dict[str, Any]]:
+    """GMAX and the probes at every point and objective ``args`` names, in turn."""
+    rows = []
+    for point in args.points.split(","):
+        family, rps = point.split(":")
+        for objective in args.objectives.split(","):
+            for policy in ("gmax", *PROBES):
+                rows.append(one(family, float(rps), objective, policy, args))
+                print({k: rows[-1][k] for k in ("family", "objective", "policy", "cpu_s", "goodput")})
+    return rows
+
+
+def table(rows: list[dict[str, Any]], title: str) -> str:
+    lines = [
+        f"# {title}",
+        "",
+        "Goodput: the objective's ratio (goodput over the instant-service gain of the same jobs).",
+        "",
+        "| family | req/s | objective | policy | record | CPU s | / GMAX | decisions | goodput "
+        "| − GMAX (points) | attainment | latency-tier attainment |",
+        "|---|---:|---|---|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    base: dict[tuple[str, float, str], dict[str, Any]] = {
+        (r["family"], r["rps"], r["objective"]): r for r in rows if r["policy"] == "gmax"
+    }
+    for r in rows:
+        b = base[(r["family"], r["rps"], r["objective"])]
+        lat = r["latency_attainment"]
+        lines.append(
+            f"| {r['family']} | {r['rps']:g} | {r['objective']} | {r['policy']} | {r['record']} "
+            f"| {r['cpu_s']:.1f} | {r['cpu_s'] / b['cpu_s']:.2f} | {r['decisions']} | {r['goodput']:.4f} "
+            f"| {100 * (r['goodput'] - b['goodput']):+.2f} | {r['attainment']:.4f} "
+            f"| {'' if lat is None else f'{lat:.4f}'} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--points", default="tot:26,conv:20.5", help="family:total req/s, comma-separated")
+    ap.add_argument("--replicas", type=int, default=4)
+    ap.add_argument("--duration", type=float, default=120.0)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--objectives", default="request,token")
+    ap.add_argument("--router", default="round-robin")
+    ap.add_argument("--out", type=Path, default=None)
+    args = ap.parse_args()
+    rows = compare(args)
+    text = table(
+        rows,
+        f"GMAX deciding at events or at frames only: x{args.replicas}, {args.duration:g} s, seed {args.seed}",
+    )
+    print(text)
+    if args.out is not None:
+        args.out.write_text(text, encoding="utf-8")
+
+
+if __name__ == "__main__":
+    main()

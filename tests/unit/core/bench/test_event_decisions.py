@@ -1,0 +1,32 @@
+"""bench/event_decisions.py: the probes are GMAX deciding at frame boundaries only (fewer decisions,
+the frame each names), and the table reads each run against GMAX's at the same point."""
+
+from __future__ import annotations
+
+import argparse
+from types import ModuleType
+
+import pytest
+from repo_paths import ROOT, load_script
+
+
+@pytest.fixture(scope="module")
+def ed() -> ModuleType:
+    load_script(ROOT / "bench" / "gmax_sweep.py", "gmax_sweep")  # the scripts import them by name
+    load_script(ROOT / "bench" / "run_phases.py", "run_phases")
+    return load_script(ROOT / "bench" / "event_decisions.py", "event_decisions")
+
+
+def test_the_probes_decide_at_frames_only(ed: ModuleType) -> None:
+    assert ed.GMAXFrames50().frame_steps == 50 and ed.GMAXFrames10().frame_steps == 10
+    assert not ed.GMAXFrames50.reschedule_on_events and not ed.GMAXFrames10.reschedule_on_events
+    args = argparse.Namespace(
+        points="conv:12", replicas=1, duration=6.0, seed=0, objectives="request", router="round-robin"
+    )
+    rows = ed.compare(args)
+    by = {r["policy"]: r for r in rows}
+    assert list(by) == ["gmax", "gmax-frames-50", "gmax-frames-10"]
+    assert by["gmax-frames-50"]["decisions"] < by["gmax-frames-10"]["decisions"] < by["gmax"]["decisions"]
+    assert all(0 <= r["goodput"] <= 1 and r["goodput"] == r["goodput_request_ratio"] for r in rows)
+    text = ed.table(rows, "t")
+    assert text.count("| conv | 12 | request |") == 3 and "| 1.00 |" in text
