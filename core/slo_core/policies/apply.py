@@ -108,6 +108,13 @@ def by_position(items: Sequence[T], at: Sequence[int]) -> tuple[list[T], list[T]
     return listed, [r for i, r in enumerate(items) if i not in taken]
 
 
+def _names_match(listed: Sequence[HasRequestId], order: Sequence[str]) -> bool:
+    """Whether the first, middle and last requests placed by position carry the ids ``order`` lists
+    there: a cheap check that the positions index the pool they were made for."""
+    k = len(order)
+    return all(listed[i].request_id == order[i] for i in (0, k // 2, k - 1))
+
+
 # an order of fewer than 1/_SHORT of the items (a policy that lists only what it admits, holding the
 # rest) finds each of its ids by a scan of the ids instead of a dict of all the items
 _SHORT = 16
@@ -149,6 +156,8 @@ def apply_decision(decision: Decision, waiting: Sequence[T], running: Sequence[T
     placed = None
     if type(admit) is PositionalOrder and not rejected and admit.n == len(preempted) + len(waiting):
         placed = by_position([*preempted, *waiting] if preempted else waiting, admit.at)
+        if placed is not None and not _names_match(placed[0], admit):
+            placed = None  # positions of another pool (an order kept from an earlier call): by id
     listed, rest = placed if placed is not None else ordered([*preempted, *queued], admit)
     if decision.running_order is not None:
         first, later = ordered(still_running, decision.running_order)

@@ -80,6 +80,9 @@ def decisions(items: list[Item], running: list[Item], seed: int) -> list[tuple[D
         pairs.append((Decision(admit=admit, preempt=pre), Decision(admit=ids, preempt=pre)))
     # positions of a queue of another length: read by id
     pairs.append((Decision(admit=PositionalOrder(ids, at, n + 1)), Decision(admit=ids)))
+    if len(at) > 1:  # positions made for another pool of the same length (kept from an earlier call)
+        stale = PositionalOrder(ids, [*at[1:], at[0]], n)
+        pairs.append((Decision(admit=stale), Decision(admit=ids)))
     return pairs
 
 
