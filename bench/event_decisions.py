@@ -18,6 +18,8 @@ changes what GMAX decides, so nothing here replaces a committed record.
 from __future__ import annotations
 
 import argparse
+import random
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -25,7 +27,9 @@ import gmax_sweep  # bench/ is the script's own folder, first on sys.path
 import run_phases
 
 from slo_core.policies import registry
+from slo_core.policies.base import Decision, EngineView, RequestView
 from slo_core.policies.gmax import GMAX
+from slo_core.slo import RequestKind
 
 
 class GMAXFrames50(GMAX):
@@ -42,7 +46,53 @@ class GMAXFrames10(GMAXFrames50):
     _variant: ClassVar[dict[str, Any]] = {"frame_steps": 10}
 
 
-PROBES = {"gmax-frames-50": GMAXFrames50, "gmax-frames-10": GMAXFrames10}
+class GMAXLatencyEvents(GMAX):
+    """GMAX asked at every event as shipped, deciding anew only every 10 steps or when a latency
+    request arrived since its last decision (its first token is due within a TTFT); at any other
+    event it keeps its last orders and token budget (what the engine does between frames)."""
+
+    name = "gmax-latency-events"
+    decide_every: ClassVar[int] = 10
+
+    def __init__(self, params: Any = None, **overrides: Any) -> None:
+        super().__init__(params, **overrides)
+        self._decided: tuple[int, float] | None = None  # (step, now) of the last decision made anew
+        self._kept = Decision()
+
+    def decide(
+        self,
+        waiting: Sequence[RequestView],
+        running: Sequence[RequestView],
+        engine: EngineView,
+        rng: random.Random,
+    ) -> Decision:
+        last = self._decided
+        recent = last is not None and engine.step - last[0] < self.decide_every
+        if recent and last is not None and not _latency_since(waiting, last[1]):
+            return self._kept
+        decision = super().decide(waiting, running, engine, rng)
+        self._decided = (engine.step, engine.now_s)
+        # no order (the queues stay as the engine holds them), the same budget and admission knobs
+        self._kept = Decision(token_budget=decision.token_budget, prefill_first=decision.prefill_first)
+        return decision
+
+
+def _latency_since(waiting: Sequence[RequestView], since_s: float) -> bool:
+    """Whether a latency request arrived after ``since_s``: arrivals wait at the queue's end, in
+    arrival order, until a decision orders them."""
+    for r in reversed(waiting):
+        if r.arrival_s <= since_s:
+            return False
+        if r.slo.kind is RequestKind.LATENCY:
+            return True
+    return False
+
+
+PROBES = {
+    "gmax-frames-50": GMAXFrames50,
+    "gmax-frames-10": GMAXFrames10,
+    "gmax-latency-events": GMAXLatencyEvents,
+}
 for _name, _cls in PROBES.items():  # sweep tasks build policies by name, through the registry
     registry.ENGINE_POLICIES.setdefault(_name, f"{__name__}:{_cls.__name__}")
 

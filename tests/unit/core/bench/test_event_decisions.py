@@ -1,5 +1,6 @@
 """bench/event_decisions.py: the probes are GMAX deciding at frame boundaries only (fewer decisions,
-the frame each names), and the table reads each run against GMAX's at the same point."""
+the frame each names) or anew only at some events, and the table reads each run against GMAX's at
+the same point."""
 
 from __future__ import annotations
 
@@ -25,8 +26,9 @@ def test_the_probes_decide_at_frames_only(ed: ModuleType) -> None:
     )
     rows = ed.compare(args)
     by = {r["policy"]: r for r in rows}
-    assert list(by) == ["gmax", "gmax-frames-50", "gmax-frames-10"]
+    assert list(by) == ["gmax", "gmax-frames-50", "gmax-frames-10", "gmax-latency-events"]
     assert by["gmax-frames-50"]["decisions"] < by["gmax-frames-10"]["decisions"] < by["gmax"]["decisions"]
+    assert by["gmax-latency-events"]["record"] != by["gmax"]["record"]
     assert all(0 <= r["goodput"] <= 1 and r["goodput"] == r["goodput_request_ratio"] for r in rows)
     text = ed.table(rows, "t")
-    assert text.count("| conv | 12 | request |") == 3 and "| 1.00 |" in text
+    assert text.count("| conv | 12 | request |") == 4 and "| 1.00 |" in text
