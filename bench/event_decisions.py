@@ -68,13 +68,27 @@ class GMAXLatencyEvents(GMAX):
     ) -> Decision:
         last = self._decided
         recent = last is not None and engine.step - last[0] < self.decide_every
-        if recent and last is not None and not _latency_since(waiting, last[1]):
+        if recent and last is not None and self._may_keep(waiting) and not _latency_since(waiting, last[1]):
             return self._kept
         decision = super().decide(waiting, running, engine, rng)
         self._decided = (engine.step, engine.now_s)
         # no order (the queues stay as the engine holds them), the same budget and admission knobs
         self._kept = Decision(token_budget=decision.token_budget, prefill_first=decision.prefill_first)
         return decision
+
+    def _may_keep(self, waiting: Sequence[RequestView]) -> bool:
+        """Whether a decision at an event may keep the last one (always, here)."""
+        return True
+
+
+class GMAXDeepCadence(GMAXLatencyEvents):
+    """:class:`GMAXLatencyEvents` only while 512 or more requests wait; below that, GMAX as shipped."""
+
+    name = "gmax-deep-cadence"
+    deep_from: ClassVar[int] = 512
+
+    def _may_keep(self, waiting: Sequence[RequestView]) -> bool:
+        return len(waiting) >= self.deep_from
 
 
 def _latency_since(waiting: Sequence[RequestView], since_s: float) -> bool:
@@ -92,6 +106,7 @@ PROBES = {
     "gmax-frames-50": GMAXFrames50,
     "gmax-frames-10": GMAXFrames10,
     "gmax-latency-events": GMAXLatencyEvents,
+    "gmax-deep-cadence": GMAXDeepCadence,
 }
 for _name, _cls in PROBES.items():  # sweep tasks build policies by name, through the registry
     registry.ENGINE_POLICIES.setdefault(_name, f"{__name__}:{_cls.__name__}")
