@@ -256,14 +256,21 @@ class PositionalOrder(tuple[str, ...]):
         return (tuple, (tuple(self),))
 
 
+def pick_ids(ids: Sequence[str], index: list[int]) -> tuple[str, ...]:
+    """``tuple(ids[i] for i in index)``, done in C."""
+    if not index:
+        return ()
+    if len(index) == 1:
+        return (ids[index[0]],)
+    out: tuple[str, ...] = itemgetter(*index)(ids)
+    return out
+
+
 def positional(ids: Sequence[str], at: list[int], n: int) -> tuple[str, ...]:
     """The ids ``ids[i] for i in at`` (``ids``: those of the admission pool, see
     :class:`PositionalOrder`, or a list that starts with them; ``at``: indices into the pool; ``n``:
     its length), as a :class:`PositionalOrder`."""
-    if not at:
-        return ()
-    picked = (ids[at[0]],) if len(at) == 1 else itemgetter(*at)(ids)
-    return PositionalOrder(picked, at, n)
+    return PositionalOrder(pick_ids(ids, at), at, n) if at else ()
 
 
 def new_decision(

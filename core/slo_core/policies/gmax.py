@@ -23,7 +23,6 @@ from __future__ import annotations
 import math
 import random
 from collections.abc import Sequence
-from operator import itemgetter
 from typing import Any, ClassVar
 
 import numpy as np
@@ -38,6 +37,7 @@ from slo_core.policies.base import (
     FinishedView,
     RequestView,
     new_decision,
+    pick_ids,
     positional,
 )
 from slo_core.policies.gmax_bound import BoundReading
@@ -72,16 +72,6 @@ from slo_core.policies.gmax_snapshot import (
     SnapshotTable,
 )
 from slo_core.policies.gmax_tuning import CutoffTuner
-
-
-def _pick(ids: list[str], index: list[int]) -> tuple[str, ...]:
-    """``tuple(ids[i] for i in index)``, done in C."""
-    if not index:
-        return ()
-    if len(index) == 1:
-        return (ids[index[0]],)
-    out: tuple[str, ...] = itemgetter(*index)(ids)
-    return out
 
 
 class GMAX(BaseEnginePolicy):
@@ -341,10 +331,10 @@ class GMAX(BaseEnginePolicy):
         ids = c.ids
         return Decision(
             # by position in the waiting queue, the admission pool when nothing is preempted
-            admit=_pick(ids, admit.tolist()) if preempt else positional(ids, admit.tolist(), len(waiting)),
-            preempt=_pick(ids, preempt),
-            running_order=_pick(ids, run_order.tolist()),
-            reject=_pick(ids, np.flatnonzero(reject).tolist()),
+            admit=pick_ids(ids, admit.tolist()) if preempt else positional(ids, admit.tolist(), len(waiting)),
+            preempt=pick_ids(ids, preempt),
+            running_order=pick_ids(ids, run_order.tolist()),
+            reject=pick_ids(ids, np.flatnonzero(reject).tolist()),
             token_budget=budget,
             reason=f"{'frame' if frame else 'event'} p={cutoff:g} B={batch} preempt={len(preempt)} "
             f"budget={budget}",
@@ -455,10 +445,10 @@ class GMAX(BaseEnginePolicy):
         )
         ids = [r.request_id for r in rows]
         return new_decision(
-            admit=_pick(ids, admit),
-            preempt=_pick(ids, preempt),
-            running_order=_pick(ids, run_order),
-            reject=_pick(ids, [i for i in range(n) if reject[i]]),
+            admit=pick_ids(ids, admit),
+            preempt=pick_ids(ids, preempt),
+            running_order=pick_ids(ids, run_order),
+            reject=pick_ids(ids, [i for i in range(n) if reject[i]]),
             token_budget=budget,
             reason=f"{'frame' if frame else 'event'} p={cutoff:g} B={batch} preempt={len(preempt)} "
             f"budget={budget}",
