@@ -67,8 +67,12 @@ class GMAXLatencyEvents(GMAX):
         rng: random.Random,
     ) -> Decision:
         last = self._decided
-        recent = last is not None and engine.step - last[0] < self.decide_every
-        if recent and last is not None and self._may_keep(waiting) and not _latency_since(waiting, last[1]):
+        if (
+            last is not None
+            and engine.step - last[0] < self.decide_every
+            and self._may_keep(waiting)
+            and not _latency_since(waiting, last[1])
+        ):
             return self._kept
         decision = super().decide(waiting, running, engine, rng)
         self._decided = (engine.step, engine.now_s)

@@ -37,6 +37,7 @@ from slo_core.policies.base import (
     Decision,
     EngineView,
     RequestView,
+    pick_ids,
     positional,
     request_id_of,
 )
@@ -392,7 +393,7 @@ class Tempo(BaseEnginePolicy):
         at = [i - n_running for i in order if i >= n_running]
         wids = list(map(request_id_of, waiting))
         return Decision(
-            admit=tuple(map(wids.__getitem__, at)) if victims else positional(wids, at, len(waiting)),
+            admit=pick_ids(wids, at) if victims else positional(wids, at, len(waiting)),
             preempt=tuple(reqs[i].request_id for i in victims),
             running_order=tuple(run_ids),
             reason=f"lsdf n={len(reqs)} preempt={len(victims)}",
