@@ -6,7 +6,10 @@ engine step where a request arrived or finished (``reschedule_on_events``); at o
 every step, each over the whole queue, and it is most of a deep-queue run's CPU. Two probes decide at
 frame boundaries only: ``gmax-frames-50`` (GMAX's own frame) and ``gmax-frames-10``; between frames
 the engine keeps the last decision's orders and knobs, and arrivals wait behind the ordered requests
-(base.py's protocol). The table gives each run's CPU and its goodput, so the price of cheaper
+(base.py's protocol). Two probes follow the queue's depth through the engines' own rule
+(``deep_queue_from``/``deep_queue_every``, core's ``decision_due``: no call, no snapshots in between):
+``gmax-deep-10`` takes events every 10 steps while 512 or more wait, ``gmax-deep-frames-10`` also
+preempts at 10-step frames then. The table gives each run's CPU and its goodput, so the price of cheaper
 decisions is read beside the saving, per workload family and objective. A probe, not a policy: it
 changes what GMAX decides, so nothing here replaces a committed record.
 
@@ -106,11 +109,39 @@ def _latency_since(waiting: Sequence[RequestView], since_s: float) -> bool:
     return False
 
 
+class GMAXDeep10(GMAX):
+    """GMAX as shipped while fewer than 512 requests wait; from 512 on, the engine takes its events
+    only every 10 steps (``deep_queue_from``, ``deep_queue_every``: no decision, no snapshots in
+    between)."""
+
+    name = "gmax-deep-10"
+    _variant: ClassVar[dict[str, Any]] = {"deep_queue_from": 512, "deep_queue_every": 10}
+
+
+class GMAXDeepFrames10(GMAXDeep10):
+    """:class:`GMAXDeep10` whose preemption frames are 10 steps too while 512 or more wait."""
+
+    name = "gmax-deep-frames-10"
+
+    def decide(
+        self,
+        waiting: Sequence[RequestView],
+        running: Sequence[RequestView],
+        engine: EngineView,
+        rng: random.Random,
+    ) -> Decision:
+        p = self.params
+        self.frame_steps = p.deep_queue_every if len(waiting) >= p.deep_queue_from else p.frame_steps
+        return super().decide(waiting, running, engine, rng)
+
+
 PROBES = {
     "gmax-frames-50": GMAXFrames50,
     "gmax-frames-10": GMAXFrames10,
     "gmax-latency-events": GMAXLatencyEvents,
     "gmax-deep-cadence": GMAXDeepCadence,
+    "gmax-deep-10": GMAXDeep10,
+    "gmax-deep-frames-10": GMAXDeepFrames10,
 }
 for _name, _cls in PROBES.items():  # sweep tasks build policies by name, through the registry
     registry.ENGINE_POLICIES.setdefault(_name, f"{__name__}:{_cls.__name__}")
@@ -137,7 +168,7 @@ def compare(args: argparse.Namespace) -> list[dict[str, Any]]:
     for point in args.points.split(","):
         family, rps = point.split(":")
         for objective in args.objectives.split(","):
-            for policy in ("gmax", *PROBES):
+            for policy in ("gmax", *(args.probes.split(",") if args.probes else PROBES)):
                 rows.append(one(family, float(rps), objective, policy, args))
                 print({k: rows[-1][k] for k in ("family", "objective", "policy", "cpu_s", "goodput")})
     return rows
@@ -176,6 +207,7 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--objectives", default="request,token")
     ap.add_argument("--router", default="round-robin")
+    ap.add_argument("--probes", default="", help="comma-separated probes (default: all)")
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args()
     rows = compare(args)

@@ -26,6 +26,7 @@ from slo_core.policies.base import (
     RequestView,
     RequestViewSlots,
     attained_service,
+    decision_due,
     quiet_step,
 )
 from slo_core.policies.feedback import Feedback
@@ -259,13 +260,21 @@ class PolicyBridge:
     def frame_due(
         self, n_waiting: int, running: Sequence[Any], stock_budget: int, free_blocks: int, block_size: int
     ) -> bool:
-        """Whether the policy decides this step: a frame boundary or an event, unless the decision is
-        quiet and the policy leaves those out (core's ``quiet_step``, the rule the simulator applies).
+        """Whether the policy decides this step: a frame boundary or an event, events taken every so
+        many steps over a deep queue (core's ``decision_due``), unless the decision is quiet and the
+        policy leaves those out (core's ``quiet_step``): the rules the simulator applies.
         ``n_waiting``: requests waiting, held ones included; ``running``: vLLM's running requests;
         ``stock_budget``: the engine's own token budget, in force while the policy set none;
         ``free_blocks``, ``block_size``: the KV pool's free blocks and their size."""
-        if not (
-            self.step % self.guard.frame_steps == 0 or (self.guard.reschedule_on_events and self._events)
+        g = self.guard
+        if not decision_due(
+            self.step,
+            g.frame_steps,
+            g.reschedule_on_events,
+            self._events,
+            n_waiting,
+            deep_queue_from=g.deep_queue_from,
+            deep_queue_every=g.deep_queue_every,
         ):
             return False
         b = self.token_budget

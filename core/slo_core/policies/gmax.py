@@ -102,6 +102,8 @@ class GMAX(BaseEnginePolicy):
         self.params = GMAXParams(**{**self._variant, **base, **overrides})
         p = self.params
         self.frame_steps = p.frame_steps
+        self.deep_queue_from = p.deep_queue_from
+        self.deep_queue_every = p.deep_queue_every
         self.tuner = CutoffTuner(
             p.p_candidates, p.p_initial, p.tune_epoch_s, p.tune_explore, enabled=p.tune_p
         )

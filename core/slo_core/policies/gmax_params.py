@@ -98,6 +98,15 @@ class GMAXParams(BaseModel):
         300.0, gt=0, description="mean response length (tokens) of the no-analyzer ablation"
     )
     frame_steps: int = Field(50, ge=1, description="Δ: engine steps per scheduling frame (§4.2)")
+    deep_queue_from: int = Field(
+        0,
+        ge=0,
+        description="from this many waiting requests on, engines take arrivals and finishes only every "
+        "deep_queue_every steps (0: at every one; a cadence change, see bench/event_decisions.py)",
+    )
+    deep_queue_every: int = Field(
+        10, ge=1, description="engine steps between event decisions over a deep queue (deep_queue_from)"
+    )
     p_initial: float = Field(0.95, gt=0, le=1, description="initial priority cutoff p (unitless, 0 < p ≤ 1)")
     p_candidates: tuple[float, ...] = Field(
         (0.5, 0.7, 0.8, 0.9, 0.95, 1.0), description="cutoffs the online tuner explores (unitless)"

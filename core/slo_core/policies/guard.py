@@ -35,6 +35,8 @@ class GuardedPolicy:
         self.frame_steps = max(1, int(inner.frame_steps))
         self.reschedule_on_events = bool(inner.reschedule_on_events)
         self.skip_quiet_decisions = bool(getattr(inner, "skip_quiet_decisions", False))
+        self.deep_queue_from = max(0, int(getattr(inner, "deep_queue_from", 0)))
+        self.deep_queue_every = max(1, int(getattr(inner, "deep_queue_every", 1)))
         # a FIFO policy never changes its mind; without an analyzer there is nothing to guard
         self.fifo_fast_path = analyzer_fresh is None and bool(getattr(inner, "fifo_fast_path", False))
         self._fresh = analyzer_fresh

@@ -52,6 +52,7 @@ from slo_core.policies.base import (
     EnginePolicy,
     FinishedView,
     ReplicaCapabilities,
+    decision_due,
     quiet_step,
 )
 from slo_core.sim.engine_snapshots import EngineSnapshots
@@ -134,6 +135,8 @@ class SimEngine(EngineSnapshots):
         self.steps_coasted = 0  # of steps_run, those coast() ran
         self._frame = max(1, int(getattr(policy, "frame_steps", 1)))
         self._on_events = bool(getattr(policy, "reschedule_on_events", True))
+        self._deep_from = max(0, int(getattr(policy, "deep_queue_from", 0)))
+        self._deep_every = max(1, int(getattr(policy, "deep_queue_every", 1)))
         overrides_observe = getattr(type(policy), "observe", None) is not BaseEnginePolicy.observe
         self._feedback = feedback if overrides_observe else None
         self._fast = bool(getattr(policy, "fifo_fast_path", False))
@@ -321,7 +324,15 @@ class SimEngine(EngineSnapshots):
             return None
         self.step += 1
         self.step_start_s = now_s
-        if not self._fast and (self.step % self._frame == 0 or (self._on_events and self.events)):
+        if not self._fast and decision_due(
+            self.step,
+            self._frame,
+            self._on_events,
+            self.events,
+            len(self.waiting),
+            deep_queue_from=self._deep_from,
+            deep_queue_every=self._deep_every,
+        ):
             if self._quiet and quiet_step(
                 len(self.waiting),
                 ((r.num_tokens, r.computed) for r in self.running),  # lazy: read only if nothing waits

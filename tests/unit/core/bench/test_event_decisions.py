@@ -22,7 +22,13 @@ def test_the_probes_decide_at_frames_only(ed: ModuleType) -> None:
     assert ed.GMAXFrames50().frame_steps == 50 and ed.GMAXFrames10().frame_steps == 10
     assert not ed.GMAXFrames50.reschedule_on_events and not ed.GMAXFrames10.reschedule_on_events
     args = argparse.Namespace(
-        points="conv:12", replicas=1, duration=6.0, seed=0, objectives="request", router="round-robin"
+        points="conv:12",
+        replicas=1,
+        duration=6.0,
+        seed=0,
+        objectives="request",
+        router="round-robin",
+        probes="",
     )
     rows = ed.compare(args)
     by = {r["policy"]: r for r in rows}
@@ -31,6 +37,8 @@ def test_the_probes_decide_at_frames_only(ed: ModuleType) -> None:
     assert by["gmax-latency-events"]["record"] != by["gmax"]["record"]
     # a queue this short never reaches 512: GMAX's very run under another name
     assert by["gmax-deep-cadence"]["outcome"] == by["gmax"]["outcome"]
+    assert by["gmax-deep-10"]["outcome"] == by["gmax"]["outcome"]
+    assert (ed.GMAXDeep10().deep_queue_from, ed.GMAXDeep10().deep_queue_every) == (512, 10)
     assert all(0 <= r["goodput"] <= 1 and r["goodput"] == r["goodput_request_ratio"] for r in rows)
     text = ed.table(rows, "t")
-    assert text.count("| conv | 12 | request |") == 5 and "| 1.00 |" in text
+    assert text.count("| conv | 12 | request |") == 1 + len(ed.PROBES) and "| 1.00 |" in text

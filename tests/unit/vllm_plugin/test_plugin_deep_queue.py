@@ -1,0 +1,128 @@
+"""Deep-queue cadence (``BaseEnginePolicy.deep_queue_from``, ``deep_queue_every``): one rule, core's
+``decision_due``, that the simulator, engine-sim (through the guard) and the vLLM plugin all apply, so a
+policy that takes its events every so many steps over a deep queue keeps one cadence everywhere."""
+
+from __future__ import annotations
+
+import itertools
+import random
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from slo_core.perf import load_profile
+from slo_core.policies.base import BaseEnginePolicy, Decision, EngineView, decision_due
+from slo_core.policies.guard import GuardedPolicy
+from slo_core.policies.registry import make_engine_policy
+from slo_core.sim.engine import SimEngine
+from slo_core.sim.engine_types import EngineConfig
+from slo_core.sim.request import SimRequest
+from slo_core.slo import RequestKind, SLOTargets
+from slo_vllm_plugin.bridge import PolicyBridge
+
+CHAT = SLOTargets(RequestKind.LATENCY, ttft_s=2.0, tbt_s=0.1)
+
+
+def test_the_rule() -> None:
+    # frame boundaries always; events when the policy takes them; nothing else
+    assert decision_due(50, 50, False, False, 0)
+    assert decision_due(7, 1, False, False, 0)
+    assert not decision_due(7, 50, True, False, 0)
+    assert not decision_due(7, 50, False, True, 0)
+    assert decision_due(7, 50, True, True, 10_000)  # no deep-queue rule: every event
+    # a deep queue: events only every 10th step (with an event to take), a frame boundary still decides
+    deep = {"deep_queue_from": 512, "deep_queue_every": 10}
+    assert decision_due(7, 50, True, True, 511, **deep)
+    assert not decision_due(7, 50, True, True, 512, **deep)
+    assert decision_due(20, 50, True, True, 512, **deep)
+    assert not decision_due(20, 50, True, False, 512, **deep)
+    assert decision_due(50, 50, False, False, 10_000, **deep)
+
+
+class Counting(BaseEnginePolicy):
+    """FCFS that records the step and queue of each call."""
+
+    name = "counting"
+    frame_steps = 50
+
+    def __init__(self, deep_from: int, every: int) -> None:
+        self.deep_queue_from = deep_from
+        self.deep_queue_every = every
+        self.calls: list[tuple[int, int]] = []
+
+    def decide(
+        self, waiting: Any, running: Any, engine: EngineView, rng: random.Random
+    ) -> Decision:  # fmt: skip
+        self.calls.append((engine.step, len(waiting)))
+        return Decision(running_order=tuple(r.request_id for r in running))
+
+
+def _run(engine: SimEngine, arrivals: list[SimRequest], steps: int) -> None:
+    """``steps`` engine steps with one arrival before each (an event at every step)."""
+    t = 0.0
+    for r in arrivals[:steps]:
+        r.arrival_s = t
+        engine.accept(r, t)
+        end = engine.plan(t)
+        assert end is not None
+        engine.complete()
+        t = end
+
+
+def _arrivals(n: int) -> list[SimRequest]:
+    return [SimRequest(f"r{i}", 0.0, CHAT, 200, output_tokens=40, max_tokens=64) for i in range(n)]
+
+
+def test_the_simulator_takes_events_over_a_deep_queue_every_so_many_steps() -> None:
+    policy = Counting(deep_from=12, every=5)
+    engine = SimEngine("e0", load_profile("h100-llama3-8b-tp1"), policy, EngineConfig(max_num_seqs=4))
+    _run(engine, _arrivals(60), 60)
+    assert len(engine.waiting) > 40  # four seats: the queue grows by one a step
+    shallow = [(s, n) for s, n in policy.calls if n < 12]
+    deep = [(s, n) for s, n in policy.calls if n >= 12]
+    assert shallow and deep
+    # below the bar every step's arrival is decided at once; from it on, every fifth step (a frame
+    # of 50 steps also falls on one)
+    assert [s for s, _ in shallow] == list(range(1, len(shallow) + 1))
+    assert all(s % 5 == 0 for s, _ in deep)
+    assert [s for s, _ in deep] == [s for s in range(deep[0][0], 61) if s % 5 == 0]
+    assert engine.decisions == len(policy.calls)
+
+
+def test_a_bar_no_queue_reaches_changes_nothing() -> None:
+    runs = []
+    for deep_from in (0, 10_000):
+        policy = Counting(deep_from=deep_from, every=7)
+        engine = SimEngine("e0", load_profile("h100-llama3-8b-tp1"), policy, EngineConfig(max_num_seqs=4))
+        _run(engine, _arrivals(60), 60)
+        runs.append((policy.calls, [r.token_times for r in engine.running], engine.step_end_s))
+    assert runs[0] == runs[1]
+
+
+def test_the_guard_carries_the_cadence() -> None:
+    g = GuardedPolicy(Counting(deep_from=512, every=10))
+    assert (g.deep_queue_from, g.deep_queue_every) == (512, 10)
+    plain = GuardedPolicy(make_engine_policy("gmax", {}))
+    assert plain.deep_queue_from == 0  # off: GMAX takes every event
+    # GMAX's params set it (an SLOPolicy's policy params reach it so)
+    gmax = GuardedPolicy(make_engine_policy("gmax", {"deep_queue_from": 512, "deep_queue_every": 8}))
+    assert (gmax.deep_queue_from, gmax.deep_queue_every) == (512, 8)
+
+
+def _vllm_request(rid: str) -> Any:
+    return SimpleNamespace(
+        request_id=rid, sampling_params=None, arrival_time=0.0, num_prompt_tokens=100, max_tokens=256,
+        num_output_tokens=0, num_computed_tokens=0, num_tokens=100,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize(("step", "n_waiting"), list(itertools.product((1, 5, 10, 49, 50, 60), (0, 3, 20))))
+def test_the_plugin_and_the_simulator_agree(step: int, n_waiting: int) -> None:
+    policy = Counting(deep_from=20, every=10)
+    bridge = PolicyBridge(policy, clock=lambda: 1.0)
+    bridge.step = step
+    bridge.note_event()
+    # a prefill runs, so the decision is never quiet: the cadence alone decides
+    due = bridge.frame_due(n_waiting, [_vllm_request("a")], 8192, 100, 16)
+    assert due is decision_due(step, 50, True, True, n_waiting, deep_queue_from=20, deep_queue_every=10)
