@@ -8,10 +8,10 @@ frame boundaries only: ``gmax-frames-50`` (GMAX's own frame) and ``gmax-frames-1
 the engine keeps the last decision's orders and knobs, and arrivals wait behind the ordered requests
 (base.py's protocol). Two probes follow the queue's depth through the engines' own rule
 (``deep_queue_from``/``deep_queue_every``, core's ``decision_due``: no call, no snapshots in between):
-``gmax-deep-10`` takes events every 10 steps while 512 or more wait, ``gmax-deep-frames-10`` also
-preempts at 10-step frames then. The table gives each run's CPU and its goodput, so the price of cheaper
-decisions is read beside the saving, per workload family and objective. A probe, not a policy: it
-changes what GMAX decides, so nothing here replaces a committed record.
+``gmax-deep-10`` takes events every 10 steps while 512 or more wait (a latency arrival at once),
+``gmax-deep-frames-10`` also preempts at 10-step frames then. The table gives each run's CPU and its
+goodput, so the price of cheaper decisions is read beside the saving, per workload family and objective. A
+probe, not a policy: it changes what GMAX decides, so nothing here replaces a committed record.
 
     PYTHONPATH=core:lab .venv/bin/python bench/event_decisions.py --points tot:26,conv:20.5 \\
         --replicas 4 --duration 120 --objectives request,token \\
@@ -111,8 +111,8 @@ def _latency_since(waiting: Sequence[RequestView], since_s: float) -> bool:
 
 class GMAXDeep10(GMAX):
     """GMAX as shipped while fewer than 512 requests wait; from 512 on, the engine takes its events
-    only every 10 steps (``deep_queue_from``, ``deep_queue_every``: no decision, no snapshots in
-    between)."""
+    only every 10 steps, a latency request's arrival at once (``deep_queue_from``,
+    ``deep_queue_every``: no decision, no snapshots in between)."""
 
     name = "gmax-deep-10"
     _variant: ClassVar[dict[str, Any]] = {"deep_queue_from": 512, "deep_queue_every": 10}

@@ -177,6 +177,9 @@ class PolicyBridge:
         self._snapshots: dict[str, tuple[_Fixed, _Fields, RequestView]] = {}
         self._programs: OrderedDict[str, ProgramSeen] = OrderedDict()
         self._events = True
+        # a latency request arrived since the last decision: a deep queue's decision is not left for
+        # later then (core's decision_due, as the simulator applies it)
+        self._urgent = False
         self.step = 0
         self.last_admit: tuple[str, ...] = ()
         self.last_running_order: tuple[str, ...] | None = None
@@ -216,6 +219,10 @@ class PolicyBridge:
         """A request entered the engine (its output tokens' times are kept for the feedback)."""
         if self.feedback is not None:
             self._token_times[request.request_id] = []
+        if self.guard.deep_queue_from:
+            tags = self.tags(request)
+            if tags is not None and tags.targets.kind is RequestKind.LATENCY:
+                self._urgent = True
 
     def made_tokens(self, request: Any, now_s: float) -> None:
         """``request`` has ``num_output_tokens`` at ``now_s``: the new ones were delivered now."""
@@ -275,6 +282,7 @@ class PolicyBridge:
             n_waiting,
             deep_queue_from=g.deep_queue_from,
             deep_queue_every=g.deep_queue_every,
+            urgent=self._urgent,
         ):
             return False
         b = self.token_budget
@@ -427,6 +435,7 @@ class PolicyBridge:
         self._snapshots = kept  # requests that left the engine drop out
         decision = self.guard.decide(w, r, engine(now), self._rng)
         self._events = False
+        self._urgent = False
         self.decisions += 1
         self.last_admit = decision.admit
         self.last_running_order = decision.running_order

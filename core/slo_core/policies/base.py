@@ -79,17 +79,20 @@ def decision_due(
     *,
     deep_queue_from: int = 0,
     deep_queue_every: int = 1,
+    urgent: bool = False,
 ) -> bool:
     """Whether an engine asks its policy at ``step``: at every frame boundary (``frame_steps``), and at
     an event (``events``: an arrival or a finish since its last decision) when the policy reschedules
     on events (``on_events``), except while ``deep_queue_from`` or more requests wait (held ones
     included; 0: never), when events are taken only every ``deep_queue_every``-th step and wait
-    until then (see ``BaseEnginePolicy.deep_queue_from``). The one rule every engine applies."""
+    until then, unless one of them is ``urgent`` (a latency request arrived since the last decision:
+    its first token is due within a TTFT). See ``BaseEnginePolicy.deep_queue_from``. The one rule
+    every engine applies."""
     if step % frame_steps == 0:
         return True
     if not (on_events and events):
         return False
-    return not deep_queue_from or n_waiting < deep_queue_from or step % deep_queue_every == 0
+    return not deep_queue_from or n_waiting < deep_queue_from or urgent or step % deep_queue_every == 0
 
 
 def attained_service(prompt_tokens: int, computed_tokens: int, generated_tokens: int) -> int:
@@ -376,13 +379,13 @@ class BaseEnginePolicy:
     policy's own state (a tuner's epochs, a step-time correction) moves at the decisions it takes.
 
     ``deep_queue_from``, ``deep_queue_every`` (optional, default 0 and 1: off): while at least
-    ``deep_queue_from`` requests wait (held ones included), every engine takes the policy's events only
-    at every ``deep_queue_every``-th step (:func:`decision_due`, the one rule every engine applies);
-    frame boundaries still decide. Between them the last decision's orders and knobs stay and arrivals
-    wait behind the ordered requests, as between frames. Over a deep queue a decision at every arrival
-    and finish costs a pass over thousands of requests while each changes little of what runs; this is
-    a change of the policy's cadence, not an exact shortcut (``bench/event_decisions.py`` measures what
-    it costs and saves).
+    ``deep_queue_from`` requests wait (held ones included), every engine takes the policy's events only at
+    every ``deep_queue_every``-th step, or at once after a latency request's arrival (:func:`decision_due`,
+    the one rule every engine applies); frame boundaries still decide. Between them the last decision's
+    orders and knobs stay and arrivals wait behind the ordered requests, as between frames. Over a deep
+    queue a decision at every arrival and finish costs a pass over thousands of requests while each changes
+    little of what runs; this is a change of the policy's cadence, not an exact shortcut
+    (``bench/event_decisions.py`` measures what it costs and saves).
 
     ``keyed_admission`` (optional, default False): a policy sets it when its decision is exactly
     ``Decision(admit=<the waiting ids sorted by admission_key, ties in queue order>)`` with a reason,

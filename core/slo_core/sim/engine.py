@@ -59,6 +59,7 @@ from slo_core.sim.engine_snapshots import EngineSnapshots
 from slo_core.sim.engine_types import EngineConfig, StepOutcome
 from slo_core.sim.request import ABORTED, FINISHED, REJECTED, RUNNING, WAITING, SimRequest
 from slo_core.sim.views import LiveViews, request_view, request_views
+from slo_core.slo import RequestKind
 
 # what the policy is told of a finished request (slo_core.sim.outcomes.finished_view, bound to the
 # objective's slo_core.policies.feedback.Feedback)
@@ -113,6 +114,9 @@ class SimEngine(EngineSnapshots):
         self.done: list[SimRequest] = []
         self.step = 0
         self.events = True
+        # a latency request arrived since the last decision (its first token is due within a TTFT): a
+        # deep queue's decision is not left for later then (decision_due)
+        self.urgent = False
         self.listed: frozenset[str] = frozenset()
         self.hold_unlisted = False
         self.token_budget = cfg.max_num_batched_tokens
@@ -180,6 +184,8 @@ class SimEngine(EngineSnapshots):
         r.set_state(WAITING)
         r.waiting_since_s = now_s
         r.replica = self.index
+        if r.slo.kind is RequestKind.LATENCY:
+            self.urgent = True
         if self._keyed:
             self._queue(r, front=False)
         else:
@@ -248,6 +254,7 @@ class SimEngine(EngineSnapshots):
             running.close()
         self.decisions += 1
         self.events = False
+        self.urgent = False
         applied = apply_decision(decision, self.waiting, self.running)
         for r in applied.preempted:
             self._preempt(r, now_s)
@@ -332,6 +339,7 @@ class SimEngine(EngineSnapshots):
             len(self.waiting),
             deep_queue_from=self._deep_from,
             deep_queue_every=self._deep_every,
+            urgent=self.urgent,
         ):
             if self._quiet and quiet_step(
                 len(self.waiting),

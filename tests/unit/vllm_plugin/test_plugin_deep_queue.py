@@ -19,9 +19,11 @@ from slo_core.sim.engine import SimEngine
 from slo_core.sim.engine_types import EngineConfig
 from slo_core.sim.request import SimRequest
 from slo_core.slo import RequestKind, SLOTargets
+from slo_core.wire.tags import EngineTags
 from slo_vllm_plugin.bridge import PolicyBridge
 
 CHAT = SLOTargets(RequestKind.LATENCY, ttft_s=2.0, tbt_s=0.1)
+BATCH = SLOTargets(RequestKind.DEADLINE, deadline_s=600.0)
 
 
 def test_the_rule() -> None:
@@ -38,6 +40,10 @@ def test_the_rule() -> None:
     assert decision_due(20, 50, True, True, 512, **deep)
     assert not decision_due(20, 50, True, False, 512, **deep)
     assert decision_due(50, 50, False, False, 10_000, **deep)
+    # ... unless a latency request arrived since the last decision
+    assert decision_due(7, 50, True, True, 512, **deep, urgent=True)
+    assert decision_due(7, 50, True, True, 10, urgent=True)  # no rule: every event anyway
+    assert not decision_due(7, 50, True, False, 512, **deep, urgent=True)  # an event still needed
 
 
 class Counting(BaseEnginePolicy):
@@ -70,8 +76,15 @@ def _run(engine: SimEngine, arrivals: list[SimRequest], steps: int) -> None:
         t = end
 
 
-def _arrivals(n: int) -> list[SimRequest]:
-    return [SimRequest(f"r{i}", 0.0, CHAT, 200, output_tokens=40, max_tokens=64) for i in range(n)]
+def _arrivals(n: int, chat_every: int = 0) -> list[SimRequest]:
+    """Deadline requests; with ``chat_every``, every so many of them a latency one instead."""
+    return [
+        SimRequest(
+            f"r{i}", 0.0, CHAT if chat_every and i % chat_every == 0 else BATCH, 200, output_tokens=40,
+            max_tokens=64,
+        )
+        for i in range(n)
+    ]  # fmt: skip
 
 
 def test_the_simulator_takes_events_over_a_deep_queue_every_so_many_steps() -> None:
@@ -88,6 +101,19 @@ def test_the_simulator_takes_events_over_a_deep_queue_every_so_many_steps() -> N
     assert all(s % 5 == 0 for s, _ in deep)
     assert [s for s, _ in deep] == [s for s in range(deep[0][0], 61) if s % 5 == 0]
     assert engine.decisions == len(policy.calls)
+
+
+def test_a_latency_arrival_is_decided_at_once_over_a_deep_queue() -> None:
+    policy = Counting(deep_from=12, every=5)
+    engine = SimEngine("e0", load_profile("h100-llama3-8b-tp1"), policy, EngineConfig(max_num_seqs=4))
+    arrivals = _arrivals(60, chat_every=7)
+    _run(engine, arrivals, 60)
+    deep = [s for s, n in policy.calls if n >= 12]
+    # request i arrives before step i + 1: a latency one is decided at that step, deep queue or not
+    chat_steps = {i + 1 for i in range(60) if i % 7 == 0}
+    off_cadence = {s for s in deep if s % 5}
+    assert off_cadence and off_cadence == {s for s in chat_steps if s >= deep[0] and s % 5}
+    assert not engine.urgent  # taken into account by the last decision
 
 
 def test_a_bar_no_queue_reaches_changes_nothing() -> None:
@@ -110,9 +136,10 @@ def test_the_guard_carries_the_cadence() -> None:
     assert (gmax.deep_queue_from, gmax.deep_queue_every) == (512, 8)
 
 
-def _vllm_request(rid: str) -> Any:
+def _vllm_request(rid: str, slo: SLOTargets | None = None) -> Any:
+    params = None if slo is None else SimpleNamespace(extra_args=EngineTags(targets=slo).to_xargs())
     return SimpleNamespace(
-        request_id=rid, sampling_params=None, arrival_time=0.0, num_prompt_tokens=100, max_tokens=256,
+        request_id=rid, sampling_params=params, arrival_time=0.0, num_prompt_tokens=100, max_tokens=256,
         num_output_tokens=0, num_computed_tokens=0, num_tokens=100,
     )  # fmt: skip
 
@@ -126,3 +153,21 @@ def test_the_plugin_and_the_simulator_agree(step: int, n_waiting: int) -> None:
     # a prefill runs, so the decision is never quiet: the cadence alone decides
     due = bridge.frame_due(n_waiting, [_vllm_request("a")], 8192, 100, 16)
     assert due is decision_due(step, 50, True, True, n_waiting, deep_queue_from=20, deep_queue_every=10)
+
+
+@pytest.mark.parametrize("slo", [CHAT, BATCH, None])
+def test_the_plugin_decides_a_latency_arrival_at_once_over_a_deep_queue(slo: SLOTargets | None) -> None:
+    bridge = PolicyBridge(Counting(deep_from=20, every=10), clock=lambda: 1.0)
+    bridge.step = 7
+    bridge.arrived(_vllm_request("new", slo))
+    bridge.note_event()
+    running = [_vllm_request("a")]
+    assert bridge.frame_due(30, running, 8192, 100, 16) is (slo is CHAT)
+    # as the simulator's engine does for the same arrival
+    sim = SimEngine("e0", load_profile("h100-llama3-8b-tp1"), Counting(20, 10), EngineConfig())
+    sim.accept(SimRequest("new", 0.0, slo or BATCH, 100, output_tokens=4, max_tokens=8), 0.0)
+    assert sim.urgent is (slo is CHAT)
+    if slo is CHAT:  # a decision takes it into account: another event waits for the cadence again
+        bridge.decide([], running, sim.engine_view)
+        bridge.note_event()
+        assert not bridge.frame_due(30, running, 8192, 100, 16)
