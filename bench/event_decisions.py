@@ -7,7 +7,7 @@ every step, each over the whole queue, and it is most of a deep-queue run's CPU.
 frame boundaries only: ``gmax-frames-50`` (GMAX's own frame) and ``gmax-frames-10``; between frames
 the engine keeps the last decision's orders and knobs, and arrivals wait behind the ordered requests
 (base.py's protocol). Two probes follow the queue's depth through the engines' own rule
-(``deep_queue_from``/``deep_queue_every``, core's ``decision_due``: no call, no snapshots in between):
+(``deep_queue_from``/``deep_queue_every``, core's ``event_deferred``: no call, no snapshots in between):
 ``gmax-deep-10`` takes events every 10 steps while 512 or more wait (a latency arrival at once),
 ``gmax-deep-frames-10`` also preempts at 10-step frames then. The table gives each run's CPU and its
 goodput, so the price of cheaper decisions is read beside the saving, per workload family and objective. A

@@ -70,29 +70,15 @@ def quiet_step(
     return n <= token_budget and new_blocks <= free_blocks
 
 
-def decision_due(
-    step: int,
-    frame_steps: int,
-    on_events: bool,
-    events: bool,
-    n_waiting: int,
-    *,
-    deep_queue_from: int = 0,
-    deep_queue_every: int = 1,
-    urgent: bool = False,
+def event_deferred(
+    step: int, n_waiting: int, *, deep_queue_from: int, deep_queue_every: int, urgent: bool
 ) -> bool:
-    """Whether an engine asks its policy at ``step``: at every frame boundary (``frame_steps``), and at
-    an event (``events``: an arrival or a finish since its last decision) when the policy reschedules
-    on events (``on_events``), except while ``deep_queue_from`` or more requests wait (held ones
-    included; 0: never), when events are taken only every ``deep_queue_every``-th step and wait
-    until then, unless one of them is ``urgent`` (a latency request arrived since the last decision:
-    its first token is due within a TTFT). See ``BaseEnginePolicy.deep_queue_from``. The one rule
-    every engine applies."""
-    if step % frame_steps == 0:
-        return True
-    if not (on_events and events):
-        return False
-    return not deep_queue_from or n_waiting < deep_queue_from or urgent or step % deep_queue_every == 0
+    """Whether an engine leaves the decision an event (an arrival or a finish since its last decision)
+    calls for until later: while ``deep_queue_from`` (> 0) or more requests wait (held ones included),
+    at a step off the ``deep_queue_every`` cadence, unless one of them is ``urgent`` (a latency
+    request arrived since the last decision: its first token is due within a TTFT). Frame boundaries
+    are never deferred. See ``BaseEnginePolicy.deep_queue_from``; the one rule every engine applies."""
+    return 0 < deep_queue_from <= n_waiting and not urgent and step % deep_queue_every != 0
 
 
 def attained_service(prompt_tokens: int, computed_tokens: int, generated_tokens: int) -> int:
@@ -380,7 +366,7 @@ class BaseEnginePolicy:
 
     ``deep_queue_from``, ``deep_queue_every`` (optional, default 0 and 1: off): while at least
     ``deep_queue_from`` requests wait (held ones included), every engine takes the policy's events only at
-    every ``deep_queue_every``-th step, or at once after a latency request's arrival (:func:`decision_due`,
+    every ``deep_queue_every``-th step, or at once after a latency request's arrival (:func:`event_deferred`,
     the one rule every engine applies); frame boundaries still decide. Between them the last decision's
     orders and knobs stay and arrivals wait behind the ordered requests, as between frames. Over a deep
     queue a decision at every arrival and finish costs a pass over thousands of requests while each changes

@@ -52,7 +52,7 @@ from slo_core.policies.base import (
     EnginePolicy,
     FinishedView,
     ReplicaCapabilities,
-    decision_due,
+    event_deferred,
     quiet_step,
 )
 from slo_core.sim.engine_snapshots import EngineSnapshots
@@ -115,7 +115,7 @@ class SimEngine(EngineSnapshots):
         self.step = 0
         self.events = True
         # a latency request arrived since the last decision (its first token is due within a TTFT): a
-        # deep queue's decision is not left for later then (decision_due)
+        # deep queue's decision is not left for later then (event_deferred)
         self.urgent = False
         self.listed: frozenset[str] = frozenset()
         self.hold_unlisted = False
@@ -331,15 +331,22 @@ class SimEngine(EngineSnapshots):
             return None
         self.step += 1
         self.step_start_s = now_s
-        if not self._fast and decision_due(
-            self.step,
-            self._frame,
-            self._on_events,
-            self.events,
-            len(self.waiting),
-            deep_queue_from=self._deep_from,
-            deep_queue_every=self._deep_every,
-            urgent=self.urgent,
+        if not self._fast and (
+            self.step % self._frame == 0
+            or (
+                self._on_events
+                and self.events
+                and not (
+                    self._deep_from
+                    and event_deferred(
+                        self.step,
+                        len(self.waiting),
+                        deep_queue_from=self._deep_from,
+                        deep_queue_every=self._deep_every,
+                        urgent=self.urgent,
+                    )
+                )
+            )
         ):
             if self._quiet and quiet_step(
                 len(self.waiting),

@@ -1,5 +1,5 @@
 """Deep-queue cadence (``BaseEnginePolicy.deep_queue_from``, ``deep_queue_every``): one rule, core's
-``decision_due``, that the simulator, engine-sim (through the guard) and the vLLM plugin all apply, so a
+``event_deferred``, that the simulator, engine-sim (through the guard) and the vLLM plugin all apply, so a
 policy that takes its events every so many steps over a deep queue keeps one cadence everywhere."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from slo_core.perf import load_profile
-from slo_core.policies.base import BaseEnginePolicy, Decision, EngineView, decision_due
+from slo_core.policies.base import BaseEnginePolicy, Decision, EngineView, event_deferred
 from slo_core.policies.guard import GuardedPolicy
 from slo_core.policies.registry import make_engine_policy
 from slo_core.sim.engine import SimEngine
@@ -27,23 +27,12 @@ BATCH = SLOTargets(RequestKind.DEADLINE, deadline_s=600.0)
 
 
 def test_the_rule() -> None:
-    # frame boundaries always; events when the policy takes them; nothing else
-    assert decision_due(50, 50, False, False, 0)
-    assert decision_due(7, 1, False, False, 0)
-    assert not decision_due(7, 50, True, False, 0)
-    assert not decision_due(7, 50, False, True, 0)
-    assert decision_due(7, 50, True, True, 10_000)  # no deep-queue rule: every event
-    # a deep queue: events only every 10th step (with an event to take), a frame boundary still decides
     deep = {"deep_queue_from": 512, "deep_queue_every": 10}
-    assert decision_due(7, 50, True, True, 511, **deep)
-    assert not decision_due(7, 50, True, True, 512, **deep)
-    assert decision_due(20, 50, True, True, 512, **deep)
-    assert not decision_due(20, 50, True, False, 512, **deep)
-    assert decision_due(50, 50, False, False, 10_000, **deep)
-    # ... unless a latency request arrived since the last decision
-    assert decision_due(7, 50, True, True, 512, **deep, urgent=True)
-    assert decision_due(7, 50, True, True, 10, urgent=True)  # no rule: every event anyway
-    assert not decision_due(7, 50, True, False, 512, **deep, urgent=True)  # an event still needed
+    assert not event_deferred(7, 10_000, deep_queue_from=0, deep_queue_every=10, urgent=False)  # off
+    assert not event_deferred(7, 511, **deep, urgent=False)  # a shallow queue: every event
+    assert event_deferred(7, 512, **deep, urgent=False)  # a deep one: off the cadence, deferred
+    assert not event_deferred(20, 512, **deep, urgent=False)  # ... on it, decided
+    assert not event_deferred(7, 512, **deep, urgent=True)  # ... a latency arrival, decided at once
 
 
 class Counting(BaseEnginePolicy):
@@ -152,7 +141,17 @@ def test_the_plugin_and_the_simulator_agree(step: int, n_waiting: int) -> None:
     bridge.note_event()
     # a prefill runs, so the decision is never quiet: the cadence alone decides
     due = bridge.frame_due(n_waiting, [_vllm_request("a")], 8192, 100, 16)
-    assert due is decision_due(step, 50, True, True, n_waiting, deep_queue_from=20, deep_queue_every=10)
+    deferred = event_deferred(step, n_waiting, deep_queue_from=20, deep_queue_every=10, urgent=False)
+    assert due is (step % 50 == 0 or not deferred)
+    if not n_waiting:  # an empty engine does not step
+        return
+    # the simulator's engine, at the same step with the same queue and an event pending
+    sim = SimEngine("e0", load_profile("h100-llama3-8b-tp1"), Counting(20, 10), EngineConfig())
+    for i in range(n_waiting):
+        sim.accept(SimRequest(f"w{i}", 0.0, BATCH, 100, output_tokens=4, max_tokens=8), 0.0)
+    sim.step, sim.events = step - 1, True
+    sim.plan(1.0)
+    assert (sim.decisions == 1) is due
 
 
 @pytest.mark.parametrize("slo", [CHAT, BATCH, None])
