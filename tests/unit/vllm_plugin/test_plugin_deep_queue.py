@@ -6,11 +6,15 @@ from __future__ import annotations
 
 import itertools
 import random
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
+import yaml
 
+from slo_core.crd.policy import SLOPolicySpec
+from slo_core.crd.semantics import policy_spec_problems
 from slo_core.perf import load_profile
 from slo_core.policies.base import BaseEnginePolicy, Decision, EngineView, event_deferred
 from slo_core.policies.guard import GuardedPolicy
@@ -123,6 +127,28 @@ def test_the_guard_carries_the_cadence() -> None:
     # GMAX's params set it (an SLOPolicy's policy params reach it so)
     gmax = GuardedPolicy(make_engine_policy("gmax", {"deep_queue_from": 512, "deep_queue_every": 8}))
     assert (gmax.deep_queue_from, gmax.deep_queue_every) == (512, 8)
+
+
+@pytest.mark.parametrize(
+    ("params", "problem"),
+    [
+        ({"deep_queue_from": 512, "deep_queue_every": 10}, None),
+        ({"deep_queue_from": -1}, "deep_queue_from"),
+        ({"deep_queue_from": 512, "deep_queue_every": 0}, "deep_queue_every"),
+    ],
+)
+def test_an_slopolicy_turns_it_on_for_gmax(params: dict[str, int], problem: str | None) -> None:
+    """The README's way to turn the rule on: GMAX's params in the SLOPolicy, checked by their model."""
+    example = Path(__file__).parents[3] / "examples" / "slopolicy-chat-agent.yaml"
+    doc = next(d for d in yaml.safe_load_all(example.read_text(encoding="utf-8")) if d["kind"] == "SLOPolicy")
+    assert doc["spec"]["scheduling"]["name"] == "gmax"
+    doc["spec"]["scheduling"]["params"].update(params)
+    spec = SLOPolicySpec.model_validate(doc["spec"])
+    problems = policy_spec_problems(spec)
+    if problem is None:
+        assert problems == []
+    else:
+        assert len(problems) == 1 and f"spec.scheduling.params.{problem}" in problems[0]
 
 
 def _vllm_request(rid: str, slo: SLOTargets | None = None) -> Any:
