@@ -184,7 +184,7 @@ class SimEngine(EngineSnapshots):
         r.set_state(WAITING)
         r.waiting_since_s = now_s
         r.replica = self.index
-        if r.slo.kind is RequestKind.LATENCY:
+        if self._deep_from and r.slo.kind is RequestKind.LATENCY:  # read by the deep-queue rule only
             self.urgent = True
         if self._keyed:
             self._queue(r, front=False)
@@ -266,6 +266,17 @@ class SimEngine(EngineSnapshots):
         self.hold_unlisted = applied.hold_unlisted
         self._set_knobs(decision)
 
+    def _event_deferred(self) -> bool:
+        """Whether this step's event decision waits (core's :func:`event_deferred`, for a policy that
+        declares a deep-queue cadence)."""
+        return event_deferred(
+            self.step,
+            len(self.waiting),
+            deep_queue_from=self._deep_from,
+            deep_queue_every=self._deep_every,
+            urgent=self.urgent,
+        )
+
     def _skippable(self) -> bool:
         """Whether this step's decision cannot change what runs, for an order-free policy (one whose
         decision depends on the queues' contents, not their order, and only orders and admits:
@@ -333,20 +344,7 @@ class SimEngine(EngineSnapshots):
         self.step_start_s = now_s
         if not self._fast and (
             self.step % self._frame == 0
-            or (
-                self._on_events
-                and self.events
-                and not (
-                    self._deep_from
-                    and event_deferred(
-                        self.step,
-                        len(self.waiting),
-                        deep_queue_from=self._deep_from,
-                        deep_queue_every=self._deep_every,
-                        urgent=self.urgent,
-                    )
-                )
-            )
+            or (self._on_events and self.events and not (self._deep_from and self._event_deferred()))
         ):
             if self._quiet and quiet_step(
                 len(self.waiting),
