@@ -19,19 +19,26 @@ and only at time quanta (every ``quantum_steps`` steps, §4.2): a running reques
 higher-density waiting w that cannot otherwise be admitted only when
 ``(density_w − density_v)·quantum_s > recompute_s(v)·Σ_running density`` (the gain lost while v's KV
 cache is recomputed).
+
+A long queue's fields are read through a :class:`SnapshotTable` the policy keeps between decisions
+(only new or changed snapshots re-read; a simulated engine's running requests read live, never
+snapshotted), a short one's from the snapshots in plain floats: both give the densities the snapshot
+reference :func:`service_densities` gives, bit for bit.
 """
 
 from __future__ import annotations
 
 import math
 import random
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 from slo_core.objective import Objective
+from slo_core.perf.model import PerfProfile
 from slo_core.policies.base import (
     BaseEnginePolicy,
     Decision,
@@ -42,13 +49,24 @@ from slo_core.policies.base import (
     request_id_of,
 )
 from slo_core.policies.float_sum import numpy_sum
+from slo_core.policies.gmax_snapshot import (
+    B8,
+    BEST_EFFORT,
+    COMPOUND,
+    F64,
+    I64,
+    LATENCY,
+    Columns,
+    SnapshotTable,
+)
 from slo_core.policies.seed_estimates import (
+    DEFAULT_OUTPUT_TOKENS,
     expected_output_tokens,
     overhead_s,
     prefill_core_s,
     profile_or_fallback,
 )
-from slo_core.slo import RequestKind
+from slo_core.slo import DEFAULT_BEST_EFFORT_DEADLINE_S, RequestKind
 
 _SAMPLES = 16
 _FRAC = np.linspace(0.0, 1.0, _SAMPLES)  # where the latency term samples the remaining tokens
@@ -89,6 +107,7 @@ class Densities:
     throttled: np.ndarray
     best_effort: np.ndarray
     iteration_s: float
+    arrival_s: np.ndarray  # for the best-effort requests' FCFS order
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,17 +126,28 @@ def _decay(slo_s: np.ndarray, actual_s: np.ndarray, alpha: float) -> np.ndarray:
     return np.asarray(np.minimum(1.0, (slo_s / np.maximum(actual_s, 1e-6)) ** alpha))
 
 
-def service_densities(
-    reqs: Sequence[RequestView], running: Sequence[RequestView], engine: EngineView, p: TempoParams
-) -> Densities:
-    """Compute LSDF's service density of every request in ``reqs`` (vectorized; the reference the
-    plain-float :func:`service_densities_scalar` must match bit for bit)."""
-    prof = profile_or_fallback(engine.profile)
-    now = engine.now_s
-    kv_run = sum(r.kv_tokens for r in running)
-    t_it = prof.iteration_time_from_sums_s(max(1, len(running)), 0.0, kv_run)
-    n = len(reqs)
-    # one pass over the snapshots (the fields as plain lists), then whole-array arithmetic
+@dataclass(frozen=True, slots=True)
+class DensityInputs:
+    """What LSDF reads of each request, one array per field (index i ↔ the i-th request): read from
+    the snapshots (:func:`snapshot_inputs`) or from a :class:`SnapshotTable`'s columns
+    (:func:`column_inputs`), the same values either way."""
+
+    prompt: F64
+    generated: F64
+    computed: F64
+    expected_out: F64  # seed_estimates.expected_output_tokens
+    arrival_s: F64
+    weight: F64
+    latency: B8
+    best_effort: B8
+    ttft_s: F64  # a latency request's TTFT and TBT (1.0 where unset, 0 or another kind)
+    tbt_s: F64
+    deadline_rel_s: F64  # _deadline_rel_s (1.0 for a latency request)
+    stage_group: I64  # one code per (compound program, stage), -1 outside a compound program
+
+
+def snapshot_inputs(reqs: Sequence[RequestView]) -> DensityInputs:
+    """:class:`DensityInputs` of ``reqs`` read from their snapshots."""
     cols: list[tuple[int, int, int, int, float, float, RequestKind]] = [
         (
             r.prompt_tokens,
@@ -133,14 +163,134 @@ def service_densities(
     c_prompt, c_gen, c_computed, c_out, c_arrival, c_weight, kinds = (
         zip(*cols, strict=True) if cols else ((),) * 7
     )
-    prompt = np.array(c_prompt, dtype=float)
-    gen = np.array(c_gen, dtype=float)
-    computed = np.array(c_computed, dtype=float)
-    l_out = np.array(c_out, dtype=float)
-    arrival = np.array(c_arrival)
-    weight = np.array(c_weight)
-    latency = np.array([k is RequestKind.LATENCY for k in kinds])
-    best_effort = np.array([k is RequestKind.BEST_EFFORT for k in kinds])
+    lat_kind = RequestKind.LATENCY
+    latency = np.array([k is lat_kind for k in kinds], dtype=np.bool_)
+    groups: dict[tuple[str, int | None], int] = {}
+    compound = RequestKind.COMPOUND
+    stage_group = [
+        groups.setdefault((r.program_id, r.stage), len(groups))
+        if r.program_id is not None and k is compound
+        else -1
+        for r, k in zip(reqs, kinds, strict=True)
+    ]
+    return DensityInputs(
+        prompt=np.array(c_prompt, dtype=float),
+        generated=np.array(c_gen, dtype=float),
+        computed=np.array(c_computed, dtype=float),
+        expected_out=np.array(c_out, dtype=float),
+        arrival_s=np.array(c_arrival, dtype=float),
+        weight=np.array(c_weight, dtype=float),
+        latency=latency,
+        best_effort=np.array([k is RequestKind.BEST_EFFORT for k in kinds], dtype=np.bool_),
+        ttft_s=np.array(
+            [(r.slo.ttft_s or 1.0) if k is lat_kind else 1.0 for r, k in zip(reqs, kinds, strict=True)],
+            dtype=float,
+        ),
+        tbt_s=np.array(
+            [(r.slo.tbt_s or 1.0) if k is lat_kind else 1.0 for r, k in zip(reqs, kinds, strict=True)],
+            dtype=float,
+        ),
+        deadline_rel_s=np.array([_deadline_rel_s(r) for r in reqs], dtype=float),
+        stage_group=np.array(stage_group, dtype=np.int64),
+    )
+
+
+def column_inputs(c: Columns, order: I64) -> DensityInputs:
+    """:class:`DensityInputs` of the requests ``c.ids[order]``, from a SnapshotTable's columns: the
+    values :func:`snapshot_inputs` reads from their snapshots (tested bit for bit)."""
+    kind = c.kind[order]
+    latency = kind == LATENCY
+    best_effort = kind == BEST_EFFORT
+    gen = c.generated_tokens[order]
+    g1 = gen + 1.0
+    bound = c.output_bound[order]
+    max_tokens = c.max_tokens[order]
+    expected_out = np.where(
+        bound == bound,  # noqa: PLR0124 (NaN: no bound)
+        np.maximum(bound, g1),
+        np.where(max_tokens > 0, np.maximum(max_tokens, g1), np.maximum(float(DEFAULT_OUTPUT_TOKENS), g1)),
+    )
+    arrival = c.arrival_s[order]
+    ttft = c.ttft_s[order]
+    tbt = c.tbt_s[order]
+    # `slo.ttft_s or 1.0`: unset (NaN) or 0 reads 1.0
+    ttft = np.where(latency & (ttft == ttft) & (ttft != 0.0), ttft, 1.0)  # noqa: PLR0124
+    tbt = np.where(latency & (tbt == tbt) & (tbt != 0.0), tbt, 1.0)  # noqa: PLR0124
+    deadline_at = c.deadline_at_s[order]
+    slo_deadline = c.slo_deadline_s[order]
+    rel = np.where(
+        deadline_at == deadline_at,  # noqa: PLR0124
+        deadline_at - arrival,
+        np.where(
+            slo_deadline == slo_deadline,  # noqa: PLR0124
+            slo_deadline,
+            np.where(best_effort, DEFAULT_BEST_EFFORT_DEADLINE_S, np.nan),
+        ),
+    )
+    rel = np.where(latency, 1.0, rel)
+    if np.isnan(rel).any():  # SLOTargets.effective_deadline_s would raise for the snapshot
+        raise ValueError("a deadline request without a deadline")
+    program = c.program[order]
+    stage = c.stage[order]
+    in_program = (kind == COMPOUND) & (program >= 0)
+    stages = int(stage.max()) + 2 if len(stage) else 1
+    stage_group = np.where(in_program, program * stages + (stage + 1), -1)
+    return DensityInputs(
+        prompt=c.prompt_tokens[order],
+        generated=gen,
+        computed=c.computed_tokens[order],
+        expected_out=expected_out,
+        arrival_s=arrival,
+        weight=c.weight[order],
+        latency=latency,
+        best_effort=best_effort,
+        ttft_s=ttft,
+        tbt_s=tbt,
+        deadline_rel_s=rel,
+        stage_group=stage_group,
+    )
+
+
+def _stage_max(group: I64, remaining: F64) -> None:
+    """A program stage completes with its slowest call: every call of a stage (the same
+    ``group`` code, -1 for none) gets the stage's max remaining time, in place."""
+    idx = np.flatnonzero(group >= 0)
+    if len(idx) < 2:
+        return
+    by_group = idx[np.argsort(group[idx], kind="stable")]
+    g = group[by_group]
+    starts = np.flatnonzero(np.concatenate(([True], g[1:] != g[:-1])))
+    if len(starts) == len(g):  # no stage with two calls
+        return
+    top = np.maximum.reduceat(remaining[by_group], starts)
+    remaining[by_group] = np.repeat(top, np.diff(np.append(starts, len(g))))
+
+
+def iteration_s(prof: PerfProfile, n_running: int, kv_running: int) -> float:
+    """The current decode-iteration time: ``n_running`` requests holding ``kv_running`` KV tokens."""
+    return prof.iteration_time_from_sums_s(max(1, n_running), 0.0, kv_running)
+
+
+def service_densities(
+    reqs: Sequence[RequestView], running: Sequence[RequestView], engine: EngineView, p: TempoParams
+) -> Densities:
+    """Compute LSDF's service density of every request in ``reqs`` from their snapshots (the
+    reference the plain-float :func:`service_densities_scalar` and the column-read path must match
+    bit for bit)."""
+    prof = profile_or_fallback(engine.profile)
+    t_it = iteration_s(prof, len(running), sum(r.kv_tokens for r in running))
+    return densities_of(snapshot_inputs(reqs), t_it, engine.now_s, prof, p)
+
+
+def densities_of(x: DensityInputs, t_it: float, now: float, prof: PerfProfile, p: TempoParams) -> Densities:
+    """LSDF's densities of the requests ``x`` describes, in whole-array arithmetic."""
+    prompt = x.prompt
+    gen = x.generated
+    computed = x.computed
+    l_out = x.expected_out
+    arrival = x.arrival_s
+    latency = x.latency
+    n = len(prompt)
     left_prompt = np.maximum(0.0, prompt + gen - computed)
     # remaining_prompt_tokens: a decoding request's newest token counts as uncomputed, not as a prefill
     left_prompt = np.where((gen > 0) & (left_prompt <= 1.0), 0.0, left_prompt)
@@ -149,22 +299,16 @@ def service_densities(
     t_pref = np.where(left_prompt > 0, overhead_s(prof) + pref_ms / 1000.0, 0.0)
     l_rem = np.maximum(1.0, l_out - gen)
     remaining = t_pref + l_rem * t_it
-    _collective_max(reqs, remaining)
+    _stage_max(x.stage_group, remaining)
     gain = np.zeros(n)
     if (~latency).any():
-        deadline_rel = np.array([_deadline_rel_s(r) for r in reqs])
         ttlt = now + remaining - arrival
         base = p.input_weight * prompt + p.output_weight * l_out
-        gain = np.where(~latency, base * _decay(deadline_rel, ttlt, p.alpha), 0.0)
+        gain = np.where(~latency, base * _decay(x.deadline_rel_s, ttlt, p.alpha), 0.0)
     throttled = np.zeros(n, dtype=bool)
     if latency.any():
-        lat_kind = RequestKind.LATENCY
-        ttft = np.array(
-            [(r.slo.ttft_s or 1.0) if k is lat_kind else 1.0 for r, k in zip(reqs, kinds, strict=True)]
-        )
-        tbt = np.array(
-            [(r.slo.tbt_s or 1.0) if k is lat_kind else 1.0 for r, k in zip(reqs, kinds, strict=True)]
-        )
+        ttft = x.ttft_s
+        tbt = x.tbt_s
         elapsed = now - arrival
         first = np.where(gen == 0, p.input_weight * prompt * _decay(ttft, elapsed + t_pref, p.alpha), 0.0)
         frac = _FRAC
@@ -175,8 +319,10 @@ def service_densities(
         gain = np.where(latency, first + tokens, gain)
         next_due = ttft + gen * tbt - elapsed
         throttled = latency & (next_due > p.throttle_lead_tbts * tbt + t_pref)
-    gain = gain * weight
-    return Densities(gain / np.maximum(remaining, 1e-6), remaining, gain, throttled, best_effort, t_it)
+    gain = gain * x.weight
+    return Densities(
+        gain / np.maximum(remaining, 1e-6), remaining, gain, throttled, x.best_effort, t_it, arrival
+    )
 
 
 def _sum16(v: list[float]) -> float:
@@ -288,24 +434,31 @@ def _deadline_rel_s(r: RequestView) -> float:
     return r.slo.effective_deadline_s
 
 
-def _collective_max(reqs: Sequence[RequestView], remaining: np.ndarray | list[float]) -> None:
-    """A program stage completes with its slowest call: every call gets the stage's max R (in place)."""
+def _collective_max(reqs: Sequence[RequestView], remaining: list[float]) -> None:
+    """:func:`_stage_max` on plain floats (the scalar path): every call of a program stage gets the
+    stage's max R (in place)."""
     stages: dict[tuple[str, int | None], list[int]] = {}
     compound = RequestKind.COMPOUND
     for i, r in enumerate(reqs):
         if r.program_id is not None and r.slo.kind is compound:
             stages.setdefault((r.program_id, r.stage), []).append(i)
-    if not stages:
-        return
-    # on plain floats (numpy's scalar reads and writes cost ~4x a list's): the same maxima
-    values = remaining.tolist() if isinstance(remaining, np.ndarray) else remaining
     for idx in stages.values():
         if len(idx) > 1:
-            top = max([values[i] for i in idx])
+            top = max([remaining[i] for i in idx])
             for i in idx:
-                values[i] = top
-    if values is not remaining:
-        remaining[:] = values
+                remaining[i] = top
+
+
+class Ranked(NamedTuple):
+    """One decision's requests (the running ones first): their densities, the priority order (indices),
+    the request ids, and what preemption reads: a waiting request's KV need (prompt and output so
+    far) and a running request's KV tokens, by index."""
+
+    densities: Densities | ScalarDensities
+    order: list[int]
+    ids: list[str]
+    need: Callable[[int], int]
+    kv: Callable[[int], int]
 
 
 class Tempo(BaseEnginePolicy):
@@ -316,6 +469,8 @@ class Tempo(BaseEnginePolicy):
     # a quiet decision (nothing waits, every running request decodes) preempts nobody (preemption
     # makes room for a waiting request), rejects nobody and sets no knob: engines leave it out
     skip_quiet_decisions = True
+    # a long queue's running snapshots are read only through the SnapshotTable, a short one's all
+    live_running = True
 
     @classmethod
     def objective_params(cls, objective: Objective) -> dict[str, object]:
@@ -333,13 +488,16 @@ class Tempo(BaseEnginePolicy):
         self.params = params if params is not None else TempoParams.model_validate(kwargs)
         self.frame_steps = self.params.quantum_steps
         self._last_preempt_step: int | None = None
+        # a long queue's fields, kept between decisions (only new or changed snapshots are re-read)
+        self._table = SnapshotTable()
 
-    def priority_order(self, reqs: Sequence[RequestView], d: Densities, max_num_seqs: int) -> list[int]:
+    def priority_order(self, d: Densities, max_num_seqs: int) -> list[int]:
         """SLO requests by density (throttled last), with the best-effort reserve placed inside the slots."""
-        idx = np.arange(len(reqs))
+        idx = np.arange(len(d.density))
         slo = idx[~d.best_effort]
         slo = slo[np.lexsort((-d.density[slo], d.throttled[slo]))]
-        be = sorted(idx[d.best_effort], key=lambda i: reqs[i].arrival_s)
+        be_idx = idx[d.best_effort]
+        be = be_idx[np.argsort(d.arrival_s[be_idx], kind="stable")].tolist()  # FCFS, ties by position
         reserve = min(len(be), math.ceil(self.params.reserve_fraction * max_num_seqs))
         head = max(0, max_num_seqs - reserve)
         return [*slo[:head].tolist(), *be[:reserve], *slo[head:].tolist(), *be[reserve:]]
@@ -360,15 +518,37 @@ class Tempo(BaseEnginePolicy):
         return [*slo[:head], *be[:reserve], *slo[head:], *be[reserve:]]
 
     def densities(
-        self, reqs: Sequence[RequestView], running: Sequence[RequestView], engine: EngineView
-    ) -> tuple[Densities | ScalarDensities, list[int]]:
-        """The densities and the priority order: plain floats for a short queue (bit-identical to
-        the numpy path, ``tests/unit/core/policies/test_tempo_scalar.py``), numpy otherwise."""
-        if len(reqs) <= SCALAR_MAX and scalar_alpha(self.params.alpha):
+        self, waiting: Sequence[RequestView], running: Sequence[RequestView], engine: EngineView
+    ) -> Ranked:
+        """The running then the waiting requests' densities and priority order: plain floats read
+        from the snapshots for a short queue, whole arrays read through the policy's SnapshotTable
+        otherwise (both bit-identical to :func:`service_densities`,
+        ``tests/unit/core/policies/test_tempo_scalar.py``)."""
+        n_running = len(running)
+        if n_running + len(waiting) <= SCALAR_MAX and scalar_alpha(self.params.alpha):
+            reqs = [*running, *waiting]
             ds = service_densities_scalar(reqs, running, engine, self.params)
-            return ds, self.priority_order_scalar(reqs, ds, engine.max_num_seqs)
-        d = service_densities(reqs, running, engine, self.params)
-        return d, self.priority_order(reqs, d, engine.max_num_seqs)
+            return Ranked(
+                ds,
+                self.priority_order_scalar(reqs, ds, engine.max_num_seqs),
+                list(map(request_id_of, reqs)),
+                lambda i: reqs[i].prompt_tokens + reqs[i].generated_tokens,
+                lambda i: reqs[i].kv_tokens,
+            )
+        c = self._table.columns(waiting, running)  # the waiting requests' columns, then the running
+        n_waiting = len(waiting)
+        n = len(c)
+        x = column_inputs(c, np.concatenate((np.arange(n_waiting, n), np.arange(n_waiting))))
+        prof = profile_or_fallback(engine.profile)
+        t_it = iteration_s(prof, n_running, int(x.computed[:n_running].sum()))
+        d = densities_of(x, t_it, engine.now_s, prof, self.params)
+        return Ranked(
+            d,
+            self.priority_order(d, engine.max_num_seqs),
+            [*c.ids[n_waiting:], *c.ids[:n_waiting]],
+            lambda i: int(x.prompt[i] + x.generated[i]),
+            lambda i: int(x.computed[i]),
+        )
 
     def decide(
         self,
@@ -377,39 +557,35 @@ class Tempo(BaseEnginePolicy):
         engine: EngineView,
         rng: random.Random,
     ) -> Decision:
-        reqs = [*running, *waiting]
-        if not reqs:
-            return Decision()
-        d, order = self.densities(reqs, running, engine)
         n_running = len(running)
-        victims = self._preemptions(reqs, n_running, order, d, engine)
+        if not n_running and not waiting:
+            return Decision()
+        ranked = self.densities(waiting, running, engine)
+        order = ranked.order
+        ids = ranked.ids
+        victims = self._preemptions(ranked, n_running, engine)
         if victims:
             gone = set(victims)
-            run_ids = [reqs[i].request_id for i in order if i < n_running and i not in gone]
+            run_ids = [ids[i] for i in order if i < n_running and i not in gone]
         else:
-            run_ids = [reqs[i].request_id for i in order if i < n_running]
-        # the waiting requests' order, by position in ``waiting`` (reqs lists the running ones first),
+            run_ids = [ids[i] for i in order if i < n_running]
+        # the waiting requests' order, by position in ``waiting`` (ids lists the running ones first),
         # the admission pool when nothing is preempted
         at = [i - n_running for i in order if i >= n_running]
-        wids = list(map(request_id_of, waiting))
+        wids = ids[n_running:]
         return Decision(
             admit=pick_ids(wids, at) if victims else positional(wids, at, len(waiting)),
-            preempt=tuple(reqs[i].request_id for i in victims),
+            preempt=tuple(ids[i] for i in victims),
             running_order=tuple(run_ids),
-            reason=f"lsdf n={len(reqs)} preempt={len(victims)}",
+            reason=f"lsdf n={len(ids)} preempt={len(victims)}",
         )
 
-    def _preemptions(
-        self,
-        reqs: Sequence[RequestView],
-        n_running: int,
-        order: list[int],
-        d: Densities | ScalarDensities,
-        engine: EngineView,
-    ) -> list[int]:
+    def _preemptions(self, ranked: Ranked, n_running: int, engine: EngineView) -> list[int]:
         """Cost-aware preemption, allowed once per time quantum."""
+        order = ranked.order
+        d = ranked.densities
         step_ok = self._last_preempt_step is None or engine.step - self._last_preempt_step >= self.frame_steps
-        if not step_ok or n_running == 0 or len(reqs) == n_running:
+        if not step_ok or n_running == 0 or len(order) == n_running:
             return []
         prof = profile_or_fallback(engine.profile)
         slots = engine.max_num_seqs - n_running
@@ -424,19 +600,19 @@ class Tempo(BaseEnginePolicy):
         for w in order:
             if w < n_running:
                 continue
-            need = reqs[w].prompt_tokens + reqs[w].generated_tokens
+            need = ranked.need(w)
             while (slots <= 0 or kv_free < need) and victims_order:
                 v = victims_order[0]
                 if d.density[w] <= d.density[v]:
                     break
-                recompute_s = overhead_s(prof) + prefill_core_s(prof, reqs[v].kv_tokens, 0)
+                recompute_s = overhead_s(prof) + prefill_core_s(prof, ranked.kv(v), 0)
                 loss = self.params.preemption_cost_scale * recompute_s * batch_rate
                 if (d.density[w] - d.density[v]) * quantum_s <= loss:
                     break
                 victims_order.pop(0)
                 victims.append(v)
                 slots += 1
-                kv_free += reqs[v].kv_tokens
+                kv_free += ranked.kv(v)
             if slots <= 0 or kv_free < need:
                 break
             slots -= 1

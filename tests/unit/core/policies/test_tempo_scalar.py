@@ -1,9 +1,11 @@
-"""Tempo's plain-float densities and order equal its numpy reference bit for bit (density, remaining
-time, gain, throttle flag, priority order and the decision), over random queues of every request kind,
-compound stages and engine states."""
+"""Tempo's plain-float densities (short queues) and its densities read through a SnapshotTable (long
+ones) equal the numpy reference read from the snapshots bit for bit (density, remaining time, gain,
+throttle flag, priority order and the preemptions), over random queues of every request kind,
+compound stages and engine states, and over decisions that keep the table while the queue changes."""
 
 from __future__ import annotations
 
+import dataclasses
 import random
 
 import numpy as np
@@ -12,12 +14,19 @@ from hypothesis import strategies as st
 
 from slo_core.perf import load_profile
 from slo_core.policies.base import EngineView, RequestView
+from slo_core.policies.gmax_snapshot import SnapshotTable
 from slo_core.policies.tempo import (
     SCALAR_MAX,
+    Densities,
+    Ranked,
     Tempo,
     TempoParams,
+    _collective_max,
+    _stage_max,
+    column_inputs,
     service_densities,
     service_densities_scalar,
+    snapshot_inputs,
 )
 from slo_core.slo import RequestKind, SLOTargets
 
@@ -92,32 +101,138 @@ def test_scalar_densities_equal_numpy(seed: int, n: int, weights: tuple[float, f
     assert fast.best_effort == ref.best_effort.tolist()
     assert fast.iteration_s == ref.iteration_s
     tempo = Tempo(p)
-    assert tempo.priority_order_scalar(reqs, fast, engine.max_num_seqs) == [
-        int(i) for i in tempo.priority_order(reqs, ref, engine.max_num_seqs)
-    ]
+    assert tempo.priority_order_scalar(reqs, fast, engine.max_num_seqs) == tempo.priority_order(
+        ref, engine.max_num_seqs
+    )
 
 
-@given(seed=st.integers(0, 100_000), n=st.integers(1, SCALAR_MAX))
+def _reference(policy: Tempo, reqs: list[RequestView], n_running: int, engine: EngineView) -> Ranked:
+    """The numpy densities read from the snapshots (running first), and their priority order."""
+    d = service_densities(reqs, reqs[:n_running], engine, policy.params)
+    return Ranked(
+        d,
+        policy.priority_order(d, engine.max_num_seqs),
+        [r.request_id for r in reqs],
+        lambda i: reqs[i].prompt_tokens + reqs[i].generated_tokens,
+        lambda i: reqs[i].kv_tokens,
+    )
+
+
+def _moved(rng: random.Random, reqs: list[RequestView], next_id: int) -> list[RequestView]:
+    """The queue a few steps later: some requests left, some progressed (new snapshots), some joined."""
+    out = []
+    for old in reqs:
+        roll = rng.random()
+        if roll < 0.15:
+            continue
+        r = old
+        if roll < 0.5:
+            gen = old.generated_tokens + rng.randint(0, 3)
+            r = dataclasses.replace(
+                old,
+                generated_tokens=gen,
+                computed_tokens=min(old.prompt_tokens + gen, old.computed_tokens + rng.randint(0, 900)),
+                output_bound=rng.choice([r.output_bound, None, gen + rng.randint(1, 900)]),
+                deadline_at_s=r.deadline_at_s
+                if r.deadline_at_s is None
+                else r.deadline_at_s + rng.uniform(-1, 1),
+            )
+        out.append(r)
+    out += [_view(rng, next_id + i) for i in range(rng.randint(0, 12))]
+    rng.shuffle(out)
+    return out
+
+
+@given(seed=st.integers(0, 100_000), n=st.integers(1, 4 * SCALAR_MAX))
 @settings(max_examples=150, deadline=None)
-def test_decisions_equal_numpy_path(seed: int, n: int) -> None:
-    """Whole decisions (preemptions included) of the two paths agree over a few quanta."""
+def test_decisions_equal_the_snapshot_reference(seed: int, n: int) -> None:
+    """Whole decisions (densities, order, ids, preemptions) of the policy's path, plain floats or the
+    SnapshotTable it keeps across decisions, agree with the reference over a few quanta of a changing
+    queue."""
     rng = random.Random(seed)
     fast, ref = Tempo(), Tempo()
     reqs = [_view(rng, i) for i in range(n)]
-    for step in (0, 20, 40):
+    for step in (0, 20, 40, 60):
         n_running = rng.randint(0, len(reqs))
-        running = reqs[:n_running]
         engine = _engine(rng, step, n_running)
-        d, order = ref.densities(reqs, running, engine)
-        assert d.__class__.__name__ == "ScalarDensities"
-        # the reference: the numpy densities and order through the same preemption rule
-        nd = service_densities(reqs, running, engine, ref.params)
-        norder = [int(i) for i in ref.priority_order(reqs, nd, engine.max_num_seqs)]
-        assert order == norder
-        fast_victims = fast._preemptions(reqs, n_running, order, d, engine)
-        ref_victims = ref._preemptions(reqs, n_running, norder, nd, engine)
-        assert fast_victims == [int(v) for v in ref_victims]
-        rng.shuffle(reqs)
+        got = fast.densities(reqs[n_running:], reqs[:n_running], engine)
+        want = _reference(ref, reqs, n_running, engine)
+        scalar = len(reqs) <= SCALAR_MAX
+        assert got.densities.__class__.__name__ == ("ScalarDensities" if scalar else "Densities")
+        d, nd = got.densities, want.densities
+        assert isinstance(nd, Densities)
+        for name in ("density", "remaining_s", "gain", "throttled", "best_effort"):
+            assert list(getattr(d, name)) == getattr(nd, name).tolist(), name
+        assert d.iteration_s == nd.iteration_s
+        assert got.order == want.order
+        assert got.ids == want.ids
+        for i in range(len(reqs)):
+            assert got.need(i) == want.need(i)
+            assert got.kv(i) == want.kv(i)
+        assert fast._preemptions(got, n_running, engine) == ref._preemptions(want, n_running, engine)
+        reqs = _moved(rng, reqs, 1000 * (step + 1))
+
+
+@given(seed=st.integers(0, 100_000), n=st.integers(0, 120))
+@settings(max_examples=150, deadline=None)
+def test_table_columns_give_the_snapshot_inputs(seed: int, n: int) -> None:
+    """What the densities read, through a SnapshotTable (the waiting requests' columns first, then
+    reordered running first) equals what they read from the snapshots, field by field; stages group
+    the same calls."""
+    rng = random.Random(seed)
+    reqs = [_view(rng, i) for i in range(n)]
+    n_running = rng.randint(0, n)
+    table = SnapshotTable()
+    for _ in range(2):  # a fresh table, then one holding the last call's rows
+        c = table.columns(reqs[n_running:], reqs[:n_running])
+        n_waiting = n - n_running
+        got = column_inputs(
+            c, np.concatenate((np.arange(n_waiting, n), np.arange(n_waiting))).astype(np.int64)
+        )
+        want = snapshot_inputs(reqs)
+        for f in dataclasses.fields(want):
+            a, b = getattr(got, f.name), getattr(want, f.name)
+            if f.name == "stage_group":  # codes differ, the partition may not
+                assert [x < 0 for x in a.tolist()] == [x < 0 for x in b.tolist()]
+                assert _partition(a) == _partition(b)
+            else:
+                assert a.dtype == b.dtype, f.name
+                assert a.tolist() == b.tolist(), f.name
+        reqs = reqs[n_running:] + reqs[:n_running]  # the same snapshots, the other queue
+        n_running = n - n_running
+
+
+def _partition(codes: np.ndarray) -> set[frozenset[int]]:
+    groups: dict[int, set[int]] = {}
+    for i, g in enumerate(codes.tolist()):
+        if g >= 0:
+            groups.setdefault(g, set()).add(i)
+    return {frozenset(v) for v in groups.values()}
+
+
+@given(
+    groups=st.lists(st.integers(-1, 6), max_size=40),
+    values=st.lists(st.floats(0.0, 1e4, allow_nan=False), min_size=40, max_size=40),
+)
+def test_stage_max_is_the_plain_float_maximum(groups: list[int], values: list[float]) -> None:
+    remaining = values[: len(groups)]
+    arr = np.array(remaining, dtype=float)
+    _stage_max(np.array(groups, dtype=np.int64), arr)
+    views = [
+        RequestView(
+            request_id=f"r{i}",
+            slo=SLOS[4] if g >= 0 else SLOS[2],
+            arrival_s=0.0,
+            prompt_tokens=1,
+            max_tokens=1,
+            program_id=f"p{g}" if g >= 0 else None,
+            stage=0 if g >= 0 else None,
+        )
+        for i, g in enumerate(groups)
+    ]
+    plain = list(remaining)
+    _collective_max(views, plain)
+    assert arr.tolist() == plain
 
 
 def test_frac_samples_are_numpy_linspace() -> None:
