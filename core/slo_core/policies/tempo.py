@@ -353,8 +353,7 @@ def service_densities_scalar(
     handful of queued requests costs far less than numpy's ~40 fixed-cost array calls."""
     prof = profile_or_fallback(engine.profile)
     now = engine.now_s
-    kv_run = sum(r.kv_tokens for r in running)
-    t_it = prof.iteration_time_from_sums_s(max(1, len(running)), 0.0, kv_run)
+    t_it = iteration_s(prof, len(running), sum(r.kv_tokens for r in running))
     oh = overhead_s(prof)
     b_ms = prof.b_ms_per_token_ctx
     a_ms = prof.a_ms_per_token
