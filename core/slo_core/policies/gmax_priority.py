@@ -273,7 +273,7 @@ def _decay(slo_s: F64, actual_s: F64, alpha: float) -> F64:
     return out
 
 
-class _Groups:
+class Groups:
     """Rows under ``mask`` grouped by ``key`` (np.unique once per key, reused by every aggregate).
     ``keys``: the groups' keys, ascending (group j has ``keys[j]``)."""
 
@@ -291,10 +291,10 @@ class _Groups:
             self.inv = np.zeros(0, dtype=np.int64)
             self.n = 0
 
-    def coarser(self, divisor: int) -> _Groups:
-        """The same rows grouped by ``key // divisor``: what ``_Groups(key // divisor, mask)`` gives
+    def coarser(self, divisor: int) -> Groups:
+        """The same rows grouped by ``key // divisor``: what ``Groups(key // divisor, mask)`` gives
         (groups numbered by ascending key), from the groups' keys instead of every row's."""
-        out = _Groups.__new__(_Groups)
+        out = Groups.__new__(Groups)
         out.mask = self.mask
         if self.n == 0:
             out.keys, out.inv, out.n = self.keys, self.inv, 0
@@ -304,7 +304,7 @@ class _Groups:
         return out
 
 
-def _stage_sum(groups: _Groups, values: F64, reduce_max: bool = False) -> F64:
+def stage_sum(groups: Groups, values: F64, reduce_max: bool = False) -> F64:
     """Replace values of the grouped rows by their per-group sum (or max); other rows unchanged."""
     out = values.copy()
     if groups.n == 0:
@@ -319,12 +319,12 @@ def _stage_sum(groups: _Groups, values: F64, reduce_max: bool = False) -> F64:
     return out
 
 
-def _prior_tokens(c: Columns, stage_mask: B8, by_program: _Groups) -> F64:
+def _prior_tokens(c: Columns, stage_mask: B8, by_program: Groups) -> F64:
     """Tokens a compound program earned in earlier stages: its attained service minus what the
     program's calls in this snapshot have attained so far (prompt once it is done, plus outputs)."""
     g = c.generated_tokens
     live = np.where(g > 0, c.prompt_tokens, np.minimum(c.computed_tokens, c.prompt_tokens)) + g
-    live_sum = _stage_sum(by_program, live)
+    live_sum = stage_sum(by_program, live)
     out: F64 = np.where(stage_mask, np.maximum(0.0, c.program_attained_tokens - live_sum), 0.0)
     return out
 
@@ -357,9 +357,9 @@ def estimate(
     is_lat = kind == LATENCY
     stage_mask = (kind == COMPOUND) & (c.program >= 0)
     stage_key = c.program * _STAGE_KEY + c.stage + 1
-    stages = _Groups(stage_key, stage_mask)
-    t_finish = _stage_sum(stages, t_gen, reduce_max=True)  # stage calls run in parallel
-    t_gen_agg = _stage_sum(stages, t_gen)  # bandwidth: every call holds a slot
+    stages = Groups(stage_key, stage_mask)
+    t_finish = stage_sum(stages, t_gen, reduce_max=True)  # stage calls run in parallel
+    t_gen_agg = stage_sum(stages, t_gen)  # bandwidth: every call holds a slot
     dl = nan_to_num(deadline, nan=-np.inf)
     feasible_deadline = now_s + t_finish <= dl + _EPS_S
     if p.feasibility == "probabilistic" and p.length_source != "oracle":
@@ -370,18 +370,18 @@ def estimate(
             z_b = z_of_quantile(p.bound_quantile) if z_bound is None else z_bound
         p_fit = fit_probability(g, bound, slack, p.length_sigma, z_b)
         with np.errstate(divide="ignore"):
-            log_p = _stage_sum(stages, detmath.log(p_fit))
+            log_p = stage_sum(stages, detmath.log(p_fit))
         p_on_time = detmath.exp(log_p)
     else:
         p_on_time = feasible_deadline.astype(np.float64)
 
     n_on, next_on = latency_on_time_tokens(c, now_s, t_pre, bound, v)
-    tokens = _stage_sum(stages, prompt + bound)
+    tokens = stage_sum(stages, prompt + bound)
     # a stage key's program is key // _STAGE_KEY while its stage lies in [-1, _STAGE_KEY - 2]
     stage_range_ok = stages.n == 0 or (
         int(c.stage[stage_mask].min()) >= -1 and int(c.stage[stage_mask].max()) <= _STAGE_KEY - 2
     )
-    programs = stages.coarser(_STAGE_KEY) if stage_range_ok else _Groups(c.program, stage_mask)
+    programs = stages.coarser(_STAGE_KEY) if stage_range_ok else Groups(c.program, stage_mask)
     prior = _prior_tokens(c, stage_mask, programs)
     tokens = tokens + prior
     fdl = p_on_time
@@ -393,7 +393,7 @@ def estimate(
         gl = (n_on >= len_rem).astype(np.float64)
     elif p.goodput == "tempo":
         arrival = np.where(np.isnan(c.program_arrival_s), c.arrival_s, c.program_arrival_s)
-        base = _stage_sum(stages, gp.input_weight * prompt + gp.output_weight * bound)
+        base = stage_sum(stages, gp.input_weight * prompt + gp.output_weight * bound)
         base = base + gp.output_weight * prior
         gd = base * _decay(deadline - arrival, now_s + t_finish - arrival, gp.alpha)
         due_last = c.ttft_s + (bound - 1.0) * c.tbt_s
@@ -438,7 +438,7 @@ def estimate(
     feasible = np.where(is_lat, n_on > 0, feasible_deadline)
     return Estimates(
         bound_tokens=bound,
-        len_rem_tokens=_stage_sum(stages, len_rem),
+        len_rem_tokens=stage_sum(stages, len_rem),
         t_gen_s=t_gen_agg,
         t_rem_s=t_rem,
         deadline_at_s=deadline,

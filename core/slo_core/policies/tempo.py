@@ -49,6 +49,7 @@ from slo_core.policies.base import (
     request_id_of,
 )
 from slo_core.policies.float_sum import numpy_sum
+from slo_core.policies.gmax_priority import Groups, stage_sum
 from slo_core.policies.gmax_snapshot import (
     B8,
     BEST_EFFORT,
@@ -251,21 +252,6 @@ def column_inputs(c: Columns, order: I64) -> DensityInputs:
     )
 
 
-def _stage_max(group: I64, remaining: F64) -> None:
-    """A program stage completes with its slowest call: every call of a stage (the same
-    ``group`` code, -1 for none) gets the stage's max remaining time, in place."""
-    idx = np.flatnonzero(group >= 0)
-    if len(idx) < 2:
-        return
-    by_group = idx[np.argsort(group[idx], kind="stable")]
-    g = group[by_group]
-    starts = np.flatnonzero(np.concatenate(([True], g[1:] != g[:-1])))
-    if len(starts) == len(g):  # no stage with two calls
-        return
-    top = np.maximum.reduceat(remaining[by_group], starts)
-    remaining[by_group] = np.repeat(top, np.diff(np.append(starts, len(g))))
-
-
 def iteration_s(prof: PerfProfile, n_running: int, kv_running: int) -> float:
     """The current decode-iteration time: ``n_running`` requests holding ``kv_running`` KV tokens."""
     return prof.iteration_time_from_sums_s(max(1, n_running), 0.0, kv_running)
@@ -298,8 +284,8 @@ def densities_of(x: DensityInputs, t_it: float, now: float, prof: PerfProfile, p
     pref_ms = attn_ms + prof.a_ms_per_token * left_prompt
     t_pref = np.where(left_prompt > 0, overhead_s(prof) + pref_ms / 1000.0, 0.0)
     l_rem = np.maximum(1.0, l_out - gen)
-    remaining = t_pref + l_rem * t_it
-    _stage_max(x.stage_group, remaining)
+    # a program stage completes with its slowest call: every call of a stage gets the stage's max
+    remaining = stage_sum(Groups(x.stage_group, x.stage_group >= 0), t_pref + l_rem * t_it, reduce_max=True)
     gain = np.zeros(n)
     if (~latency).any():
         ttlt = now + remaining - arrival
@@ -434,8 +420,8 @@ def _deadline_rel_s(r: RequestView) -> float:
 
 
 def _collective_max(reqs: Sequence[RequestView], remaining: list[float]) -> None:
-    """:func:`_stage_max` on plain floats (the scalar path): every call of a program stage gets the
-    stage's max R (in place)."""
+    """gmax_priority's per-stage maximum on plain floats (the scalar path): every call of a program
+    stage gets the stage's max R (in place)."""
     stages: dict[tuple[str, int | None], list[int]] = {}
     compound = RequestKind.COMPOUND
     for i, r in enumerate(reqs):

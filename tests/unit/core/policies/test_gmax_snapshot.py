@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from slo_core.policies.base import RequestView
-from slo_core.policies.gmax_priority import _Groups
+from slo_core.policies.gmax_priority import Groups
 from slo_core.policies.gmax_snapshot import Columns, SnapshotTable
 from slo_core.slo import RequestKind, SLOTargets
 
@@ -109,9 +109,9 @@ def test_program_groups_from_the_stage_groups_equal_grouping_the_programs(seed: 
     program = rng.integers(-1, 30, n)
     stage = rng.integers(-1, 6, n)
     mask = (program >= 0) & (rng.random(n) < 0.7)
-    stages = _Groups(program * 1_000_003 + stage + 1, mask)
+    stages = Groups(program * 1_000_003 + stage + 1, mask)
     got = stages.coarser(1_000_003)
-    want = _Groups(program, mask)
+    want = Groups(program, mask)
     assert got.n == want.n
     assert np.array_equal(got.inv, want.inv)
     assert np.array_equal(got.keys, want.keys)

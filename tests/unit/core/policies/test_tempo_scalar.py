@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 
 from slo_core.perf import load_profile
 from slo_core.policies.base import EngineView, RequestView
+from slo_core.policies.gmax_priority import Groups, stage_sum
 from slo_core.policies.gmax_snapshot import SnapshotTable
 from slo_core.policies.tempo import (
     SCALAR_MAX,
@@ -22,7 +23,6 @@ from slo_core.policies.tempo import (
     Tempo,
     TempoParams,
     _collective_max,
-    _stage_max,
     column_inputs,
     service_densities,
     service_densities_scalar,
@@ -216,8 +216,8 @@ def _partition(codes: np.ndarray) -> set[frozenset[int]]:
 )
 def test_stage_max_is_the_plain_float_maximum(groups: list[int], values: list[float]) -> None:
     remaining = values[: len(groups)]
-    arr = np.array(remaining, dtype=float)
-    _stage_max(np.array(groups, dtype=np.int64), arr)
+    codes = np.array(groups, dtype=np.int64)
+    arr = stage_sum(Groups(codes, codes >= 0), np.array(remaining, dtype=float), reduce_max=True)
     views = [
         RequestView(
             request_id=f"r{i}",
