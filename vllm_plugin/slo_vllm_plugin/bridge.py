@@ -26,7 +26,7 @@ from slo_core.policies.base import (
     RequestView,
     RequestViewSlots,
     attained_service,
-    event_deferred,
+    decision_due,
     quiet_step,
 )
 from slo_core.policies.feedback import Feedback
@@ -268,25 +268,21 @@ class PolicyBridge:
         self, n_waiting: int, running: Sequence[Any], stock_budget: int, free_blocks: int, block_size: int
     ) -> bool:
         """Whether the policy decides this step: a frame boundary or an event, events taken every so
-        many steps over a deep queue (core's ``event_deferred``), unless the decision is quiet and the
+        many steps over a deep queue (core's ``decision_due``), unless the decision is quiet and the
         policy leaves those out (core's ``quiet_step``): the rules the simulator applies.
         ``n_waiting``: requests waiting, held ones included; ``running``: vLLM's running requests;
         ``stock_budget``: the engine's own token budget, in force while the policy set none;
         ``free_blocks``, ``block_size``: the KV pool's free blocks and their size."""
         g = self.guard
-        if not (
-            self.step % g.frame_steps == 0
-            or (
-                g.reschedule_on_events
-                and self._events
-                and not event_deferred(
-                    self.step,
-                    n_waiting,
-                    deep_queue_from=g.deep_queue_from,
-                    deep_queue_every=g.deep_queue_every,
-                    urgent=self._urgent,
-                )
-            )
+        if not decision_due(
+            self.step,
+            g.frame_steps,
+            g.reschedule_on_events,
+            self._events,
+            n_waiting,
+            deep_queue_from=g.deep_queue_from,
+            deep_queue_every=g.deep_queue_every,
+            urgent=self._urgent,
         ):
             return False
         b = self.token_budget

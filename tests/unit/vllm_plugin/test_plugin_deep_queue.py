@@ -16,7 +16,7 @@ import yaml
 from slo_core.crd.policy import SLOPolicySpec
 from slo_core.crd.semantics import policy_spec_problems
 from slo_core.perf import load_profile
-from slo_core.policies.base import BaseEnginePolicy, Decision, EngineView, event_deferred
+from slo_core.policies.base import BaseEnginePolicy, Decision, EngineView, decision_due, event_deferred
 from slo_core.policies.guard import GuardedPolicy
 from slo_core.policies.registry import make_engine_policy
 from slo_core.sim.engine import SimEngine
@@ -37,6 +37,16 @@ def test_the_rule() -> None:
     assert event_deferred(7, 512, **deep, urgent=False)  # a deep one: off the cadence, deferred
     assert not event_deferred(20, 512, **deep, urgent=False)  # ... on it, decided
     assert not event_deferred(7, 512, **deep, urgent=True)  # ... a latency arrival, decided at once
+
+
+def test_decision_due_is_frames_and_the_events_the_rule_leaves() -> None:
+    deep = {"deep_queue_from": 512, "deep_queue_every": 10}
+    assert decision_due(50, 50, False, False, 10_000, **deep, urgent=False)  # a frame boundary, always
+    assert not decision_due(7, 50, True, False, 10, **deep, urgent=False)  # no event since the last
+    assert not decision_due(7, 50, False, True, 10, **deep, urgent=False)  # a policy not on events
+    assert decision_due(7, 50, True, True, 511, **deep, urgent=False)  # an event over a shallow queue
+    assert not decision_due(7, 50, True, True, 512, **deep, urgent=False)  # deep, off the cadence
+    assert decision_due(7, 50, True, True, 512, **deep, urgent=True)  # ... a latency arrival
 
 
 class Counting(BaseEnginePolicy):
