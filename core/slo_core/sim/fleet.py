@@ -33,11 +33,11 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from slo_core.objective import Objective
 from slo_core.perf.model import PerfProfile
-from slo_core.policies.base import EnginePolicy, ReplicaView, RequestView, RouterPolicy
+from slo_core.policies.base import EnginePolicy, ReplicaCapabilities, ReplicaView, RequestView, RouterPolicy
 from slo_core.policies.feedback import Feedback
 from slo_core.policies.registry import make_engine_policy, make_router_policy
 from slo_core.predict.compound import fallback_stage_deadline_at_s, routing_deadline_at_s
-from slo_core.routing import RoutingPipeline, SnapshotEndpoint, with_sent
+from slo_core.routing import Endpoint, RoutingPipeline, SnapshotEndpoint, with_sent
 from slo_core.runtime_policy import AdmissionRule, RuntimePolicy
 from slo_core.sim.analyzer import SimAnalyzer
 from slo_core.sim.collector import young_collections_only
@@ -133,6 +133,26 @@ def _policy_factory(
     return policy
 
 
+class _EngineEndpoint:
+    """A simulated replica as the routing pipeline's :class:`Endpoint`, for a router that reads only
+    its counters: what ``SnapshotEndpoint(engine.replica_view(t, with_requests=False))`` answers (the
+    id, the capabilities, always usable), the view taken only when the pipeline reads it."""
+
+    __slots__ = ("endpoint_id", "engine")
+
+    usable = True  # the fleet's reported views are always healthy
+
+    def __init__(self, engine: SimEngine) -> None:
+        self.engine = engine
+        self.endpoint_id = engine.engine_id
+
+    def capabilities(self) -> ReplicaCapabilities:
+        return self.engine.capabilities
+
+    def replica_view(self, now_s: float) -> ReplicaView:
+        return self.engine.replica_view(now_s, with_requests=False)
+
+
 class FleetSim:
     """Runs a workload on replicas with one engine policy each (a fresh instance per replica)."""
 
@@ -197,6 +217,9 @@ class FleetSim:
             for i, spec in enumerate(replicas)
         ]
         self.by_id = {e.engine_id: e for e in self.engines}
+        # a router that reads only the counters is offered each replica as itself (its view taken when
+        # the pipeline reads it, a pure read); one that reads the queues, a snapshot of each taken first
+        self._endpoints = None if self._router_needs_requests else [_EngineEndpoint(e) for e in self.engines]
         self.router_rng = random.Random(seed * 7_919 + 17)
         self.pipeline = RoutingPipeline(self.router, admission, shuffle=shuffle_ties)
         self.autoscaler = autoscaler
@@ -471,11 +494,16 @@ class FleetSim:
         its engine with the sub-deadline, unless it was demoted to best effort."""
         r.set_state(WAITING)
         r.waiting_since_s = t
+        lazy = self._endpoints
         engines = self.engines
         if self.autoscaler is not None:  # only replicas that are up take traffic
             ready = self.autoscaler.ready_ids(t)
             engines = [e for e in engines if e.engine_id in ready]
-        endpoints = [SnapshotEndpoint(self._reported_view(e, t)) for e in engines]
+        endpoints: Sequence[Endpoint]
+        if lazy is None:
+            endpoints = [SnapshotEndpoint(self._reported_view(e, t)) for e in engines]
+        else:
+            endpoints = lazy if engines is self.engines else [lazy[e.index] for e in engines]
         view = request_view(r)
         routed = self.pipeline.route(view, endpoints, now_s=t, rng=self.router_rng)
         if routed.outcome == "demoted":
