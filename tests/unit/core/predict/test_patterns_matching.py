@@ -4,12 +4,19 @@ from __future__ import annotations
 
 import random
 
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from slo_core.predict.pattern_store import MatchParams, PatternHistory, distance_matrix, kmedoids
-from slo_core.predict.patterns import PatternGraph, Stage, stage_sub_deadline_s
+from slo_core.predict.pattern_store import (
+    MatchParams,
+    PatternHistory,
+    distance_matrix,
+    kmedoids,
+    stage_similarity,
+)
+from slo_core.predict.patterns import PatternGraph, Stage, gaussian_kernel, stage_sub_deadline_s
 
 
 def chain(idents: str, outs: list[float], durations: list[float]) -> PatternGraph:
@@ -136,3 +143,20 @@ def test_vectorized_distances_equal_the_pairwise_definition() -> None:
         h.add(g)
     stored = [h.graph(i) for i in range(len(h))]  # compare on the stored (quantized) graphs
     assert h.distances() == pytest.approx(distance_matrix(stored, MatchParams()), abs=1e-9)
+
+
+@pytest.mark.parametrize("shape", [(0,), (1,), (5,), (12,), (13,), (700,), (9, 4)])
+def test_stage_similarity_is_the_two_kernels_bit_for_bit(shape: tuple[int, ...]) -> None:
+    # one exp call over both kernels' arguments: each value the separate calls give (sizes on either
+    # side of detmath's scalar/array switch, a matrix as distances() passes)
+    rng = np.random.default_rng(len(shape) * 100 + shape[0])
+    node, edge = rng.normal(4.0, 2.0, shape), rng.normal(6.0, 3.0, shape)
+    ref_n, ref_e = (
+        (rng.normal(4.0, 2.0, shape[1:]), rng.normal(6.0, 3.0, shape[1:])) if len(shape) > 1 else (4.2, 5.9)
+    )
+    p = MatchParams(sigma_node=0.4, sigma_edge=0.7, node_weight=0.3)
+    want = p.node_weight * gaussian_kernel(node, ref_n, p.sigma_node)
+    want += (1.0 - p.node_weight) * gaussian_kernel(edge, ref_e, p.sigma_edge)
+    got = stage_similarity(node, ref_n, edge, ref_e, p)
+    assert got.shape == want.shape
+    assert got.tobytes() == want.tobytes()
