@@ -170,6 +170,18 @@ class _Decoders:
     def rate(self, cap: Capacity) -> float:
         return prefill_rate(cap, self.min_tpot, self.inv_sum, self.kv_sum)
 
+    @staticmethod
+    def of(decoders: Sequence[tuple[float | None, int]]) -> _Decoders:
+        """``_Decoders()`` plus each of ``decoders`` in order (:meth:`plus`'s operations, on plain
+        floats: a replica's hundreds of running decoders, without an aggregate object for each)."""
+        min_tpot, inv_sum, kv_sum = math.inf, 0.0, 0.0
+        for tpot, kv in decoders:
+            if tpot is not None:
+                min_tpot = min(min_tpot, tpot)
+                inv_sum += 1.0 / tpot
+            kv_sum += kv
+        return _Decoders(min_tpot, inv_sum, kv_sum)
+
 
 Entry = tuple[float, float, tuple[str, ...]]  # (value, prefill budget, admitted ids)
 Key = tuple[int, ...]
@@ -201,9 +213,7 @@ def plan_admission(
     tier_kv = {t: [c.decode_kv_tokens for c in candidates if c.tpot_s == t] for t in tiers}
     tier_mean_kv = {t: sum(v) / len(v) for t, v in tier_kv.items()}
     events = sorted([*forced, *candidates], key=lambda x: (x.pddl_s, not x.forced, x.request_id))
-    base = _Decoders()
-    for tpot, kv in cap.base_decoders:
-        base = base.plus(tpot, kv)
+    base = _Decoders.of(cap.base_decoders)
     forced_mem = sum(f.memory_units for f in forced)
     forced_seqs = len(forced) + len(cap.base_decoders)
     # key: (count per tier..., untiered count, memory units used by candidates)
@@ -293,9 +303,7 @@ def schedule_feasible(items: Sequence[DPItem], now_s: float, cap: Capacity) -> b
         return False
     if len(items) + len(cap.base_decoders) > cap.max_seqs:
         return False
-    dec = _Decoders()
-    for tpot, kv in cap.base_decoders:
-        dec = dec.plus(tpot, kv)
+    dec = _Decoders.of(cap.base_decoders)
     pb, t_prev = 0.0, now_s
     for it in sorted(items, key=lambda x: (x.pddl_s, not x.forced, x.request_id)):
         pb += dec.rate(cap) * max(0.0, it.pddl_s - t_prev)

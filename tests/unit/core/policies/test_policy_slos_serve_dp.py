@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import itertools
 import math
+import random
 
+import pytest
 from builders import profile
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
@@ -12,6 +14,7 @@ from hypothesis import strategies as st
 from slo_core.policies.slos_serve_dp import (
     Capacity,
     DPItem,
+    _Decoders,
     batch_tokens,
     dp_item,
     form_batches,
@@ -152,3 +155,18 @@ def test_the_fast_item_builder_builds_the_dataclass(it: DPItem) -> None:
     assert type(built) is DPItem
     assert built == it == DPItem(**fields)  # type: ignore[arg-type]
     assert hash(built) == hash(it)
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_the_decoders_aggregate_of_a_list_is_plus_one_by_one(seed: int) -> None:
+    # _Decoders.of sums a replica's running decoders without an object each: the same floats
+    rng = random.Random(seed)
+    decoders = [
+        (rng.choice([None, 0.02, 0.05, 0.1, rng.uniform(0.01, 0.3)]), rng.randint(1, 9000))
+        for _ in range(300)
+    ]
+    one_by_one = _Decoders()
+    for tpot, kv in decoders:
+        one_by_one = one_by_one.plus(tpot, kv)
+    assert _Decoders.of(decoders) == one_by_one
+    assert _Decoders.of([]) == _Decoders()
