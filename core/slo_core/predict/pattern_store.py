@@ -216,8 +216,8 @@ def stage_similarity(
     node: F64, node_ref: F64 | float, edge: F64, edge_ref: F64 | float, p: MatchParams
 ) -> F64:
     """w·k(node) + (1 − w)·k(edge) elementwise, k the :func:`gaussian_kernel` of each against its
-    reference, both kernels' exponentials in one :func:`detmath.exp` call (its fixed cost, most of a
-    stage's matching over a short candidate list, paid once; each value the two calls give, tested)."""
+    reference, both kernels' exponentials in one :func:`detmath.exp` call (its fixed cost of ~20 µs
+    paid once a finished stage instead of twice; each value the two calls give, tested)."""
     dn = node - node_ref
     de = edge - edge_ref
     e = detmath.exp(
