@@ -531,12 +531,13 @@ class FleetSim:
             self._push(t, _STEP, engine.index)
 
     def _reported_view(self, engine: SimEngine, t: float) -> ReplicaView:
-        """``engine`` as the router sees it at ``t``: exact, or (``report_interval_s`` > 0) its last report,
-        taken at most once per interval, plus the requests routed to it since, as a live router's
-        endpoint adds what it sent after the snapshot it holds."""
+        """``engine`` as a router that reads the queues sees it at ``t`` (one that reads only counters
+        is offered the engine itself, :class:`_EngineEndpoint`): exact, or (``report_interval_s`` > 0)
+        its last report, taken at most once per interval, plus the requests routed to it since, as a
+        live router's endpoint adds what it sent after the snapshot it holds."""
         interval = self.config.report_interval_s
-        if interval <= 0 or not self._router_needs_requests:
-            return engine.replica_view(t, with_requests=self._router_needs_requests)
+        if interval <= 0:
+            return engine.replica_view(t)
         i = engine.index
         last = self._reports.get(i)
         if last is None or t - last.snapshot_s >= interval:
