@@ -19,7 +19,7 @@ import numpy.typing as npt
 from pydantic import BaseModel, Field
 
 from slo_core import detmath
-from slo_core.predict.patterns import F64, PatternGraph, Stage, gaussian_kernel, ident_hash
+from slo_core.predict.patterns import F64, PatternGraph, Stage, gaussian_exponent, gaussian_kernel, ident_hash
 
 I64 = npt.NDArray[np.int64]
 
@@ -218,19 +218,12 @@ def stage_similarity(
     """w·k(node) + (1 − w)·k(edge) elementwise, k the :func:`gaussian_kernel` of each against its
     reference, both kernels' exponentials in one :func:`detmath.exp` call (its fixed cost of ~20 µs
     paid once a finished stage instead of twice; each value the two calls give, tested)."""
-    dn = node - node_ref
-    de = edge - edge_ref
-    e = detmath.exp(
-        np.concatenate(
-            (
-                (-(dn * dn) / (2.0 * p.sigma_node * p.sigma_node)).ravel(),
-                (-(de * de) / (2.0 * p.sigma_edge * p.sigma_edge)).ravel(),
-            )
-        )
-    )
-    n = dn.size
-    k: F64 = p.node_weight * e[:n].reshape(dn.shape)
-    k += (1.0 - p.node_weight) * e[n:].reshape(de.shape)
+    x_node = gaussian_exponent(node, node_ref, p.sigma_node)
+    x_edge = gaussian_exponent(edge, edge_ref, p.sigma_edge)
+    e = detmath.exp(np.concatenate((x_node.ravel(), x_edge.ravel())))
+    n = x_node.size
+    k: F64 = p.node_weight * e[:n].reshape(x_node.shape)
+    k += (1.0 - p.node_weight) * e[n:].reshape(x_edge.shape)
     return k
 
 

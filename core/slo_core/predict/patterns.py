@@ -125,8 +125,13 @@ class PatternGraph:
 
 def gaussian_kernel(a: F64 | float, b: F64 | float, sigma: float) -> F64:
     """exp(−(a − b)² / 2σ²), elementwise."""
+    return detmath.exp(gaussian_exponent(a, b, sigma))
+
+
+def gaussian_exponent(a: F64 | float, b: F64 | float, sigma: float) -> F64:
+    """−(a − b)² / 2σ², elementwise: :func:`gaussian_kernel`'s argument to exp."""
     d = np.asarray(a, dtype=np.float64) - np.asarray(b, dtype=np.float64)
-    out: F64 = detmath.exp(-(d * d) / (2.0 * sigma * sigma))
+    out: F64 = -(d * d) / (2.0 * sigma * sigma)
     return out
 
 
