@@ -22,7 +22,8 @@ from __future__ import annotations
 
 import math
 import random
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from functools import partial
 from typing import Any, ClassVar
 
 import numpy as np
@@ -53,7 +54,7 @@ from slo_core.policies.gmax_budget import (
 )
 from slo_core.policies.gmax_fairness import TenantService, blend
 from slo_core.policies.gmax_params import GMAXParams
-from slo_core.policies.gmax_priority import Estimates, SpeedModel, estimate
+from slo_core.policies.gmax_priority import Estimates, Lengths, SpeedModel, estimate, lengths
 from slo_core.policies.gmax_select import (
     batch_capacity,
     best_window,
@@ -122,20 +123,28 @@ class GMAX(BaseEnginePolicy):
         self._shed_at_s = -math.inf
         self._last_clock: tuple[float, int, float] | None = None  # (now, step, estimated step_s)
         self._last_estimates: Estimates | None = None
-        # the scalar path's inputs, turned into Estimates only when someone reads last_estimates
-        self._pending: (
-            tuple[Sequence[RequestView], Sequence[RequestView], float, SpeedModel, GMAXParams] | None
-        ) = None
+        # a decision that did not make the Estimates (the scalar path, SJF ordering) leaves what
+        # makes them, called only when someone reads last_estimates
+        self._pending: Callable[[], Estimates] | None = None
 
     @property
     def last_estimates(self) -> Estimates | None:
-        """The per-request estimates of the last decision (computed on demand after a scalar one)."""
+        """The per-request estimates of the last decision (computed on demand after a scalar or an
+        SJF one)."""
         if self._pending is not None:
-            waiting, running, now, speed, p = self._pending
+            self._last_estimates = self._pending()
             self._pending = None
-            c = self._table.columns(waiting, running)
-            self._last_estimates = self._estimate(c, now, speed, p)
         return self._last_estimates
+
+    def _estimate_snapshots(
+        self,
+        waiting: Sequence[RequestView],
+        running: Sequence[RequestView],
+        now: float,
+        speed: SpeedModel,
+        p: GMAXParams,
+    ) -> Estimates:
+        return self._estimate(self._table.columns(waiting, running), now, speed, p)
 
     # ---- engine feedback -------------------------------------------------------------------
     def observe(self, finished: Sequence[FinishedView], now_s: float) -> None:
@@ -194,7 +203,7 @@ class GMAX(BaseEnginePolicy):
             return True
         return False
 
-    def _reject_mask(self, c: Columns, est: Estimates, now_s: float) -> B8:
+    def _reject_mask(self, c: Columns, est: Lengths, now_s: float) -> B8:
         p = self.params
         waiting = ~c.running
         out = np.zeros(len(c), dtype=np.bool_)
@@ -231,19 +240,31 @@ class GMAX(BaseEnginePolicy):
         self._track_step_time(engine, len(running), speed.step_s)
         if p.correct_step_time:
             speed = speed.scaled(self.correction.factor)
-        est = self._estimate(c, now, speed, self._scoring_params(now))
-        self._last_estimates = est
-        score = est.priority
-        if p.fairness > 0:
-            fair = self.service.fair(c.tenant, c.tenant_names, c.generated_tokens, now)
-            score = blend(score, fair, p.fairness)
+        scoring = self._scoring_params(now)
+        est: Lengths
+        full: Estimates | None = None  # the goodput estimates: GMAX ordering only
         if p.ordering == "sjf":
+            # SJF reads the lengths and deadlines alone: the goodput estimates (most of an
+            # estimate's work) are made only if someone reads last_estimates
+            z_bound, bound_scale = self.bounds.rows(c.kind)
+            est = lengths(c, scoring, bound_scale)
+            frame_s = scoring.frame_steps * speed.step_s
+            self._pending = partial(
+                estimate, c, now, speed, scoring, frame_s, z_bound=z_bound, bound_scale=bound_scale
+            )
             score = 1.0 / est.len_rem_tokens
+        else:
+            full = self._estimate(c, now, speed, scoring)
+            self._last_estimates = est = full
+            score = full.priority
+            if p.fairness > 0:
+                fair = self.service.fair(c.tenant, c.tenant_names, c.generated_tokens, now)
+                score = blend(score, fair, p.fairness)
         reject = self._reject_mask(c, est, now)
         if reject.any():
             self._shed_at_s = now
         frame = self._is_frame(engine.step)
-        preempting = frame and p.preemption and p.ordering == "gmax"
+        preempting = frame and p.preemption and full is not None
 
         alive = ~reject
         pool_mask = alive if preempting else alive & ~c.running
@@ -273,10 +294,10 @@ class GMAX(BaseEnginePolicy):
         admit = np.concatenate((wait_order[in_group[wait_order]], wait_order[~in_group[wait_order]]))
 
         preempt: list[int] = []
-        if preempting:
+        if preempting and full is not None:  # (preempting implies it: for the type checker)
             preempt = self._preemptions(
                 c=c,
-                est=est,
+                est=full,
                 score=score,
                 in_group=in_group,
                 wait_order=wait_order,
@@ -357,7 +378,7 @@ class GMAX(BaseEnginePolicy):
         if p.correct_step_time:
             speed = speed.scaled(self.correction.factor)
         scoring = self._scoring_params(now)
-        self._pending = (waiting, running, now, speed, scoring)
+        self._pending = partial(self._estimate_snapshots, waiting, running, now, speed, scoring)
         if self.bounds.learning:
             self.bounds.see(waiting)
             self.bounds.see(running)

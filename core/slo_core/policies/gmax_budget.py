@@ -60,11 +60,11 @@ import numpy as np
 from slo_core.perf.model import PerfProfile
 from slo_core.policies.float_sum import numpy_sum
 from slo_core.policies.gmax_params import GMAXParams
-from slo_core.policies.gmax_priority import Estimates, own_or, z_of_quantile
+from slo_core.policies.gmax_priority import Lengths, own_or, z_of_quantile
 from slo_core.policies.gmax_snapshot import B8, COMPOUND, F64, I64, Columns
 
 
-def pace_deadlines(c: Columns, est: Estimates, rows: I64) -> F64:
+def pace_deadlines(c: Columns, est: Lengths, rows: I64) -> F64:
     """The deadline the pace of each of ``rows`` is measured against: a compound call's stage
     sub-deadline (never after its program's), any other request's own deadline (NaN: latency)."""
     prog = est.program_deadline_at_s[rows]

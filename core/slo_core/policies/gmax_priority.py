@@ -110,15 +110,23 @@ def _speed_model(step_s: float, per_token: float, per_token_ctx: float, budget_t
 
 
 @dataclass(frozen=True, slots=True)
-class Estimates:
-    """Per-request GMAX estimates, aligned with the :class:`Columns` they came from."""
+class Lengths:
+    """The part of GMAX's estimates that neither the speed nor the goodput enters: what an SJF order
+    (``ordering='sjf'``), the past-deadline drops and the pace budget read. Aligned with the
+    :class:`Columns` they came from."""
 
     bound_tokens: F64
     len_rem_tokens: F64
-    t_gen_s: F64
-    t_rem_s: F64
     deadline_at_s: F64
     program_deadline_at_s: F64
+
+
+@dataclass(frozen=True, slots=True)
+class Estimates(Lengths):
+    """Per-request GMAX estimates, aligned with the :class:`Columns` they came from."""
+
+    t_gen_s: F64
+    t_rem_s: F64
     bandwidth: F64
     goodput: F64
     priority: F64
@@ -329,6 +337,26 @@ def _prior_tokens(c: Columns, stage_mask: B8, by_program: Groups) -> F64:
     return out
 
 
+def stage_groups(c: Columns) -> tuple[B8, Groups]:
+    """(rows that are calls of a compound program's stage, those rows grouped by stage)."""
+    stage_mask = (c.kind == COMPOUND) & (c.program >= 0)
+    return stage_mask, Groups(c.program * _STAGE_KEY + c.stage + 1, stage_mask)
+
+
+def lengths(c: Columns, p: GMAXParams, bound_scale: F64 | None = None) -> Lengths:
+    """:class:`Lengths` alone, each array the one :func:`estimate` gives (same inputs: bit for bit,
+    tested), for a decision that reads nothing else."""
+    bound = output_bound(c, p, bound_scale)
+    _, stages = stage_groups(c)
+    deadline, program_deadline = deadlines(c, p)
+    return Lengths(
+        bound_tokens=bound,
+        len_rem_tokens=stage_sum(stages, bound - c.generated_tokens),
+        deadline_at_s=deadline,
+        program_deadline_at_s=program_deadline,
+    )
+
+
 def estimate(
     c: Columns,
     now_s: float,
@@ -355,9 +383,7 @@ def estimate(
     deadline, program_deadline = deadlines(c, p)
 
     is_lat = kind == LATENCY
-    stage_mask = (kind == COMPOUND) & (c.program >= 0)
-    stage_key = c.program * _STAGE_KEY + c.stage + 1
-    stages = Groups(stage_key, stage_mask)
+    stage_mask, stages = stage_groups(c)
     t_finish = stage_sum(stages, t_gen, reduce_max=True)  # stage calls run in parallel
     t_gen_agg = stage_sum(stages, t_gen)  # bandwidth: every call holds a slot
     dl = nan_to_num(deadline, nan=-np.inf)

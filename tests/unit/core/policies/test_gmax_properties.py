@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from slo_core.policies.base import EngineView, RequestView
 from slo_core.policies.gmax import GMAX
 from slo_core.policies.gmax_params import GMAXParams
-from slo_core.policies.gmax_priority import SpeedModel, estimate
+from slo_core.policies.gmax_priority import Lengths, SpeedModel, estimate, lengths
 from slo_core.policies.gmax_select import best_window, cutoff_mask
 from slo_core.policies.gmax_snapshot import KIND_CODES, Columns, SnapshotTable
 from slo_core.slo import RequestKind, SLOTargets
@@ -123,6 +123,38 @@ def test_estimates_respect_generated_tokens_and_deadlines(
     for i, r in enumerate(reqs):
         if r.kind is RequestKind.COMPOUND:  # no sub-deadline beyond the request's own deadline
             assert e.deadline_at_s[i] <= e.program_deadline_at_s[i]
+
+
+def _bits(x: np.ndarray) -> bytes:
+    return np.ascontiguousarray(x, dtype=np.float64).tobytes()
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    requests("w", False),
+    requests("r", True),
+    st.floats(0, 20),
+    params,
+    st.none() | st.floats(0.25, 4.0),
+)
+def test_lengths_alone_are_the_estimates_lengths_bit_for_bit(
+    waiting: list[RequestView],
+    running: list[RequestView],
+    now_s: float,
+    kw: dict[str, Any],
+    scale: float | None,
+) -> None:
+    """What an SJF decision reads (:func:`lengths`) is each of those arrays of :func:`estimate`,
+    bit for bit, under every goodput, length source and bound scale."""
+    for name in ("max_wait_s", "ordering", "fairness"):
+        kw.pop(name)
+    p = GMAXParams(**kw)
+    c = SnapshotTable().columns(waiting, running)
+    bound_scale = None if scale is None else np.full(len(c), scale)
+    full = estimate(c, now_s, SPEED, p, 1.5, bound_scale=bound_scale)
+    alone = lengths(c, p, bound_scale)
+    for f in fields(Lengths):
+        assert _bits(getattr(alone, f.name)) == _bits(getattr(full, f.name)), f.name
 
 
 @settings(max_examples=200, deadline=None)
