@@ -36,6 +36,7 @@ Tree-of-Thoughts x2, ShareGPT x2 and conv x1 overload seeds (eleventh pass).
 from __future__ import annotations
 
 import math
+from bisect import bisect_left, insort
 from collections import deque
 from collections.abc import Iterable, Sequence
 from itertools import islice
@@ -57,7 +58,11 @@ N_KINDS = len(KIND_CODES)
 def median_lower_limit(values: Iterable[float]) -> float:
     """The lower end of a two-sided 95 % confidence interval for the median of ``values`` (distribution
     free: the order statistic ⌊n/2 − 0.98·√n⌋, the binomial's normal approximation)."""
-    ordered = sorted(values)
+    return lower_limit_of_sorted(sorted(values))
+
+
+def lower_limit_of_sorted(ordered: Sequence[float]) -> float:
+    """:func:`median_lower_limit` of values already in ascending order."""
     n = len(ordered)
     return ordered[max(0, math.floor(n / 2 - 0.98 * math.sqrt(n)))]
 
@@ -70,6 +75,7 @@ class BoundReading:
         "_logs",
         "_scale",
         "_scale_rows",
+        "_sorted_logs",
         "_z",
         "_z_rows",
         "calibrate",
@@ -90,6 +96,9 @@ class BoundReading:
         self.min_samples = p.bound_min_samples
         self._first: dict[str, float] = {}
         self._logs = [deque[float](maxlen=p.bound_window) for _ in range(N_KINDS)]
+        # the same values kept in ascending order (a finish inserts one and evicts the oldest,
+        # instead of sorting the window again)
+        self._sorted_logs: list[list[float]] = [[] for _ in range(N_KINDS)]
         self._z = [self.static_z] * N_KINDS
         self._z_rows = np.array(self._z)
         self._scale = [1.0] * N_KINDS
@@ -162,10 +171,14 @@ class BoundReading:
             if bound is None or not 0 < g < r.max_tokens:
                 continue
             code = KIND_CODES[r.slo.kind]
-            logs = self._logs[code]
-            logs.append(math.log(bound / g))
+            logs, ordered = self._logs[code], self._sorted_logs[code]
+            value = math.log(bound / g)
+            if len(logs) == logs.maxlen:
+                del ordered[bisect_left(ordered, logs[0])]
+            logs.append(value)
+            insort(ordered, value)
             if len(logs) >= self.min_samples:
-                z = min(self.cap, max(self.static_z, median_lower_limit(logs) / self.sigma))
+                z = min(self.cap, max(self.static_z, lower_limit_of_sorted(ordered) / self.sigma))
                 if z != self._z[code]:
                     self._z[code] = z
                     changed = True

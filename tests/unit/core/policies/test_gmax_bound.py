@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import random
+from collections import deque
 from dataclasses import replace
 from typing import Any
 
@@ -74,6 +75,26 @@ def test_median_lower_limit_is_a_lower_confidence_limit() -> None:
     rng = random.Random(5)
     below = sum(median_lower_limit(rng.gauss(0.0, 1.0) for _ in range(200)) <= 0.0 for _ in range(400))
     assert 0.95 <= below / 400 <= 1.0
+
+
+def test_the_reading_kept_in_order_is_the_windows_median_limit_at_every_finish() -> None:
+    """The window is kept sorted as finishes come and go (one inserted, the oldest evicted): after
+    each finish the z is the one :func:`median_lower_limit` of the window's values gives, repeated
+    values and evictions included."""
+    p = GMAXParams(bound_window=25, bound_min_samples=5)
+    reading = BoundReading(p)
+    window: deque[float] = deque(maxlen=25)
+    rng = random.Random(13)
+    for i in range(300):
+        bound, length = rng.choice([1000, 400, 250]), rng.choice([100, 120, 250, 400, 990])
+        v = request(f"w{i}", DL, bound=bound, max_tokens=4096)
+        reading.first_seen(v)
+        reading.learn([finished(v, length)])
+        window.append(math.log(bound / length))
+        want = STATIC
+        if len(window) >= p.bound_min_samples:
+            want = min(reading.cap, max(STATIC, median_lower_limit(window) / SIGMA))
+        assert reading.z_by_kind[DEADLINE] == want, i
 
 
 def test_a_kind_whose_bounds_sit_where_the_static_reading_puts_them_stays_static() -> None:
