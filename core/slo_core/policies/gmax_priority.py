@@ -239,6 +239,14 @@ def z_of_quantile(q: float) -> float:
     return z
 
 
+# Φ (normal_cdf) is exactly 1.0 from x = 8.2454 on (1 − erf below half an ulp of 1; tested on a fine
+# grid from 8.25): rows whose upper argument is at least 8.3 by fit_probability's ratio test (its
+# rounding is ~1e-13) are certain of it. Φ(5) is below 1 − 1e-7, so a lower argument of at most 5
+# leaves 1 − lo far above fit_probability's floor of 1e-12.
+_X_CERTAIN = 8.3
+_X_ROOM = 5.0
+
+
 def fit_probability(generated: F64, bound: F64, slack_tokens: F64, sigma: float, z_bound: F64 | float) -> F64:
     """P(true total length ≤ generated + slack | true length > generated).
 
@@ -255,11 +263,30 @@ def fit_probability(generated: F64, bound: F64, slack_tokens: F64, sigma: float,
             return out
         g = generated[rows]
         z = z_bound[rows] if isinstance(z_bound, np.ndarray) else z_bound
+        b, total = np.maximum(bound[rows], 1.0), np.maximum(g + slack_tokens[rows], 1e-9)
+        # Rows certain to fit take 1 without a log or a Φ: where the upper argument is at least
+        # _X_CERTAIN (by a ratio test: its computed value is within 1e-12 of that or above) Φ gives
+        # exactly 1, and where the lower one is at most _X_ROOM, 1 − lo ≥ 1e-7, so p = (1 − lo) /
+        # (1 − lo) = 1 exactly (tested bit for bit against evaluating every row). At a deep queue
+        # most waiting calls have slack to spare.
+        with np.errstate(over="ignore"):
+            certain = (
+                (b < np.inf)  # an infinite bound's arguments are NaN or −inf
+                & (total >= b * np.exp(sigma * (_X_CERTAIN - z)))
+                & (g <= b * np.exp(sigma * (_X_ROOM - z)))
+            )
+        if certain.any():
+            out[rows[certain]] = 1.0
+            keep = ~certain
+            rows, g, b, total = rows[keep], g[keep], b[keep], total[keep]
+            if isinstance(z, np.ndarray):
+                z = z[keep]
+            if len(rows) == 0:
+                return out
         n = len(rows)
         started = np.flatnonzero(g > 0)
         # one log and one Φ call over all their arguments (each call has a fixed cost; per element
         # the result is the one separate calls give)
-        b, total = np.maximum(bound[rows], 1.0), np.maximum(g + slack_tokens[rows], 1e-9)
         logs = detmath.log(np.concatenate((b, total, np.maximum(g[started], 1e-9))))
         log_b = logs[:n]
         z_s = z[started] if isinstance(z, np.ndarray) else z
@@ -324,6 +351,26 @@ def stage_sum(groups: Groups, values: F64, reduce_max: bool = False) -> F64:
     else:
         agg = np.bincount(inv, weights=values[mask], minlength=groups.n)
     out[mask] = agg[inv]
+    return out
+
+
+def stage_product(groups: Groups, p: F64) -> F64:
+    """Per row, exp(Σ log p) over its group (its own p outside one), detmath's log and exp evaluated
+    only where they have work: detmath's log is 0 at 1 and −inf at ±0, its exp 1 at ±0 and 0 at −inf,
+    so those rows take the constants (bit for bit what evaluating every row gives, tested). At a deep
+    queue nearly every row's probability of finishing in time is 1."""
+    one = p == 1.0
+    inner = np.flatnonzero(~(one | (p == 0.0)))
+    logs = np.where(one, 0.0, -np.inf)
+    if len(inner):
+        with np.errstate(divide="ignore", invalid="ignore"):
+            logs[inner] = detmath.log(p[inner])
+    log_p = stage_sum(groups, logs)
+    zero = log_p == 0.0
+    out: F64 = np.where(zero, 1.0, 0.0)
+    inner = np.flatnonzero(~(zero | (log_p == -np.inf)))
+    if len(inner):
+        out[inner] = detmath.exp(log_p[inner])
     return out
 
 
@@ -395,9 +442,7 @@ def estimate(
         if p.length_source == "analyzer":
             z_b = z_of_quantile(p.bound_quantile) if z_bound is None else z_bound
         p_fit = fit_probability(g, bound, slack, p.length_sigma, z_b)
-        with np.errstate(divide="ignore"):
-            log_p = stage_sum(stages, detmath.log(p_fit))
-        p_on_time = detmath.exp(log_p)
+        p_on_time = stage_product(stages, p_fit)
     else:
         p_on_time = feasible_deadline.astype(np.float64)
 

@@ -13,11 +13,14 @@ from slo_core.policies.base import RequestView
 from slo_core.policies.gmax_params import GMAXParams
 from slo_core.policies.gmax_priority import (
     Estimates,
+    Groups,
     SpeedModel,
     estimate,
     fit_probability,
     nan_to_num,
     normal_cdf,
+    stage_product,
+    stage_sum,
 )
 from slo_core.policies.gmax_snapshot import SnapshotTable
 from slo_core.slo import SLOTargets
@@ -274,3 +277,52 @@ def test_fit_probability_on_the_rows_with_slack_is_the_whole_array_form_bit_for_
             got = fit_probability(g, bound, slack, 0.45, z)
         want = _fit_probability_whole_array(g, bound, slack, z)
         assert np.array_equal(got.view(np.int64), want.view(np.int64))
+
+
+def test_stage_product_is_exp_of_the_stage_sums_of_logs_bit_for_bit() -> None:
+    """Rows whose probability is 0 or 1 (and stages whose log sum is 0 or −inf) take constants
+    instead of detmath's log and exp: each row gets the bits of exp(stage_sum(log p)) over every row,
+    with signed zeros, NaN and values outside [0, 1] evaluated as before, at sizes on both sides of
+    detmath's scalar cut-over."""
+    rng = np.random.default_rng(5)
+    for _ in range(400):
+        n = int(rng.integers(1, 400))
+        p = rng.choice([0.0, -0.0, 1.0, 1.0, 1.0, np.nan, 1.5, -0.2], n)
+        inner = rng.random(n) < rng.random()
+        p[inner] = rng.random(int(inner.sum()))
+        key = rng.integers(0, max(1, n // 3), n)
+        groups = Groups(key, rng.random(n) < 0.7)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            want = detmath.exp(stage_sum(groups, detmath.log(p)))
+            got = stage_product(groups, p)
+        assert np.array_equal(got.view(np.int64), want.view(np.int64))
+
+
+@pytest.mark.parametrize("per_row_z", [False, True])
+def test_fit_probability_of_rows_certain_to_fit_is_the_whole_array_form_bit_for_bit(per_row_z: bool) -> None:
+    """Rows with slack to spare take 1 without a log or a CDF: their upper argument lies around the
+    cut (7–10 standard units) and their lower one around its own (3–7), so rows on both sides of
+    each are compared with evaluating every row."""
+    rng = np.random.default_rng(17)
+    sigma = 0.45
+    for _ in range(300):
+        n = int(rng.integers(1, 2000))
+        z: np.ndarray | float = rng.uniform(1.6, 6.0, n) if per_row_z else 1.6448536
+        bound = rng.lognormal(5.0, 1.5, n)
+        bound[rng.random(n) < 0.03] = np.inf
+        x_hi = rng.uniform(7.0, 10.0, n)
+        x_lo = rng.uniform(3.0, 7.0, n)
+        with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+            g = np.where(rng.random(n) < 0.5, 0.0, np.floor(bound * np.exp(sigma * (x_lo - z))))
+            slack = bound * np.exp(sigma * (x_hi - z)) - g
+            got = fit_probability(g, bound, slack, sigma, z)
+            want = _fit_probability_whole_array(g, bound, slack, z)
+        assert np.array_equal(got.view(np.int64), want.view(np.int64))
+        assert (got == 1.0).any()
+
+
+def test_normal_cdf_is_exactly_one_from_8_25_on_and_leaves_room_below_five() -> None:
+    """What fit_probability's rows certain to fit rest on (its _X_CERTAIN, 8.3, and _X_ROOM)."""
+    x = np.concatenate((np.linspace(8.25, 9.0, 750_001), np.linspace(9.0, 45.0, 200_001), [1e6, np.inf]))
+    assert (normal_cdf(x) == 1.0).all()
+    assert (1.0 - normal_cdf(np.linspace(-5.0, 5.0, 100_001)) > 1e-7).all()
