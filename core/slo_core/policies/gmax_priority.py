@@ -446,7 +446,10 @@ def estimate(
     else:
         p_on_time = feasible_deadline.astype(np.float64)
 
-    n_on, next_on = latency_on_time_tokens(c, now_s, t_pre, bound, v)
+    if is_lat.any():
+        n_on, next_on = latency_on_time_tokens(c, now_s, t_pre, bound, v)
+    else:  # read only through np.where(is_lat, ...) below: any value gives the same arrays
+        n_on, next_on = np.zeros(len(c)), np.zeros(len(c), dtype=np.bool_)
     tokens = stage_sum(stages, prompt + bound)
     # a stage key's program is key // _STAGE_KEY while its stage lies in [-1, _STAGE_KEY - 2]
     stage_range_ok = stages.n == 0 or (
