@@ -245,6 +245,7 @@ def z_of_quantile(q: float) -> float:
 # leaves 1 − lo far above fit_probability's floor of 1e-12.
 _X_CERTAIN = 8.3
 _X_ROOM = 5.0
+_SIGMA_MIN = 1e-6
 
 
 def fit_probability(generated: F64, bound: F64, slack_tokens: F64, sigma: float, z_bound: F64 | float) -> F64:
@@ -269,13 +270,17 @@ def fit_probability(generated: F64, bound: F64, slack_tokens: F64, sigma: float,
         # exactly 1, and where the lower one is at most _X_ROOM, 1 − lo ≥ 1e-7, so p = (1 − lo) /
         # (1 − lo) = 1 exactly (tested bit for bit against evaluating every row). At a deep queue
         # most waiting calls have slack to spare.
-        with np.errstate(over="ignore"):
-            certain = (
-                (b < np.inf)  # an infinite bound's arguments are NaN or −inf
-                & (total >= b * np.exp(sigma * (_X_CERTAIN - z)))
-                & (g <= b * np.exp(sigma * (_X_ROOM - z)))
-            )
-        if certain.any():
+        # (the ratio test's rounding, ~1e-14 in log space, is ~1e-14/σ in the argument: the cut's
+        # margin of 0.05 holds for σ ≥ _SIGMA_MIN; a smaller spread evaluates every row)
+        certain = None
+        if sigma >= _SIGMA_MIN:
+            with np.errstate(over="ignore"):
+                certain = (
+                    (b < np.inf)  # an infinite bound's arguments are NaN or −inf
+                    & (total >= b * np.exp(sigma * (_X_CERTAIN - z)))
+                    & (g <= b * np.exp(sigma * (_X_ROOM - z)))
+                )
+        if certain is not None and certain.any():
             out[rows[certain]] = 1.0
             keep = ~certain
             rows, g, b, total = rows[keep], g[keep], b[keep], total[keep]
