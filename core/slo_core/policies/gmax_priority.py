@@ -389,24 +389,26 @@ def _prior_tokens(c: Columns, stage_mask: B8, by_program: Groups) -> F64:
     return out
 
 
-def stage_groups(c: Columns) -> tuple[B8, Groups]:
-    """(rows that are calls of a compound program's stage, those rows grouped by stage)."""
-    stage_mask = (c.kind == COMPOUND) & (c.program >= 0)
-    return stage_mask, Groups(c.program * _STAGE_KEY + c.stage + 1, stage_mask)
-
-
-def lengths(c: Columns, p: GMAXParams, bound_scale: F64 | None = None) -> Lengths:
-    """:class:`Lengths` alone, each array the one :func:`estimate` gives (same inputs: bit for bit,
-    tested), for a decision that reads nothing else."""
+def _lengths(c: Columns, p: GMAXParams, bound_scale: F64 | None) -> tuple[Lengths, B8, Groups]:
+    """(:class:`Lengths`, the rows that are calls of a compound program's stage, those rows grouped
+    by stage): the first part of :func:`estimate`."""
     bound = output_bound(c, p, bound_scale)
-    _, stages = stage_groups(c)
+    stage_mask = (c.kind == COMPOUND) & (c.program >= 0)
+    stages = Groups(c.program * _STAGE_KEY + c.stage + 1, stage_mask)
     deadline, program_deadline = deadlines(c, p)
-    return Lengths(
+    out = Lengths(
         bound_tokens=bound,
         len_rem_tokens=stage_sum(stages, bound - c.generated_tokens),
         deadline_at_s=deadline,
         program_deadline_at_s=program_deadline,
     )
+    return out, stage_mask, stages
+
+
+def lengths(c: Columns, p: GMAXParams, bound_scale: F64 | None = None) -> Lengths:
+    """:class:`Lengths` alone (what :func:`estimate` starts from), for a decision that reads nothing
+    else."""
+    return _lengths(c, p, bound_scale)[0]
 
 
 def estimate(
@@ -427,15 +429,14 @@ def estimate(
     v = speed.step_s
     g, prompt, w, kind = c.generated_tokens, c.prompt_tokens, c.weight, c.kind
     gp = p.gain
-    bound = output_bound(c, p, bound_scale)
+    ln, stage_mask, stages = _lengths(c, p, bound_scale)
+    bound, deadline, program_deadline = ln.bound_tokens, ln.deadline_at_s, ln.program_deadline_at_s
     len_rem = bound - g
     uncomputed = np.maximum(0.0, prompt + g - c.computed_tokens)
     t_pre = speed.prefill_time_s(uncomputed, c.computed_tokens)
     t_gen = t_pre + len_rem * v
-    deadline, program_deadline = deadlines(c, p)
 
     is_lat = kind == LATENCY
-    stage_mask, stages = stage_groups(c)
     t_finish = stage_sum(stages, t_gen, reduce_max=True)  # stage calls run in parallel
     t_gen_agg = stage_sum(stages, t_gen)  # bandwidth: every call holds a slot
     dl = nan_to_num(deadline, nan=-np.inf)
@@ -517,7 +518,7 @@ def estimate(
     feasible = np.where(is_lat, n_on > 0, feasible_deadline)
     return Estimates(
         bound_tokens=bound,
-        len_rem_tokens=stage_sum(stages, len_rem),
+        len_rem_tokens=ln.len_rem_tokens,
         t_gen_s=t_gen_agg,
         t_rem_s=t_rem,
         deadline_at_s=deadline,
