@@ -240,9 +240,10 @@ def z_of_quantile(q: float) -> float:
 
 
 # Φ (normal_cdf) is exactly 1.0 from x = 8.2454 on (1 − erf below half an ulp of 1; tested on a fine
-# grid from 8.25): rows whose upper argument is at least 8.3 by fit_probability's ratio test (its
-# rounding is ~1e-13) are certain of it. Φ(5) is below 1 − 1e-7, so a lower argument of at most 5
-# leaves 1 − lo far above fit_probability's floor of 1e-12.
+# grid from 8.25): a row whose upper argument is at least 8.3 by fit_probability's ratio test is
+# certain of it, the test's rounding (~1e-14 in log space, ~1e-14/σ in the argument) being far
+# below the 0.05 margin while σ ≥ _SIGMA_MIN. Φ(5) is below 1 − 1e-7, so a lower argument of at most
+# 5 leaves 1 − lo far above fit_probability's floor of 1e-12.
 _X_CERTAIN = 8.3
 _X_ROOM = 5.0
 _SIGMA_MIN = 1e-6
@@ -266,12 +267,10 @@ def fit_probability(generated: F64, bound: F64, slack_tokens: F64, sigma: float,
         z = z_bound[rows] if isinstance(z_bound, np.ndarray) else z_bound
         b, total = np.maximum(bound[rows], 1.0), np.maximum(g + slack_tokens[rows], 1e-9)
         # Rows certain to fit take 1 without a log or a Φ: where the upper argument is at least
-        # _X_CERTAIN (by a ratio test: its computed value is within 1e-12 of that or above) Φ gives
-        # exactly 1, and where the lower one is at most _X_ROOM, 1 − lo ≥ 1e-7, so p = (1 − lo) /
-        # (1 − lo) = 1 exactly (tested bit for bit against evaluating every row). At a deep queue
-        # most waiting calls have slack to spare.
-        # (the ratio test's rounding, ~1e-14 in log space, is ~1e-14/σ in the argument: the cut's
-        # margin of 0.05 holds for σ ≥ _SIGMA_MIN; a smaller spread evaluates every row)
+        # _X_CERTAIN Φ gives exactly 1, and where the lower one is at most _X_ROOM, 1 − lo ≥ 1e-7, so
+        # p = (1 − lo) / (1 − lo) = 1 exactly (tested bit for bit against evaluating every row; a
+        # spread below _SIGMA_MIN evaluates every row). At a deep queue most waiting calls have
+        # slack to spare.
         certain = None
         if sigma >= _SIGMA_MIN:
             with np.errstate(over="ignore"):
