@@ -165,10 +165,18 @@ class GMAX(BaseEnginePolicy):
             return calm
         return self.params
 
-    def _estimate(self, c: Columns, now: float, speed: SpeedModel, p: GMAXParams) -> Estimates:
+    def _estimate(
+        self,
+        c: Columns,
+        now: float,
+        speed: SpeedModel,
+        p: GMAXParams,
+        reading: tuple[F64 | None, F64 | None] | None = None,
+    ) -> Estimates:
         """:func:`estimate` with the bound reading: the learned z per row, or (``calibrate_bound``)
-        each bound scaled to the static reading (``p``: :meth:`_scoring_params`)."""
-        z_bound, bound_scale = self.bounds.rows(c.kind)
+        each bound scaled to the static reading (``p``: :meth:`_scoring_params`; ``reading``: the
+        bound reading's rows taken earlier, else read now)."""
+        z_bound, bound_scale = self.bounds.rows(c.kind) if reading is None else reading
         return estimate(
             c, now, speed, p, p.frame_steps * speed.step_s, z_bound=z_bound, bound_scale=bound_scale
         )
@@ -246,12 +254,9 @@ class GMAX(BaseEnginePolicy):
         if p.ordering == "sjf":
             # SJF reads the lengths and deadlines alone: the goodput estimates (most of an
             # estimate's work) are made only if someone reads last_estimates
-            z_bound, bound_scale = self.bounds.rows(c.kind)
-            est = lengths(c, scoring, bound_scale)
-            frame_s = scoring.frame_steps * speed.step_s
-            self._pending = partial(
-                estimate, c, now, speed, scoring, frame_s, z_bound=z_bound, bound_scale=bound_scale
-            )
+            reading = self.bounds.rows(c.kind)
+            est = lengths(c, scoring, reading[1])
+            self._pending = partial(self._estimate, c, now, speed, scoring, reading)
             score = 1.0 / est.len_rem_tokens
         else:
             full = self._estimate(c, now, speed, scoring)

@@ -271,7 +271,6 @@ def fit_probability(generated: F64, bound: F64, slack_tokens: F64, sigma: float,
         # p = (1 − lo) / (1 − lo) = 1 exactly (tested bit for bit against evaluating every row; a
         # spread below _SIGMA_MIN evaluates every row). At a deep queue most waiting calls have
         # slack to spare.
-        certain = None
         if sigma >= _SIGMA_MIN:
             with np.errstate(over="ignore"):
                 certain = (
@@ -279,14 +278,14 @@ def fit_probability(generated: F64, bound: F64, slack_tokens: F64, sigma: float,
                     & (total >= b * np.exp(sigma * (_X_CERTAIN - z)))
                     & (g <= b * np.exp(sigma * (_X_ROOM - z)))
                 )
-        if certain is not None and certain.any():
-            out[rows[certain]] = 1.0
-            keep = ~certain
-            rows, g, b, total = rows[keep], g[keep], b[keep], total[keep]
-            if isinstance(z, np.ndarray):
-                z = z[keep]
-            if len(rows) == 0:
-                return out
+            if certain.any():
+                out[rows[certain]] = 1.0
+                keep = ~certain
+                rows, g, b, total = rows[keep], g[keep], b[keep], total[keep]
+                if isinstance(z, np.ndarray):
+                    z = z[keep]
+                if len(rows) == 0:
+                    return out
         n = len(rows)
         started = np.flatnonzero(g > 0)
         # one log and one Φ call over all their arguments (each call has a fixed cost; per element
