@@ -13,14 +13,20 @@ requests arrive and are admitted. Two bridges decide on the same requests at eac
 alternating order: one as shipped (a request whose snapshot would carry the same values as at the
 last decision keeps its snapshot object), and one whose snapshots are all built anew at each decision
 (what the bridge did before). Their decisions must be equal.
+
+``--parent CHECKOUT`` adds a third bridge, another checkout's ``PolicyBridge`` (its module loaded
+from that tree; the policy and the rest of core are this one's), deciding on the same requests in the
+same rotation: a change to the bridge measured side by side with its parent in one process.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
 import random
 import statistics
+import sys
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -60,19 +66,37 @@ def _request(rng: random.Random, i: int, now: float) -> Any:
     )
 
 
-def measure(queued: int, steps: int, seed: int = 0) -> dict[str, float]:
-    """Median ms of a decision over ``queued`` requests, shipped and with every snapshot rebuilt."""
+def parent_bridge(checkout: Path) -> type[Any]:
+    """``PolicyBridge`` of another checkout's plugin (its bridge module alone, under its own name)."""
+    path = checkout / "vllm_plugin" / "slo_vllm_plugin" / "bridge.py"
+    spec = importlib.util.spec_from_file_location("parent_bridge", path)
+    if spec is None or spec.loader is None:
+        raise SystemExit(f"no bridge module at {path}")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["parent_bridge"] = module
+    spec.loader.exec_module(module)
+    cls: type[Any] = module.PolicyBridge
+    return cls
+
+
+def measure(queued: int, steps: int, seed: int = 0, parent: type[Any] | None = None) -> dict[str, float]:
+    """Median ms of a decision over ``queued`` requests, shipped and with every snapshot rebuilt (and
+    by ``parent``, another checkout's bridge, when given)."""
     rng = random.Random(seed)
     now = [1000.0]
     shipped = PolicyBridge(make_engine_policy("gmax", {}), clock=lambda: now[0])
     rebuilt = PolicyBridge(make_engine_policy("gmax", {}), clock=lambda: now[0])
+    bridges: dict[str, Any] = {"shipped": shipped, "rebuilt": rebuilt}
+    if parent is not None:
+        bridges["parent"] = parent(make_engine_policy("gmax", {}), clock=lambda: now[0])
     waiting = [_request(rng, i, now[0]) for i in range(queued - RUNNING)]
     running = [_request(rng, queued + i, now[0]) for i in range(RUNNING)]
     for r in running:
         r.num_computed_tokens = r.num_prompt_tokens
         r.num_output_tokens = 1
     next_id = 2 * queued
-    times: dict[str, list[float]] = {"shipped": [], "rebuilt": [], "policy": []}
+    times: dict[str, list[float]] = {name: [] for name in bridges}
+    times["policy"] = []
 
     def engine(t: float) -> EngineView:
         return EngineView(
@@ -87,7 +111,7 @@ def measure(queued: int, steps: int, seed: int = 0) -> dict[str, float]:
         )
 
     policy_time = [0.0]
-    for bridge in (shipped, rebuilt):
+    for bridge in (shipped, rebuilt):  # the policy's own time, read for the shipped bridge
         decide = bridge.guard.decide
 
         def timed(*args: Any, _decide: Any = decide) -> Any:
@@ -104,32 +128,29 @@ def measure(queued: int, steps: int, seed: int = 0) -> dict[str, float]:
             r.num_output_tokens += 1
         for _ in range(2):  # two finish, two are admitted, two arrive
             done = running.pop(rng.randrange(len(running)))
-            for b in (shipped, rebuilt):
+            for b in bridges.values():
                 b.call_ended(done, "stop")
                 b.forget([done.request_id])
             running.append(waiting.pop(0))
             waiting.append(_request(rng, next_id, now[0]))
             next_id += 1
-        order = (shipped, rebuilt) if step % 2 == 0 else (rebuilt, shipped)
+        names = list(bridges)
+        k = step % len(names)
         decisions = {}
-        for b in order:
+        for name in names[k:] + names[:k]:  # each bridge first in turn
+            b = bridges[name]
             if b is rebuilt:
                 b._snapshots = {}  # every snapshot built anew: the bridge before reuse
             t0 = time.process_time()
-            decisions[id(b)] = b.decide(waiting, running, engine)
+            d = b.decide(waiting, running, engine)
             took = time.process_time() - t0
+            decisions[name] = (d.admit, d.preempt, d.running_order, d.token_budget)
             if step >= 2:  # the first decisions fill the policies' tables
-                times["shipped" if b is shipped else "rebuilt"].append(took)
+                times[name].append(took)
                 if b is shipped:
                     times["policy"].append(policy_time[0])
-        a, c = decisions[id(shipped)], decisions[id(rebuilt)]
-        if (a.admit, a.preempt, a.running_order, a.token_budget) != (
-            c.admit,
-            c.preempt,
-            c.running_order,
-            c.token_budget,
-        ):
-            raise SystemExit(f"step {step}: the two bridges decided differently")
+        if len(set(decisions.values())) > 1:
+            raise SystemExit(f"step {step}: the bridges decided differently")
     return {k: statistics.median(v) * 1000.0 for k, v in times.items()}
 
 
@@ -138,7 +159,9 @@ def main() -> None:
     ap.add_argument("--sizes", type=int, nargs="+", default=[1000, 5000])
     ap.add_argument("--steps", type=int, default=40)
     ap.add_argument("--out", type=Path, default=None)
+    ap.add_argument("--parent", type=Path, default=None, help="another checkout, whose bridge decides beside")
     args = ap.parse_args()
+    parent = parent_bridge(args.parent) if args.parent is not None else None
     load = os.getloadavg()
     lines = [
         "# GMAX's decision inside the vLLM plugin (bench/plugin_decision_cost.py)",
@@ -147,14 +170,18 @@ def main() -> None:
         f"{args.steps - 2} engine steps, process CPU time; {RUNNING} requests running.",
         "",
         "| queued | bridge decision, snapshots rebuilt (before) ms | bridge decision, snapshots kept ms "
-        "| of which GMAX.decide ms | before / kept |",
-        "|---:|---:|---:|---:|---:|",
+        "| of which GMAX.decide ms | before / kept |"
+        + (" parent's bridge ms | parent / kept |" if parent else ""),
+        "|---:|---:|---:|---:|---:|" + ("---:|---:|" if parent else ""),
     ]
+    if parent is not None:
+        lines[2] += f" The parent: the bridge of {args.parent}."
     for n in args.sizes:
-        m = measure(n, args.steps)
+        m = measure(n, args.steps, parent=parent)
         lines.append(
             f"| {n} | {m['rebuilt']:.2f} | {m['shipped']:.2f} | {m['policy']:.2f} "
             f"| {m['rebuilt'] / m['shipped']:.2f}x |"
+            + (f" {m['parent']:.2f} | {m['parent'] / m['shipped']:.2f}x |" if parent else "")
         )
         print(lines[-1], flush=True)
     text = "\n".join(lines) + "\n"

@@ -107,6 +107,19 @@ class _Fixed:
     max_tokens: int
 
 
+# what a snapshot's values follow from besides the request's fixed part: its output, computed and
+# preemption counts as vLLM keeps them, its sub-deadline and bound lookups, and for a program's call
+# the program's service, arrival and deadline and its calls' live service here
+_Stamp = tuple[Any, Any, Any, float | None, int | None, tuple[int, float, float, int | None] | None]
+_Seen = tuple[_Fixed, _Fields, RequestView, _Stamp]
+
+
+def request_id_of_engine(request: Any) -> str:
+    """A vLLM request's id."""
+    rid: str = request.request_id
+    return rid
+
+
 def _view_of(f: _Fields) -> RequestView:
     """``RequestView(...)`` of the values ``f``, built through core's slots twin (a frozen dataclass's
     __init__ costs ~2.7 µs a snapshot, most of a running request's at every decision)."""
@@ -173,8 +186,9 @@ class PolicyBridge:
         self._clock = clock
         self._rng = random.Random(seed)
         self._tags: dict[str, EngineTags | None] = {}
-        # per request id: its fixed fields, the values of its last decision's snapshot, that snapshot
-        self._snapshots: dict[str, tuple[_Fixed, _Fields, RequestView]] = {}
+        # per request id: its fixed fields, the values of its last decision's snapshot, that snapshot,
+        # and what those values followed from (_Stamp)
+        self._snapshots: dict[str, _Seen] = {}
         self._programs: OrderedDict[str, ProgramSeen] = OrderedDict()
         self._events = True
         # a latency request arrived since the last decision: a deep queue's decision is not left for
@@ -408,30 +422,48 @@ class PolicyBridge:
 
         A policy error yields the stock decision (``guard.degraded_reason`` says why)."""
         bounds = self._bounds() or {}
-        self._deadline_now = self._deadlines() if bounds else {}
+        self._deadline_now = deadline_now = self._deadlines() if bounds else {}
         now = self._clock()
-        live: dict[str, int] = {}  # per program, the service of its calls live here
-        for req in (*waiting, *running):
-            tags = self.tags(req)
-            if tags is not None and tags.program_id:
-                live[tags.program_id] = live.get(tags.program_id, 0) + attained_tokens(req)
         # a request whose snapshot would carry the same values as at the last decision gets the same
         # snapshot object: building ~5,000 of them was most of a deep queue's decision, and a
         # columnar policy (GMAX's table) re-reads only the ones that changed
         last = self._snapshots
-        kept: dict[str, tuple[_Fixed, _Fields, RequestView]] = {}
-
-        def snapshot(req: Any) -> RequestView:
-            rid = req.request_id
-            seen = last.get(rid)
-            fixed = self._fixed(req) if seen is None else seen[0]
+        kept: dict[str, _Seen] = {}
+        reqs = (*waiting, *running)
+        seen_of = list(map(last.get, map(request_id_of_engine, reqs)))
+        fixed_of = [
+            self._fixed(req) if seen is None else seen[0] for req, seen in zip(reqs, seen_of, strict=True)
+        ]
+        live: dict[str, int] = {}  # per program, the service of its calls live here
+        for req, fixed in zip(reqs, fixed_of, strict=True):
+            pid = fixed.program_id
+            if pid:
+                live[pid] = live.get(pid, 0) + attained_tokens(req)
+        views: list[RequestView] = []
+        append = views.append
+        for req, seen, fixed in zip(reqs, seen_of, fixed_of, strict=True):
+            pid = fixed.program_id
+            program = self.program(fixed.tags, fixed.arrival_s) if pid else None
+            # a snapshot's values follow from these (and the fixed part): equal stamps, equal values
+            stamp: _Stamp = (
+                req.num_output_tokens,
+                req.num_computed_tokens,
+                getattr(req, "num_preemptions", 0),
+                deadline_now.get(fixed.key) if fixed.tags else None,
+                bounds.get(fixed.key, fixed.tags_bound),
+                None
+                if program is None or not pid
+                else (program.done_tokens, program.arrival_s, program.deadline_at_s, live.get(pid)),
+            )
+            if seen is not None and seen[3] == stamp:
+                kept[req.request_id] = seen
+                append(seen[2])
+                continue
             fields = self._fields(fixed, req, bounds, live)
             view = seen[2] if seen is not None and seen[1] == fields else _view_of(fields)
-            kept[rid] = (fixed, fields, view)
-            return view
-
-        w = [snapshot(x) for x in waiting]
-        r = [snapshot(x) for x in running]
+            kept[req.request_id] = (fixed, fields, view, stamp)
+            append(view)
+        w, r = views[: len(waiting)], views[len(waiting) :]
         self._snapshots = kept  # requests that left the engine drop out
         decision = self.guard.decide(w, r, engine(now), self._rng)
         self._events = False

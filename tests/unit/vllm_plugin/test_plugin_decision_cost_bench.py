@@ -35,3 +35,11 @@ def test_a_different_decision_stops_the_bench(bench: ModuleType, monkeypatch: py
     monkeypatch.setattr(bench.PolicyBridge, "decide", odd)
     with pytest.raises(SystemExit, match="decided differently"):
         bench.measure(queued=300, steps=6)
+
+
+def test_a_parent_checkouts_bridge_decides_beside(bench: ModuleType) -> None:
+    parent = bench.parent_bridge(ROOT)  # this checkout as its own parent: a bridge loaded from a tree
+    assert parent is not bench.PolicyBridge and parent.__name__ == "PolicyBridge"
+    m = bench.measure(queued=300, steps=6, parent=parent)
+    assert set(m) == {"shipped", "rebuilt", "policy", "parent"}
+    assert m["parent"] > 0

@@ -141,3 +141,26 @@ def test_requests_that_left_are_dropped() -> None:
     assert set(b._snapshots) == {r.request_id for r in reqs}
     b.decide(reqs[:3], [], lambda t: engine)
     assert set(b._snapshots) == {r.request_id for r in reqs[:3]}
+
+
+def test_a_program_whose_service_moved_gets_new_snapshots() -> None:
+    """A program's service here moves with its finished calls (done_tokens) as well as its live ones:
+    its waiting calls' next snapshots carry the new total, even when their own counts did not move."""
+    rng = random.Random(3)
+    b = PolicyBridge(make_engine_policy("gmax", {}), clock=lambda: 110.0)
+    rec = Recorder()
+    b.guard.decide = rec  # type: ignore[method-assign]
+    calls = []
+    for i in range(3):
+        r = _request(rng, i)
+        tags = EngineTags(SLOS[2], program_id="prog", stage=0)
+        r.sampling_params = SimpleNamespace(extra_args=tags.to_xargs())
+        calls.append(r)
+    b.decide(calls, [], lambda t: None)  # type: ignore[arg-type,return-value]
+    first = rec.calls[-1][0]
+    b._programs["prog"].done_tokens += 17  # a call of it that ended here
+    b.decide(calls, [], lambda t: None)  # type: ignore[arg-type,return-value]
+    second = rec.calls[-1][0]
+    assert [v.program_attained_tokens for v in second] == [v.program_attained_tokens + 17 for v in first]
+    b.decide(calls, [], lambda t: None)  # type: ignore[arg-type,return-value]
+    assert all(x is y for x, y in zip(rec.calls[-1][0], second, strict=True))  # unchanged: kept
