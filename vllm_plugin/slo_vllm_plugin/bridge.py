@@ -28,6 +28,7 @@ from slo_core.policies.base import (
     attained_service,
     decision_due,
     quiet_step,
+    request_id_of,
 )
 from slo_core.policies.feedback import Feedback
 from slo_core.policies.guard import GuardedPolicy
@@ -112,12 +113,6 @@ class _Fixed:
 # the program's service, arrival and deadline and its calls' live service here
 _Stamp = tuple[Any, Any, Any, float | None, int | None, tuple[int, float, float, int | None] | None]
 _Seen = tuple[_Fixed, _Fields, RequestView, _Stamp]
-
-
-def request_id_of_engine(request: Any) -> str:
-    """A vLLM request's id."""
-    rid: str = request.request_id
-    return rid
 
 
 def _view_of(f: _Fields) -> RequestView:
@@ -430,7 +425,7 @@ class PolicyBridge:
         last = self._snapshots
         kept: dict[str, _Seen] = {}
         reqs = (*waiting, *running)
-        seen_of = list(map(last.get, map(request_id_of_engine, reqs)))
+        seen_of = list(map(last.get, map(request_id_of, reqs)))  # an attrgetter: any request's id
         fixed_of = [
             self._fixed(req) if seen is None else seen[0] for req, seen in zip(reqs, seen_of, strict=True)
         ]
