@@ -56,7 +56,7 @@ from slo_core.policies.base import (
     quiet_step,
 )
 from slo_core.sim.engine_snapshots import EngineSnapshots
-from slo_core.sim.engine_types import EngineConfig, StepOutcome
+from slo_core.sim.engine_types import DecisionCost, EngineConfig, StepOutcome
 from slo_core.sim.request import ABORTED, FINISHED, REJECTED, RUNNING, WAITING, SimRequest
 from slo_core.sim.views import LiveViews, request_view, request_views
 from slo_core.slo import RequestKind
@@ -82,6 +82,7 @@ class SimEngine(EngineSnapshots):
         skip_order_free: bool = False,
         keyed_admission: bool = False,
         live_running: bool = False,
+        decision_cost: DecisionCost | None = None,
     ) -> None:
         """``skip_order_free``: leave out the decisions of an order-free policy that cannot change what
         runs (see :meth:`_skippable`); only for a driver that reads the queues through
@@ -91,7 +92,8 @@ class SimEngine(EngineSnapshots):
         that order as requests join it instead of asking the policy (see :meth:`_queue`); for a driver
         that keeps the views' side effects out of its outcomes and reads no queue order between
         decisions (between two of the policy's decisions the orders differ: arrivals wait at the end
-        there)."""
+        there). ``decision_cost``: the CPU time a policy decision adds to its step, as the plugin's
+        decision does in a pod (:class:`DecisionCost`); None: decisions take no time (the default)."""
         cfg = config or EngineConfig()
         self.engine_id = engine_id
         self.index = index
@@ -158,6 +160,8 @@ class SimEngine(EngineSnapshots):
         # then never stops for a decision: a coasted step is quiet
         self._quiet = bool(getattr(policy, "skip_quiet_decisions", False))
         self.quiet_skipped = 0  # decisions left out as quiet
+        self._cost = decision_cost if decision_cost is not None and decision_cost.seconds(1) > 0 else None
+        self.decision_s = 0.0  # the decisions' charged seconds (decision_cost), inside the steps' times
         self._keyed = (
             keyed_admission
             and not self._fast
@@ -342,6 +346,7 @@ class SimEngine(EngineSnapshots):
             return None
         self.step += 1
         self.step_start_s = now_s
+        charged = 0.0  # the decision's seconds, when one is made for this step (decision_cost)
         # core's decision_due, inlined (a call per step costs ~2 % of the hour); the rule's own call
         # (event_deferred) only for a policy with a deep-queue cadence
         if not self._fast and (
@@ -357,10 +362,14 @@ class SimEngine(EngineSnapshots):
             ):
                 self.events = False  # the finishes it would have seen are taken into account
                 self.quiet_skipped += 1
-            elif self._order_free and self._skippable():
-                self._deferred = (now_s, self.free_blocks, len(self.waiting))
             else:
-                self._decide(now_s)
+                if self._cost is not None:  # the plugin would decide (left out here or not)
+                    charged = self._cost.seconds(len(self.waiting) + len(self.running))
+                    self.decision_s += charged
+                if self._order_free and self._skippable():
+                    self._deferred = (now_s, self.free_blocks, len(self.waiting))
+                else:
+                    self._decide(now_s)
         self._batch_p = []
         self._batch_d = []
         budget = self.token_budget
@@ -377,7 +386,7 @@ class SimEngine(EngineSnapshots):
         if n_tokens <= 0:
             if not self.waiting and not self.running:
                 return None
-            self.step_end_s = now_s + self.config.idle_poll_s
+            self.step_end_s = now_s + self.config.idle_poll_s + charged
             return self.step_end_s
         chunk_ctx = 0
         for r, n in self._batch_p:
@@ -385,7 +394,7 @@ class SimEngine(EngineSnapshots):
         dt = self.profile.iteration_time_from_sums_s(n_tokens, chunk_ctx, kv, len(self._batch_p))
         self.busy_s += dt
         self.steps_run += 1
-        self.step_end_s = now_s + dt
+        self.step_end_s = now_s + dt + charged
         return self.step_end_s
 
     def coast(self, now_s: float, limit_s: float) -> float:
@@ -417,7 +426,8 @@ class SimEngine(EngineSnapshots):
             if left < steps:  # noqa: PLR1730 (hot path: cheaper than min())
                 steps = left
             ctx += c + 1
-        if not (self._fast or self._order_free or self._quiet):
+        # an order-free policy's left-out decisions are still made, and charged, where they cost time
+        if not (self._fast or (self._order_free and self._cost is None) or self._quiet):
             if self._on_events and self.events:
                 return now_s
             frame = self._frame

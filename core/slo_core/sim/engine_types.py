@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -26,6 +27,28 @@ class EngineConfig(BaseModel):
     idle_poll_s: float = Field(
         0.01, gt=0, description="when requests wait but none can be scheduled, poll again after (s)"
     )
+
+
+@dataclass(frozen=True, slots=True)
+class DecisionCost:
+    """The engine-process CPU time a policy decision takes, charged to the step it is made for: in a
+    pod the vLLM plugin decides on the engine's step loop (a synchronous scheduler), between two GPU
+    steps, so a decision's seconds delay that step's end. ``base_s`` + ``per_request_s`` x the requests
+    it reads (waiting and running). Charged for every decision the plugin would make: not for one the
+    engines leave out (quiet, or deferred over a deep queue), nor for a FIFO policy's (never asked)."""
+
+    base_s: float = 0.0
+    per_request_s: float = 0.0
+
+    def __post_init__(self) -> None:
+        for name in ("base_s", "per_request_s"):
+            value = getattr(self, name)
+            if not (isinstance(value, int | float) and math.isfinite(value) and value >= 0):
+                raise ValueError(f"DecisionCost.{name} must be a finite number >= 0, not {value!r}")
+
+    def seconds(self, n_requests: int) -> float:
+        """The CPU seconds of a decision over ``n_requests`` requests."""
+        return self.base_s + self.per_request_s * n_requests
 
 
 @dataclass(slots=True)

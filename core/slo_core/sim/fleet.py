@@ -42,7 +42,7 @@ from slo_core.runtime_policy import AdmissionRule, RuntimePolicy
 from slo_core.sim.analyzer import SimAnalyzer
 from slo_core.sim.collector import young_collections_only
 from slo_core.sim.engine import SimEngine
-from slo_core.sim.engine_types import EngineConfig
+from slo_core.sim.engine_types import DecisionCost, EngineConfig
 from slo_core.sim.outcomes import finished_view
 from slo_core.sim.request import ABORTED, FINISHED, REJECTED, WAITING, ProgramState, SimRequest
 from slo_core.sim.views import request_view
@@ -172,6 +172,7 @@ class FleetSim:
         objective: Objective | None = None,
         autoscaler: Ticker | None = None,
         tiers: Mapping[str, SLOTier] | None = None,
+        decision_cost: DecisionCost | None = None,
     ) -> None:
         """``analyzer``: the sidecar's request analyzer (QRF bounds refined as tokens stream, pattern-graph
         stage sub-deadlines); None leaves bounds unknown (policies fall back to max_tokens) and splits a
@@ -183,7 +184,8 @@ class FleetSim:
         feeds back ``config.feedback_goodput``. ``tiers``: the SLOPolicy's tiers by name: a job of a
         tier gets the targets the router binds for what it states (:meth:`SLOTier.bind`: never stricter
         than the tier's), and a compound tier's stage deadline shares (as the router and the sidecar
-        read them)."""
+        read them). ``decision_cost``: the CPU time each engine's policy decisions add to their steps,
+        as the vLLM plugin's do in a pod (:class:`DecisionCost`); None: decisions take no time."""
         self.analyzer = analyzer
         self.tiers = dict(tiers or {})
         self.stage_shares = {
@@ -213,6 +215,7 @@ class FleetSim:
                 # a router that reads the queues would see them sorted before the policy's decision
                 keyed_admission=views_free and not self._router_needs_requests,
                 live_running=views_free,
+                decision_cost=decision_cost,
             )
             for i, spec in enumerate(replicas)
         ]
