@@ -27,7 +27,7 @@ from slo_core.perf.model import PerfProfile
 from slo_core.predict import OutputBoundEstimator, load_estimator
 from slo_core.predict.calibration import OnlineCalibrator
 from slo_core.sim.analyzer import SimAnalyzer
-from slo_core.sim.engine_types import EngineConfig
+from slo_core.sim.engine_types import DecisionCost, EngineConfig
 from slo_core.sim.fleet import FleetSim, ReplicaSpec, SimConfig
 from slo_core.workloads import WorkloadSpec, build_workload
 from slo_core.workloads.jobs import Job
@@ -132,10 +132,17 @@ def _analyzer(cfg: BenchConfig) -> SimAnalyzer | None:
 RunOutput = tuple[dict[str, Any], dict[str, list[float]] | None]
 
 
-def run_one(cfg: BenchConfig, key: Key, progress: Callable[[float], None] | None = None) -> RunOutput:
+def run_one(
+    cfg: BenchConfig,
+    key: Key,
+    progress: Callable[[float], None] | None = None,
+    decision_cost: DecisionCost | None = None,
+) -> RunOutput:
     """One (policy, router, load) of the sweep: its record and latency samples (None if it failed).
 
     A pure function of ``cfg`` and ``key`` apart from ``wall_s``: any process gives the same record.
+    ``decision_cost``: the CPU time each policy decision adds to its step (FleetSim's; the record then
+    carries it as ``decision_cost``); None: decisions take no time, as in every sweep.
     """
     policy, router, rps = key
     spec = cfg.workload.model_copy(update={"rps": rps})
@@ -143,6 +150,8 @@ def run_one(cfg: BenchConfig, key: Key, progress: Callable[[float], None] | None
     realized = rps if rps is not None else len(jobs) / spec.duration_s
     head = _record_head(cfg, policy, router, realized, len(jobs))
     head |= {"rps_requested": rps, "sweep_fingerprint": fingerprint(cfg)}
+    if decision_cost is not None:
+        head["decision_cost"] = {"base_s": decision_cost.base_s, "per_request_s": decision_cost.per_request_s}
     specs = [ReplicaSpec(cfg.profiles[i % len(cfg.profiles)], cfg.engine) for i in range(cfg.replicas)]
     try:
         # a fresh analyzer per run: pattern history is learned within the run only
@@ -155,6 +164,7 @@ def run_one(cfg: BenchConfig, key: Key, progress: Callable[[float], None] | None
             config=cfg.sim,
             analyzer=analyzer,
             objective=cfg.objective,
+            decision_cost=decision_cost,
         )
         result = sim.run(jobs, progress=progress)
         outcomes = job_outcomes(result)
@@ -165,10 +175,12 @@ def run_one(cfg: BenchConfig, key: Key, progress: Callable[[float], None] | None
         return {**head, "error": detail}, None
 
 
-def run_one_timed(cfg: BenchConfig, key: Key) -> tuple[dict[str, Any], float]:
+def run_one_timed(
+    cfg: BenchConfig, key: Key, decision_cost: DecisionCost | None = None
+) -> tuple[dict[str, Any], float]:
     """:func:`run_one`'s record (without samples) and the CPU seconds the run took in its process."""
     c0 = time.process_time()
-    record, _ = run_one(cfg, key)
+    record, _ = run_one(cfg, key, decision_cost=decision_cost)
     return record, time.process_time() - c0
 
 
