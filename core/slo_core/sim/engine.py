@@ -22,6 +22,8 @@ most steps. With ``prefill_first`` (vLLM v0's order) step 3 runs before step 2. 
 the performance model; at its end (:meth:`SimEngine.complete`) every request whose tokens are all
 computed emits one output token stamped with the step's end time, and finished requests free their
 blocks. Prefix caching is off: a preempted request recomputes its whole prompt and output so far.
+Decisions take no time unless the engine is given a ``decision_cost`` (:class:`DecisionCost`: in a
+pod the vLLM plugin decides on the engine's step loop, so a decided step ends that much later).
 
 Driving one engine from outside (the fleet loop here; engine-sim in real time), one step at a time::
 
