@@ -373,9 +373,31 @@ class PolicyBridge:
         self, f: _Fixed, request: Any, bounds: Mapping[str, int], live_service: Mapping[str, int] | None
     ) -> _Fields:
         """What :meth:`view` puts in the snapshot, in :data:`_Fields` order: equal tuples, equal views."""
-        tags = f.tags
+        program = self.program(f.tags, f.arrival_s) if f.program_id else None
+        sub_deadline = self._deadline_now.get(f.key) if f.tags else None
+        return self._fields_from(
+            f,
+            request,
+            sub_deadline_at_s=sub_deadline,
+            bound=bounds.get(f.key, f.tags_bound),
+            program=program,
+            live_service=live_service,
+        )
+
+    @staticmethod
+    def _fields_from(
+        f: _Fixed,
+        request: Any,
+        *,
+        sub_deadline_at_s: float | None,
+        bound: int | None,
+        program: ProgramSeen | None,
+        live_service: Mapping[str, int] | None,
+    ) -> _Fields:
+        """:meth:`_fields` from what it looks up: the analyzer's sub-deadline and bound for ``f``'s key
+        and the program its tags name (:meth:`program`), each looked up once a decision."""
         # a compound call's stage sub-deadline from the analyzer, else the deadline its tags carry
-        deadline_at = (self._deadline_now.get(f.key) if tags else None) or f.tags_deadline_at_s
+        deadline_at = sub_deadline_at_s or f.tags_deadline_at_s
         if deadline_at is None:
             deadline_at = f.own_deadline_at_s
         prompt = f.prompt_tokens
@@ -383,7 +405,6 @@ class PolicyBridge:
         computed = int(request.num_computed_tokens)
         attained = attained_service(prompt, computed, generated)
         pid = f.program_id
-        program = self.program(tags, f.arrival_s) if pid else None
         if program is not None and pid:  # as core's simulator views a call: its program's, not its own
             live = live_service.get(pid) if live_service is not None else None
             program_arrival: float | None = program.arrival_s
@@ -400,7 +421,7 @@ class PolicyBridge:
             generated,
             computed,
             deadline_at,
-            bounds.get(f.key, f.tags_bound),
+            bound,
             f.tenant,
             f.program_id,
             f.stage,
@@ -439,13 +460,15 @@ class PolicyBridge:
         for req, seen, fixed in zip(reqs, seen_of, fixed_of, strict=True):
             pid = fixed.program_id
             program = self.program(fixed.tags, fixed.arrival_s) if pid else None
+            sub_deadline = deadline_now.get(fixed.key) if fixed.tags else None
+            bound = bounds.get(fixed.key, fixed.tags_bound)
             # a snapshot's values follow from these (and the fixed part): equal stamps, equal values
             stamp: _Stamp = (
                 req.num_output_tokens,
                 req.num_computed_tokens,
                 getattr(req, "num_preemptions", 0),
-                deadline_now.get(fixed.key) if fixed.tags else None,
-                bounds.get(fixed.key, fixed.tags_bound),
+                sub_deadline,
+                bound,
                 None
                 if program is None or not pid
                 else (program.done_tokens, program.arrival_s, program.deadline_at_s, live.get(pid)),
@@ -454,7 +477,9 @@ class PolicyBridge:
                 kept[req.request_id] = seen
                 append(seen[2])
                 continue
-            fields = self._fields(fixed, req, bounds, live)
+            fields = self._fields_from(
+                fixed, req, sub_deadline_at_s=sub_deadline, bound=bound, program=program, live_service=live
+            )
             view = seen[2] if seen is not None and seen[1] == fields else _view_of(fields)
             kept[req.request_id] = (fixed, fields, view, stamp)
             append(view)
