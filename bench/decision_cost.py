@@ -46,7 +46,6 @@ def one(task: gmax_sweep.Task, cost: DecisionCost | None) -> dict[str, Any]:
         "policy": task.policy,
         "charged": cost is not None,
         "goodput": record[f"goodput_{objective}_ratio"],
-        "attainment": record["attainment"],
         "cpu_s": cpu_s,
     }
 

@@ -43,7 +43,6 @@ def test_the_table_reads_each_run_against_its_twin_and_gmax(dc: ModuleType) -> N
             "policy": p,
             "charged": c,
             "goodput": g,
-            "attainment": 1.0,
             "cpu_s": 1.0,
         }
         for p, c, g in (
