@@ -46,7 +46,7 @@ SLOS = (
     SLOTargets(RequestKind.BEST_EFFORT),
 )
 PROFILE = load_profile("h100-llama3-8b-tp1")
-RUNNING = 256
+RUNNING = 256  # running requests of a shape given by its queue alone
 
 
 def _request(rng: random.Random, i: int, now: float) -> Any:
@@ -79,9 +79,13 @@ def parent_bridge(checkout: Path) -> type[Any]:
     return cls
 
 
-def measure(queued: int, steps: int, seed: int = 0, parent: type[Any] | None = None) -> dict[str, float]:
-    """Median ms of a decision over ``queued`` requests, shipped and with every snapshot rebuilt (and
-    by ``parent``, another checkout's bridge, when given)."""
+def measure(
+    queued: int, steps: int, seed: int = 0, parent: type[Any] | None = None, running_n: int = RUNNING
+) -> dict[str, float]:
+    """Median ms of a decision over ``queued`` requests, ``running_n`` of them running, shipped and
+    with every snapshot rebuilt (and by ``parent``, another checkout's bridge, when given)."""
+    if not 0 < running_n < queued:
+        raise ValueError(f"{running_n} running of {queued} queued: some must run and some wait")
     rng = random.Random(seed)
     now = [1000.0]
     shipped = PolicyBridge(make_engine_policy("gmax", {}), clock=lambda: now[0])
@@ -89,8 +93,8 @@ def measure(queued: int, steps: int, seed: int = 0, parent: type[Any] | None = N
     bridges: dict[str, Any] = {"shipped": shipped, "rebuilt": rebuilt}
     if parent is not None:
         bridges["parent"] = parent(make_engine_policy("gmax", {}), clock=lambda: now[0])
-    waiting = [_request(rng, i, now[0]) for i in range(queued - RUNNING)]
-    running = [_request(rng, queued + i, now[0]) for i in range(RUNNING)]
+    waiting = [_request(rng, i, now[0]) for i in range(queued - running_n)]
+    running = [_request(rng, queued + i, now[0]) for i in range(running_n)]
     for r in running:
         r.num_computed_tokens = r.num_prompt_tokens
         r.num_output_tokens = 1
@@ -102,7 +106,7 @@ def measure(queued: int, steps: int, seed: int = 0, parent: type[Any] | None = N
         return EngineView(
             now_s=t,
             step=0,
-            max_num_seqs=RUNNING,
+            max_num_seqs=running_n,
             max_num_batched_tokens=8192,
             kv_blocks_total=200_000,
             kv_blocks_free=4_000,
@@ -154,9 +158,33 @@ def measure(queued: int, steps: int, seed: int = 0, parent: type[Any] | None = N
     return {k: statistics.median(v) * 1000.0 for k, v in times.items()}
 
 
+def shape(text: str) -> tuple[int, int]:
+    """``QUEUED:RUNNING`` (or ``QUEUED``, with :data:`RUNNING` running) as a pair."""
+    queued, _, running_n = text.partition(":")
+    return int(queued), int(running_n) if running_n else RUNNING
+
+
+def fit_line(points: list[tuple[int, float]]) -> tuple[float, float]:
+    """Least squares ``ms = base + per_request · queued`` through ``(queued, ms)`` points: (base ms,
+    µs a request), the form of the simulator's ``DecisionCost``."""
+    if len({q for q, _ in points}) < 2:
+        raise ValueError("a line needs two queue sizes")
+    n = len(points)
+    mq = sum(q for q, _ in points) / n
+    mt = sum(t for _, t in points) / n
+    slope = sum((q - mq) * (t - mt) for q, t in points) / sum((q - mq) ** 2 for q, _ in points)
+    return mt - slope * mq, slope * 1000.0
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--sizes", type=int, nargs="+", default=[1000, 5000])
+    ap.add_argument(
+        "--sizes",
+        type=shape,
+        nargs="+",
+        default=[(1000, RUNNING), (5000, RUNNING)],
+        help=f"QUEUED or QUEUED:RUNNING ({RUNNING} running unless given)",
+    )
     ap.add_argument("--steps", type=int, default=40)
     ap.add_argument("--out", type=Path, default=None)
     ap.add_argument("--parent", type=Path, default=None, help="another checkout, whose bridge decides beside")
@@ -167,23 +195,34 @@ def main() -> None:
         "# GMAX's decision inside the vLLM plugin (bench/plugin_decision_cost.py)",
         "",
         f"{os.cpu_count()} CPUs, 1-min load average at start {load[0]:.2f}; medians over "
-        f"{args.steps - 2} engine steps, process CPU time; {RUNNING} requests running.",
+        f"{args.steps - 2} engine steps, process CPU time.",
         "",
-        "| queued | bridge decision, snapshots rebuilt (before) ms | bridge decision, snapshots kept ms "
-        "| of which GMAX.decide ms | before / kept |"
+        "| queued | running | bridge decision, snapshots rebuilt (before) ms "
+        "| bridge decision, snapshots kept ms | of which GMAX.decide ms | before / kept |"
         + (" parent's bridge ms | parent / kept |" if parent else ""),
-        "|---:|---:|---:|---:|---:|" + ("---:|---:|" if parent else ""),
+        "|---:|---:|---:|---:|---:|---:|" + ("---:|---:|" if parent else ""),
     ]
     if parent is not None:
         lines[2] += f" The parent: the bridge of {args.parent}."
-    for n in args.sizes:
-        m = measure(n, args.steps, parent=parent)
+    kept: list[tuple[int, float]] = []
+    for n, running_n in args.sizes:
+        m = measure(n, args.steps, parent=parent, running_n=running_n)
+        kept.append((n, m["shipped"]))
         lines.append(
-            f"| {n} | {m['rebuilt']:.2f} | {m['shipped']:.2f} | {m['policy']:.2f} "
+            f"| {n} | {running_n} | {m['rebuilt']:.2f} | {m['shipped']:.2f} | {m['policy']:.2f} "
             f"| {m['rebuilt'] / m['shipped']:.2f}x |"
             + (f" {m['parent']:.2f} | {m['parent'] / m['shipped']:.2f}x |" if parent else "")
         )
         print(lines[-1], flush=True)
+    if len({q for q, _ in kept}) > 1:
+        base, per_us = fit_line(kept)
+        worst = max(abs(base + per_us / 1000.0 * q - t) / t for q, t in kept)
+        lines += [
+            "",
+            f"Least squares through the shipped bridge's rows: {base:.2f} ms + {per_us:.2f} µs a request "
+            f"queued (the simulator's `DecisionCost(base_s, per_request_s)`); largest error {worst:.0%} "
+            "of a row.",
+        ]
     text = "\n".join(lines) + "\n"
     print(text)
     if args.out is not None:
