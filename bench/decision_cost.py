@@ -2,21 +2,23 @@
 engine's steps, and whether the engines' deep-queue rule then pays.
 
 In a pod the vLLM plugin decides on the engine's step loop (vLLM's synchronous scheduler), between two
-GPU steps, so a decision's CPU time delays the next step: 4.6 ms over 1,000 queued requests and
-12.0 ms over 5,000 on this host (``bench/results/plugin_decision_cost.md``), against GPU steps of
-~20–40 ms. The simulator takes decisions for free unless given a ``DecisionCost``
+GPU steps, so a decision's CPU time delays the next step: 0.6 ms over 20 queued requests, 2.7 ms
+over 1,000 and 10.1 ms over 5,000 on this host (``bench/results/plugin_decision_cost_shapes.md``),
+against GPU steps of ~20–40 ms. The simulator takes decisions for free unless given a ``DecisionCost``
 (``slo_core.sim.engine_types``). This bench runs GMAX and ``gmax-deep-10`` (the engines' deep-queue
 rule: events every 10 steps while 512 or more wait, a latency arrival at once;
 ``bench/event_decisions.py``) on the same sweep tasks with decisions free and charged, and tabulates
 each run's goodput and what it was charged.
 
     PYTHONPATH=core:lab .venv/bin/python bench/decision_cost.py --seeds 0,1,2 --objectives token,request \\
-        --out bench/results/sim_speed/decision_cost_tot_r4_overload_300s.md
+        --out bench/results/sim_speed/decision_cost_fitted/tot_r4_overload_300s.md
 
-The default cost is the line through ``plugin_decision_cost.md``'s two rows (GMAX in the plugin, this
-host's CPU: a base of 2.70 ms and 1.86 µs a request read); a GPU host's CPU is likely faster, so
-``--base-ms`` and ``--per-request-us`` set another. A probe, not a policy: nothing here replaces a
-committed record.
+The default cost is the least-squares line through ``plugin_decision_cost_shapes.md``'s nine rows
+(GMAX in the plugin on this host's CPU, 20 to 5,000 queued: a base of 0.67 ms and 1.89 µs a request
+read, every row within 18 %). The first tables (``decision_cost_tot_r4_overload_300s.md``) charged
+2.70 ms + 1.86 µs, the line through two deep rows alone, which put shallow decisions at four times
+their cost. A GPU host's CPU is likely faster, so ``--base-ms`` and ``--per-request-us`` set another.
+A probe, not a policy: nothing here replaces a committed record.
 """
 
 from __future__ import annotations
@@ -90,8 +92,8 @@ def main() -> None:
     ap.add_argument("--objectives", default="token,request")
     ap.add_argument("--policies", default="gmax,gmax-deep-10")
     ap.add_argument("--router", default="round-robin")
-    ap.add_argument("--base-ms", type=float, default=2.70)
-    ap.add_argument("--per-request-us", type=float, default=1.86)
+    ap.add_argument("--base-ms", type=float, default=0.67)
+    ap.add_argument("--per-request-us", type=float, default=1.89)
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args()
