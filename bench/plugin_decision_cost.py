@@ -5,18 +5,25 @@ builds from vLLM's requests, and the policy's own decision on them.
         --out bench/results/plugin_decision_cost.md
 
 ``bench/gmax_decision_latency.py`` times ``GMAX.decide`` on ready snapshots. In a pod the scheduler
-plugin first turns every waiting and running vLLM request into a snapshot (``PolicyBridge.decide``),
-on the engine's step loop, between two GPU steps. This bench times the whole call on duck-typed
-requests with the fields the bridge reads (tags of every kind, compound programs of 3 calls), 256 of
-them running, over a run of engine steps: each step every running request gets a token, and a few
-requests arrive and are admitted. Two bridges decide on the same requests at each step, in
-alternating order: one as shipped (a request whose snapshot would carry the same values as at the
-last decision keeps its snapshot object), and one whose snapshots are all built anew at each decision
-(what the bridge did before). Their decisions must be equal.
+plugin first turns every waiting and running vLLM request into a snapshot (``PolicyBridge.decide``), on
+the engine's step loop, between two GPU steps. This bench times the whole call on duck-typed requests
+with the fields the bridge reads (tags of every kind, compound programs of 3 calls), 256 of them running
+unless a size says how many (``--sizes QUEUED:RUNNING``), over a run of engine steps: each step every
+running request gets a token, and a few requests arrive and are admitted. Two bridges decide on the same
+requests at each step, in alternating order: one as shipped (a request whose snapshot would carry the
+same values as at the last decision keeps its snapshot object), and one whose snapshots are all built
+anew at each decision (what the bridge did before). Their decisions must be equal.
 
 ``--parent CHECKOUT`` adds a third bridge, another checkout's ``PolicyBridge`` (its module loaded
 from that tree; the policy and the rest of core are this one's), deciding on the same requests in the
 same rotation: a change to the bridge measured side by side with its parent in one process.
+
+The table ends with the least-squares line through the shipped bridge's rows, base + per request
+queued: the simulator's ``DecisionCost`` (``bench/decision_cost.py`` charges it), e.g.
+
+    PYTHONPATH=core:lab:vllm_plugin .venv/bin/python bench/plugin_decision_cost.py \\
+        --sizes 20:10 50:25 100:50 200:100 400:200 700:256 1000 2000 5000 \\
+        --out bench/results/plugin_decision_cost_shapes.md
 """
 
 from __future__ import annotations
