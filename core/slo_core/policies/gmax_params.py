@@ -99,10 +99,13 @@ class GMAXParams(BaseModel):
     )
     frame_steps: int = Field(50, ge=1, description="Δ: engine steps per scheduling frame (§4.2)")
     deep_queue_from: int = Field(
-        0,
+        512,
         ge=0,
         description="from this many waiting requests on, engines take arrivals and finishes only every "
-        "deep_queue_every steps (0: at every one; a cadence change, see bench/event_decisions.py)",
+        "deep_queue_every steps, a latency arrival at once (0: at every one). On by default: in a pod "
+        "a decision over thousands of requests delays the engine's step by milliseconds (the plugin "
+        "subclasses vLLM's synchronous Scheduler); charged that cost, GMAX with the rule leads GMAX "
+        "at every ToT overload point measured (bench/decision_cost.py)",
     )
     deep_queue_every: int = Field(
         10, ge=1, description="engine steps between event decisions over a deep queue (deep_queue_from)"

@@ -133,7 +133,9 @@ def test_the_guard_carries_the_cadence() -> None:
     g = GuardedPolicy(Counting(deep_from=512, every=10))
     assert (g.deep_queue_from, g.deep_queue_every) == (512, 10)
     plain = GuardedPolicy(make_engine_policy("gmax", {}))
-    assert plain.deep_queue_from == 0  # off: GMAX takes every event
+    assert (plain.deep_queue_from, plain.deep_queue_every) == (512, 10)  # GMAX's default
+    off = GuardedPolicy(make_engine_policy("gmax", {"deep_queue_from": 0}))
+    assert off.deep_queue_from == 0  # off: GMAX takes every event
     # GMAX's params set it (an SLOPolicy's policy params reach it so)
     gmax = GuardedPolicy(make_engine_policy("gmax", {"deep_queue_from": 512, "deep_queue_every": 8}))
     assert (gmax.deep_queue_from, gmax.deep_queue_every) == (512, 8)
