@@ -5,10 +5,11 @@ In a pod the vLLM plugin decides on the engine's step loop (vLLM's synchronous s
 GPU steps, so a decision's CPU time delays the next step: 0.6 ms over 20 queued requests, 2.7 ms
 over 1,000 and 10.1 ms over 5,000 on this host (``bench/results/plugin_decision_cost_shapes.md``),
 against GPU steps of ~20–40 ms. The simulator takes decisions for free unless given a ``DecisionCost``
-(``slo_core.sim.engine_types``). This bench runs GMAX and ``gmax-deep-10`` (the engines' deep-queue
-rule: events every 10 steps while 512 or more wait, a latency arrival at once;
+(``slo_core.sim.engine_types``). This bench runs ``gmax-every-event`` (GMAX deciding at every arrival
+and finish whatever the queue's depth, as it shipped before) and GMAX (the engines' deep-queue rule on by
+default: events every 10 steps while 512 or more wait, a latency arrival at once;
 ``bench/event_decisions.py``) on the same sweep tasks with decisions free and charged, and tabulates
-each run's goodput and what it was charged.
+each run's goodput and what it was charged, against the first policy listed.
 
     PYTHONPATH=core:lab .venv/bin/python bench/decision_cost.py --seeds 0,1,2 --objectives token,request \\
         --out bench/results/sim_speed/decision_cost_fitted/tot_r4_overload_300s.md
@@ -28,7 +29,7 @@ from concurrent.futures import as_completed
 from pathlib import Path
 from typing import Any
 
-import event_decisions  # noqa: F401  (registers gmax-deep-10 in the registry, here and in workers)
+import event_decisions  # noqa: F401  (registers its probes in the registry, here and in workers)
 import gmax_sweep  # bench/ is the script's own folder, first on sys.path
 
 from slo_core.bench.parallel import process_pool
@@ -53,7 +54,9 @@ def one(task: gmax_sweep.Task, cost: DecisionCost | None) -> dict[str, Any]:
 
 
 def table(rows: list[dict[str, Any]], args: argparse.Namespace, cost: DecisionCost) -> str:
-    """Goodput free and charged per seed, objective and policy, and each one's change."""
+    """Goodput free and charged per seed, objective and policy, and each one's change; ``− base``
+    against the first of ``args.policies`` charged alike."""
+    base = args.policies.split(",")[0]
     by = {(r["seed"], r["objective"], r["policy"], r["charged"]): r for r in rows}
     lines = [
         f"# GMAX's decisions charged to the engine's steps: {args.family} x{args.replicas}, "
@@ -61,20 +64,20 @@ def table(rows: list[dict[str, Any]], args: argparse.Namespace, cost: DecisionCo
         "",
         f"Decision cost: {cost.base_s * 1e3:.2f} ms + {cost.per_request_s * 1e6:.2f} µs a request read "
         "(waiting and running). Goodput: the objective's ratio (goodput over the instant-service gain of "
-        "the same jobs). `− GMAX`: against GMAX with the same charge, in points.",
+        f"the same jobs). `− base`: against `{base}` with the same charge, in points.",
         "",
         "| seed | objective | policy | goodput, free | goodput, charged | charged − free (points) "
-        "| − GMAX, charged (points) | CPU s free / charged |",
+        "| − base, charged (points) | CPU s free / charged |",
         "|---:|---|---|---:|---:|---:|---:|---|",
     ]
     for (seed, objective, policy, charged), r in sorted(by.items()):
         if charged:
             continue
         c = by.get((seed, objective, policy, True))
-        g = by.get((seed, objective, "gmax", True))
+        g = by.get((seed, objective, base, True))
         if c is None:
             continue
-        vs = "" if g is None or policy == "gmax" else f"{(c['goodput'] - g['goodput']) * 100:+.2f}"
+        vs = "" if g is None or policy == base else f"{(c['goodput'] - g['goodput']) * 100:+.2f}"
         lines.append(
             f"| {seed} | {objective} | {policy} | {r['goodput']:.4f} | {c['goodput']:.4f} "
             f"| {(c['goodput'] - r['goodput']) * 100:+.2f} | {vs} | {r['cpu_s']:.0f} / {c['cpu_s']:.0f} |"
@@ -90,7 +93,9 @@ def main() -> None:
     ap.add_argument("--duration", type=float, default=300.0)
     ap.add_argument("--seeds", default="0")
     ap.add_argument("--objectives", default="token,request")
-    ap.add_argument("--policies", default="gmax,gmax-deep-10")
+    ap.add_argument(
+        "--policies", default="gmax-every-event,gmax", help="comma-separated; the first is the base"
+    )
     ap.add_argument("--router", default="round-robin")
     ap.add_argument("--base-ms", type=float, default=0.67)
     ap.add_argument("--per-request-us", type=float, default=1.89)
