@@ -107,6 +107,14 @@ def _rates(
     return out
 
 
+def as_stored(record: dict[str, Any], task: Task) -> dict[str, Any]:
+    """``record`` (a run of ``task``) as a sweep stores it, in place: without its goodput over time (the
+    tables read none), with its family."""
+    record.pop("goodput_over_time", None)
+    record["family"] = task.family
+    return record
+
+
 @dataclass(frozen=True)
 class Task:
     """One run of the sweep; its record goes to every objective in ``objectives`` (a policy that does
@@ -304,8 +312,7 @@ def run(args: argparse.Namespace) -> int:
         bar.write(f"resuming: {total - len(todo)} of {total} runs already recorded", file=sys.stderr)
 
     def finished(task: Task, record: dict[str, Any], cpu_s: float) -> None:
-        record.pop("goodput_over_time", None)
-        record["family"] = task.family
+        as_stored(record, task)
         for objective in task.objectives:
             rec = dict(record, objective=objective)
             name = task.file(objective)

@@ -30,8 +30,9 @@ _IGNORED = ("policy", "wall_s", "cpu_s")
 
 
 def _one(task: gmax_sweep.Task) -> dict[str, Any]:
+    """``task``'s record, as the sweep would have stored it."""
     record, _ = run_one_timed(task.config(), (task.policy, task.router, task.rps))
-    return record
+    return gmax_sweep.as_stored(record, task)
 
 
 def moved(a: dict[str, Any], b: dict[str, Any]) -> list[str]:

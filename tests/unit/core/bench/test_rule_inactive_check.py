@@ -33,6 +33,8 @@ def test_a_shallow_run_is_the_same_with_the_rule_on_or_off(ric: ModuleType, tmp_
     task = ric.gmax_sweep.Task("tot", 1, 0, 6.0, "gmax-every-event", ("token",), 20.0, "round-robin")
     off = ric._one(task)
     on, _ = run_one_timed(task.config(), ("gmax", task.router, task.rps))
+    assert "goodput_over_time" not in off and off["family"] == "tot"  # as the sweep stores it
+    on = ric.gmax_sweep.as_stored(on, task)
     assert on["completed"] > 0 and ric.moved(off, on) == []  # 120 requests: no queue of 512
     (tmp_path / "records-tot-r1-s0-token.json").write_text(json.dumps([on]), encoding="utf-8")
     assert ric.swept(tmp_path, task, "gmax") == on
