@@ -36,9 +36,11 @@ def main() -> None:
     wall = sum(e["wall_s"] for e in ends)
     if len(ends) < len(starts):  # up to the last record written
         wall += (args.out / "timing.jsonl").stat().st_mtime - starts[-1]["at"]
-    total = starts[0]["runs_total"] if starts else 0
+    # each invocation's grid (a resumed one repeats its grid; the others may cover other points)
+    grids = ", ".join(str(e["runs_total"]) for e in starts)
     cores = os.cpu_count() or 1
-    print(f"runs finished {len(runs)} of {total}; CPU of the finished runs {cpu:.0f} s; wall of the")
+    print(f"runs finished {len(runs)} (invocations' grids: {grids}); CPU of the finished runs {cpu:.0f} s;")
+    print("wall of the", end=" ")
     print(f"invocations {wall:.0f} s; 1-min load average {min(loads):.1f}–{max(loads):.1f} on {cores} cores;")
     print(f"quiet-machine estimate of the finished runs: {cpu / cores:.0f} s (CPU / {cores} cores)")
     print()
