@@ -176,11 +176,8 @@ def fit_line(points: list[tuple[int, float]]) -> tuple[float, float]:
     µs a request), the form of the simulator's ``DecisionCost``."""
     if len({q for q, _ in points}) < 2:
         raise ValueError("a line needs two queue sizes")
-    n = len(points)
-    mq = sum(q for q, _ in points) / n
-    mt = sum(t for _, t in points) / n
-    slope = sum((q - mq) * (t - mt) for q, t in points) / sum((q - mq) ** 2 for q, _ in points)
-    return mt - slope * mq, slope * 1000.0
+    slope, intercept = statistics.linear_regression([q for q, _ in points], [t for _, t in points])
+    return intercept, slope * 1000.0
 
 
 def main() -> None:

@@ -40,8 +40,8 @@ def main() -> None:
     grids = ", ".join(str(e["runs_total"]) for e in starts)
     cores = os.cpu_count() or 1
     print(f"runs finished {len(runs)} (invocations' grids: {grids}); CPU of the finished runs {cpu:.0f} s;")
-    print("wall of the", end=" ")
-    print(f"invocations {wall:.0f} s; 1-min load average {min(loads):.1f}–{max(loads):.1f} on {cores} cores;")
+    load_range = f"{min(loads):.1f}–{max(loads):.1f}"
+    print(f"wall of the invocations {wall:.0f} s; 1-min load average {load_range} on {cores} cores;")
     print(f"quiet-machine estimate of the finished runs: {cpu / cores:.0f} s (CPU / {cores} cores)")
     print()
     for point, costs in by_point.items():
